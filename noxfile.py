@@ -1,0 +1,134 @@
+"""Automation for hybridkv. `nox` runs lint, typecheck, tests, docs and vllm.
+
+Every session that needs torch installs torch==2.13.0 first: on a CPU machine that pin is the
+CPU build, and installing it before the project stops pip from pulling the multi-GB CUDA build
+that a bare `torch` requirement would bring. A GPU user runs `nox -s gpu`, which reuses the
+CUDA torch already installed in the interpreter nox runs under.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import nox
+
+nox.options.sessions = ["lint", "typecheck", "tests", "docs", "vllm"]
+nox.options.reuse_existing_virtualenvs = False
+nox.options.error_on_missing_interpreters = False
+
+ROOT = Path(__file__).parent
+TORCH_CPU = "torch==2.13.0"
+VLLM_REQUIREMENTS = ROOT / "tests" / "vllm" / "requirements-vllm.txt"
+
+
+def _install_torch(session: nox.Session) -> None:
+    session.install(TORCH_CPU)
+
+
+@nox.session
+def lint(session: nox.Session) -> None:
+    """ruff check and ruff format --check over the whole tree."""
+    session.install("ruff>=0.6")
+    session.run("ruff", "check", ".")
+    session.run("ruff", "format", "--check", ".")
+
+
+@nox.session
+def typecheck(session: nox.Session) -> None:
+    """mypy --strict on spec/ and hybridkv/ (configured in pyproject.toml)."""
+    _install_torch(session)
+    session.install("mypy>=1.10", "rich>=13", "hypothesis>=6.100", "pytest>=8")
+    session.install("--no-deps", "-e", ".")
+    session.run("mypy")
+
+
+@nox.session
+def tests(session: nox.Session) -> None:
+    """The test suite (minus vllm and gpu tests) against a NON-editable install.
+
+    Installing the wheel rather than the tree proves that `spec` ships beside `hybridkv`.
+    """
+    _install_torch(session)
+    session.install(".[test]")
+    env = {"HYPOTHESIS_PROFILE": os.environ.get("HYPOTHESIS_PROFILE", "ci")}
+    session.run(
+        "pytest",
+        "-m",
+        "not vllm and not gpu",
+        "--cov=spec",
+        "--cov=hybridkv",
+        "--cov-report=term:skip-covered",
+        "-p",
+        "no:cacheprovider",
+        *session.posargs,
+        env=env,
+    )
+
+
+@nox.session
+def docs(session: nox.Session) -> None:
+    """Sphinx with -W: every warning is an error."""
+    _install_torch(session)
+    session.install("-e", ".[docs]")
+    session.run("python", "tools/gen_invariant_catalog.py", "--write")
+    session.run(
+        "sphinx-build", "-W", "--keep-going", "-b", "html", "docs", "docs/_build/html"
+    )
+
+
+@nox.session
+def vllm(session: nox.Session) -> None:
+    """Differential tests against vLLM 0.33.0's own code, installed without CUDA.
+
+    vllm and xgrammar go in with --no-deps (their declared dependencies pull CUDA torch,
+    flashinfer and triton); tests/vllm/requirements-vllm.txt pins what importing vLLM's
+    config, model registry and scheduler needs. vLLM's compiled .so files are deleted: they are
+    CUDA kernels this path never calls, and 600 MB of disk.
+    """
+    _install_torch(session)
+    session.install("-r", str(VLLM_REQUIREMENTS))
+    session.install("--no-deps", "vllm==0.33.0", "xgrammar==0.2.8")
+    site = session.run(
+        "python", "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])", silent=True
+    )
+    assert isinstance(site, str)
+    for so in (Path(site.strip()) / "vllm").rglob("*.so"):
+        so.unlink()
+    session.install(".[test]")
+    env = {
+        "VLLM_TARGET_DEVICE": "cpu",
+        "HF_HUB_OFFLINE": "1",
+        "TRANSFORMERS_OFFLINE": "1",
+        "VLLM_LOGGING_LEVEL": "WARNING",
+        "HYPOTHESIS_PROFILE": os.environ.get("HYPOTHESIS_PROFILE", "ci"),
+    }
+    session.run("pytest", "tests/vllm", "-m", "vllm", "-p", "no:cacheprovider", *session.posargs, env=env)
+
+
+@nox.session(venv_params=["--system-site-packages"])
+def gpu(session: nox.Session) -> None:
+    """CUDA tests and GPU benchmarks, with the CUDA torch of the interpreter nox runs under."""
+    probe = "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 3)"
+    try:
+        session.run("python", "-c", probe, silent=True)
+    except nox.command.CommandFailed:
+        session.error(
+            "no CUDA device visible to torch here: `nox -s gpu` needs a CUDA build of torch "
+            "in the interpreter that runs nox and a GPU (see README, 'GPU machines')"
+        )
+    session.install("--no-deps", ".")
+    session.install("pytest>=8", "hypothesis>=6.100")
+    session.run("pytest", "-m", "gpu", "tests", "-p", "no:cacheprovider", *session.posargs)
+    for bench in sorted((ROOT / "tools").glob("bench_gpu_*.py")):
+        session.run("python", str(bench))
+
+
+@nox.session
+def bench(session: nox.Session) -> None:
+    """CPU benchmarks: each prints ratios measured side by side in one run."""
+    _install_torch(session)
+    session.install(".")
+    for bench in sorted((ROOT / "tools").glob("bench_*.py")):
+        if not bench.name.startswith("bench_gpu_"):
+            session.run("python", str(bench), *session.posargs)

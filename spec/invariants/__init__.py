@@ -1,0 +1,28 @@
+"""``ALL_INVARIANTS``: every invariant of the formal model, id -> :class:`Invariant`.
+
+Each family lives in its own module (``planner`` holds ``PL-*``...); importing this package
+imports them all, so the registry is complete whenever it is visible.
+"""
+
+from spec.invariants import planner as _planner
+from spec.invariants._registry import (
+    ALL_INVARIANTS,
+    Invariant,
+    Predicate,
+    check,
+    check_all,
+    invariant,
+    invariants_for,
+)
+
+__all__ = [
+    "ALL_INVARIANTS",
+    "Invariant",
+    "Predicate",
+    "check",
+    "check_all",
+    "invariant",
+    "invariants_for",
+]
+
+_FAMILIES = (_planner,)

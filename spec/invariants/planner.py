@@ -1,0 +1,1 @@
+"""PL-*: invariants of the hybrid offload planner (snapshot subject ``"planner"``)."""
