@@ -1,0 +1,93 @@
+"""The package boundaries of the design card, proven rather than promised.
+
+- spec/ is standard library only: it imports with torch (and numpy, vllm, hybridkv) blocked.
+- No module of hybridkv/ imports spec, except the command-line layer hybridkv/cli/.
+- Only hybridkv/vllm/ imports vllm.
+"""
+
+from __future__ import annotations
+
+import ast
+import pkgutil
+import subprocess
+import sys
+from pathlib import Path
+
+import hybridkv
+import spec
+
+SPEC_DIR = Path(spec.__file__).parent
+HYBRIDKV_DIR = Path(hybridkv.__file__).parent
+
+
+def _imported_roots(path: Path) -> set[str]:
+    """Top-level package names a module imports (absolute imports; relative ones stay local)."""
+    tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+    roots: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            roots.update(alias.name.split(".")[0] for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            roots.add(node.module.split(".")[0])
+    return roots
+
+
+def _forbidden(package_dir: Path, root: str, allowed_subdir: str | None) -> list[str]:
+    offenders = []
+    for path in sorted(package_dir.rglob("*.py")):
+        rel = path.relative_to(package_dir)
+        if allowed_subdir is not None and rel.parts[0] == allowed_subdir:
+            continue
+        if root in _imported_roots(path):
+            offenders.append(str(rel))
+    return offenders
+
+
+def test_spec_imports_with_torch_numpy_vllm_and_hybridkv_blocked() -> None:
+    blocked = ["torch", "numpy", "vllm", "hybridkv", "rich"]
+    names = [m.name for m in pkgutil.walk_packages([str(SPEC_DIR)], prefix="spec.")]
+    assert names, "found no spec modules to import"
+    code = (
+        "import sys\n"
+        f"for name in {blocked!r}:\n"
+        "    sys.modules[name] = None\n"
+        "import importlib\n"
+        f"for mod in {names!r}:\n"
+        "    importlib.import_module(mod)\n"
+        "print('ok', len(sys.modules))\n"
+    )
+    parent = str(SPEC_DIR.parent)
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, cwd=parent, check=False
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith("ok")
+
+
+def test_spec_imports_only_the_standard_library() -> None:
+    stdlib = set(sys.stdlib_module_names) | {"spec", "__future__"}
+    offenders = {
+        str(path.relative_to(SPEC_DIR)): sorted(_imported_roots(path) - stdlib)
+        for path in SPEC_DIR.rglob("*.py")
+        if _imported_roots(path) - stdlib
+    }
+    assert offenders == {}
+
+
+def test_library_modules_never_import_spec() -> None:
+    assert _forbidden(HYBRIDKV_DIR, "spec", allowed_subdir="cli") == []
+
+
+def test_only_hybridkv_vllm_imports_vllm() -> None:
+    assert _forbidden(HYBRIDKV_DIR, "vllm", allowed_subdir="vllm") == []
+
+
+def test_the_scanner_sees_a_forbidden_import(tmp_path: Path) -> None:
+    # Guard: the scan must flag a library module that imports spec, or it proves nothing.
+    pkg = tmp_path / "fakepkg"
+    (pkg / "cli").mkdir(parents=True)
+    (pkg / "core.py").write_text("from spec.planner import x\n", encoding="utf-8")
+    (pkg / "cli" / "main.py").write_text("import spec\n", encoding="utf-8")
+    (pkg / "io.py").write_text("import vllm.config\n", encoding="utf-8")
+    assert _forbidden(pkg, "spec", allowed_subdir="cli") == ["core.py"]
+    assert _forbidden(pkg, "vllm", allowed_subdir="vllm") == ["io.py"]
