@@ -1,0 +1,38 @@
+"""Sphinx configuration for the hybridkv design reference."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+sys.path.insert(0, os.path.abspath(".."))
+
+project = "hybridkv"
+author = "hybridkv developers"
+copyright = "2026, hybridkv developers"  # noqa: A001
+
+extensions = [
+    "sphinx.ext.autodoc",
+    "sphinx.ext.napoleon",
+    "sphinx.ext.viewcode",
+    "myst_parser",
+]
+source_suffix = {".rst": "restructuredtext", ".md": "markdown"}
+myst_enable_extensions = ["colon_fence", "deflist"]
+myst_heading_anchors = 3
+exclude_patterns = ["_build"]
+
+autodoc_member_order = "bysource"
+autodoc_typehints = "description"
+autodoc_default_options = {"members": True, "undoc-members": False, "show-inheritance": True}
+autodoc_mock_imports = ["vllm"]
+napoleon_google_docstring = True
+napoleon_numpy_docstring = False
+# Frozen dataclasses document their fields both as attributes and in the class docstring;
+# the duplicate-object warning for those is noise, not a defect.
+suppress_warnings = ["autodoc.duplicate_object", "ref.python"]
+nitpicky = False
+
+html_theme = "furo"
+html_title = "hybridkv"
+html_static_path = ["_static"]
