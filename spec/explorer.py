@@ -1,0 +1,196 @@
+"""A bounded exhaustive explorer: breadth-first search over every interleaving of a model.
+
+The explorer knows nothing about KV caches. A :class:`Model` gives initial states, the actions
+enabled in a state, the successor of a state under an action, a deduplication key, the
+invariant violations of a state and coverage labels. The explorer visits every state reachable
+within ``max_depth`` actions exactly once (states with equal keys are merged), checks every
+invariant in every state and reports each violation with the SHORTEST trace that reaches it:
+breadth-first order guarantees that the first time a state is seen, it is seen at its minimal
+depth, and the parent links then spell out a shortest path.
+
+A state that is not final and enables no action is a wedge; it is reported under the model's
+``stuck_invariant_id`` (liveness in its bounded form).
+"""
+
+from __future__ import annotations
+
+import time
+from collections import Counter, deque
+from collections.abc import Callable, Hashable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Generic, Protocol, TypeVar
+
+__all__ = ["ExploreResult", "Model", "Progress", "Violation", "explore"]
+
+S = TypeVar("S")
+A = TypeVar("A")
+
+
+class Model(Protocol[S, A]):
+    """What the explorer needs from a model. ``step`` must not mutate its input state."""
+
+    stuck_invariant_id: str
+
+    def initial_states(self) -> Iterable[S]:
+        """The states the search starts from (depth 0)."""
+        ...
+
+    def enabled(self, state: S) -> Iterable[A]:
+        """Every action that may happen next in ``state`` (empty when nothing can)."""
+        ...
+
+    def step(self, state: S, action: A) -> S:
+        """The successor of ``state`` under ``action``; ``state`` itself is left unchanged."""
+        ...
+
+    def key(self, state: S) -> Hashable:
+        """A hashable value equal for states the search may merge."""
+        ...
+
+    def violations(self, state: S) -> Mapping[str, list[str]]:
+        """Invariant id -> messages, for every invariant ``state`` breaks (empty when sound)."""
+        ...
+
+    def is_final(self, state: S) -> bool:
+        """True when the state has finished its work (no further action is required)."""
+        ...
+
+    def labels(self, state: S, action: A) -> Iterable[str]:
+        """Coverage labels of taking ``action`` in ``state`` (event kinds, statuses reached)."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class Violation(Generic[A]):
+    """One broken invariant and the shortest trace of actions that reaches it."""
+
+    invariant_id: str
+    messages: tuple[str, ...]
+    trace: tuple[A, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class ExploreResult(Generic[A]):
+    """The outcome of one search.
+
+    ``exhaustive`` is true when no state was left unexpanded for lack of depth or budget: every
+    reachable state was visited. ``coverage`` counts each label over every explored transition.
+    """
+
+    states: int
+    transitions: int
+    depth_reached: int
+    exhaustive: bool
+    seconds: float
+    violations: tuple[Violation[A], ...]
+    coverage: Mapping[str, int] = field(default_factory=dict)
+
+    @property
+    def states_per_second(self) -> float:
+        """Distinct states checked per wall-clock second."""
+        return self.states / self.seconds if self.seconds > 0 else float(self.states)
+
+
+Progress = Callable[[int, int], None]
+"""Called as ``progress(states_seen, depth)`` after each depth level is expanded."""
+
+
+def explore(
+    model: Model[S, A],
+    max_depth: int,
+    *,
+    max_states: int | None = None,
+    stop_at_first: bool = True,
+    progress: Progress | None = None,
+) -> ExploreResult[A]:
+    """Breadth-first search of ``model`` to ``max_depth`` actions.
+
+    Pre: ``max_depth >= 0``; ``max_states`` (when given) > 0.
+    Post: every state reachable within ``max_depth`` actions (or the first ``max_states`` of
+    them) was checked; each reported violation carries a shortest trace. With
+    ``stop_at_first`` the search ends at the first violating depth level, reporting every
+    violation found at that level.
+    """
+    if max_depth < 0:
+        raise ValueError(f"max_depth={max_depth}: must be >= 0")
+    start = time.perf_counter()
+    parents: dict[Hashable, tuple[Hashable, A] | None] = {}
+    frontier: deque[tuple[S, Hashable]] = deque()
+    for state in model.initial_states():
+        key = model.key(state)
+        if key not in parents:
+            parents[key] = None
+            frontier.append((state, key))
+    violations: list[Violation[A]] = []
+    coverage: Counter[str] = Counter()
+    transitions = 0
+    depth = 0
+    truncated = False
+    while frontier:
+        level_violations = _check_level(model, frontier, parents)
+        violations.extend(level_violations)
+        if violations and stop_at_first:
+            truncated = True
+            break
+        if depth == max_depth:
+            truncated = any(_has_action(model, s) for s, _ in frontier)
+            break
+        next_frontier: deque[tuple[S, Hashable]] = deque()
+        for state, key in frontier:
+            for action in model.enabled(state):
+                transitions += 1
+                coverage.update(model.labels(state, action))
+                successor = model.step(state, action)
+                succ_key = model.key(successor)
+                if succ_key in parents:
+                    continue
+                if max_states is not None and len(parents) >= max_states:
+                    truncated = True
+                    continue
+                parents[succ_key] = (key, action)
+                next_frontier.append((successor, succ_key))
+        frontier = next_frontier
+        if frontier:
+            depth += 1
+        if progress is not None:
+            progress(len(parents), depth)
+    return ExploreResult(
+        states=len(parents),
+        transitions=transitions,
+        depth_reached=depth,
+        exhaustive=not truncated,
+        seconds=time.perf_counter() - start,
+        violations=tuple(violations),
+        coverage=dict(coverage),
+    )
+
+
+def _has_action(model: Model[S, A], state: S) -> bool:
+    return any(True for _ in model.enabled(state))
+
+
+def _check_level(
+    model: Model[S, A],
+    frontier: Iterable[tuple[S, Hashable]],
+    parents: Mapping[Hashable, tuple[Hashable, A] | None],
+) -> list[Violation[A]]:
+    found: list[Violation[A]] = []
+    for state, key in frontier:
+        broken = dict(model.violations(state))
+        if not model.is_final(state) and not _has_action(model, state):
+            broken.setdefault(model.stuck_invariant_id, []).append(
+                "a state that is not final enables no action (wedge)"
+            )
+        for inv_id in sorted(broken):
+            found.append(Violation(inv_id, tuple(broken[inv_id]), _trace(parents, key)))
+    return found
+
+
+def _trace(parents: Mapping[Hashable, tuple[Hashable, A] | None], key: Hashable) -> tuple[A, ...]:
+    actions: list[A] = []
+    link = parents[key]
+    while link is not None:
+        parent_key, action = link
+        actions.append(action)
+        link = parents[parent_key]
+    return tuple(reversed(actions))
