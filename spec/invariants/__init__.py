@@ -5,6 +5,7 @@ imports them all, so the registry is complete whenever it is visible.
 """
 
 from spec.invariants import planner as _planner
+from spec.invariants import store as _store
 from spec.invariants._registry import (
     ALL_INVARIANTS,
     Invariant,
@@ -25,4 +26,4 @@ __all__ = [
     "invariants_for",
 ]
 
-_FAMILIES = (_planner,)
+_FAMILIES = (_planner, _store)

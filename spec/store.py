@@ -1,0 +1,410 @@
+"""The host store: the CPU tier that holds offloaded KV chunks (vLLM 0.33's OffloadingManager).
+
+The store does the accounting (entries, their lifecycle, load pins, capacity, events, counters);
+an :class:`~spec.policies.EvictionPolicy` only orders resident keys and picks victims.
+
+- Capacity counts entries (chunks). A key is opaque ``bytes`` (vLLM: ``block_hash`` followed by
+  the 4-byte big-endian group index).
+- An entry is STORING (space reserved, data being written, not loadable) or READY (loadable).
+  Loads pin READY entries (``pins`` = loads in flight). Only READY unpinned entries are evicted.
+- Keys passed in one call are in prefix order, head first. The store feeds them to the policy
+  tail first, so the head of a prefix ends most recently used and tails are evicted first (as
+  vLLM's request-ordered ranks do).
+- An expected refusal (no space, not ready) is a returned :class:`Refusal` and changes nothing.
+  A call that breaks its pre-condition (unknown key, duplicate keys, not bytes) raises
+  :class:`~spec.errors.ConfigError` before changing anything.
+
+Snapshot schema (``snapshot()``; the optimized store exports the same plain dict)::
+
+    capacity:  int                   entries the store can hold
+    used:      int                   hand-kept count of entries (STORING + READY)
+    storing:   int                   hand-kept count of STORING entries
+    evictable: int                   hand-kept count of READY entries with 0 pins
+    entries:   tuple[(key_hex, state, pins), ...] sorted by key_hex;
+               state is "storing" | "ready", pins an int >= 0
+    policy:    {"name": str, "resident": (key_hex, ...), "ghosts": (key_hex, ...),
+                "extra": {...}}      see EvictionPolicy.snapshot (ARC: t1/t2/b1/b2/target)
+    counters:  {"reserved", "stored", "removed", "evicted", "loads_prepared",
+                "loads_completed": int}   keys counted since creation
+    events:    tuple[(kind, (key_hex, ...)), ...]  pending (not yet taken), oldest first;
+               kind is "stored" | "evicted" | "removed"
+    taken:     {"stored", "evicted", "removed": int}  keys in events already taken
+
+The ST-* predicates (:mod:`spec.invariants.store`) read exactly this.
+
+Deviations from vLLM 0.33's ``CPUOffloadingManager`` (each keeps the model small or the frame
+exact): no request contexts (recency comes from :meth:`HostStore.touch`; vLLM commits it at
+request finish), no admission threshold, no chunk ids, no ``reset_cache``; a refused
+``prepare_store`` adapts nothing (vLLM's ARC learns from the offer's ghost hits even then);
+``take_events`` returns every event as it happened (vLLM filters a ``removed`` key that a retry
+re-reserved before the drain).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from enum import Enum
+from typing import Any, NamedTuple
+
+from spec.errors import ConfigError
+from spec.policies import EvictionPolicy, make_policy
+
+__all__ = [
+    "COUNTER_NAMES",
+    "EntryState",
+    "EventKind",
+    "HostStore",
+    "LookupOutcome",
+    "LookupResult",
+    "PrepareLoadOutput",
+    "PrepareStoreOutput",
+    "Refusal",
+    "StoreEvent",
+    "StoreStats",
+]
+
+COUNTER_NAMES = ("reserved", "stored", "removed", "evicted", "loads_prepared", "loads_completed")
+
+
+class EntryState(Enum):
+    """Lifecycle of an entry: STORING (reserved, being written) -> READY (loadable)."""
+
+    STORING = "storing"
+    READY = "ready"
+
+
+class LookupResult(Enum):
+    """vLLM's per-key lookup verdict (its RETRY belongs to tiered stores, not modelled here)."""
+
+    HIT = "hit"
+    MISS = "miss"
+    HIT_PENDING = "hit_pending"
+
+
+class LookupOutcome(NamedTuple):
+    """How many leading keys are READY, and what stopped the run.
+
+    ``stop`` is HIT when every key hit, MISS when ``keys[hits]`` is absent (final answer),
+    HIT_PENDING when ``keys[hits]`` is STORING: retry later, the hit may grow (vLLM's scheduler
+    defers the request on HIT_PENDING).
+    """
+
+    hits: int
+    stop: LookupResult
+
+
+class Refusal(Enum):
+    """An expected refusal; the refused call changed nothing."""
+
+    NO_SPACE = "no_space"
+    MISSING = "missing"
+    NOT_READY = "not_ready"
+
+
+class EventKind(Enum):
+    """What an event reports: data became READY, was evicted, or a failed store was dropped."""
+
+    STORED = "stored"
+    EVICTED = "evicted"
+    REMOVED = "removed"
+
+
+@dataclass(frozen=True, slots=True)
+class StoreEvent:
+    """One event: ``kind`` happened to ``keys`` (in the order the call handled them)."""
+
+    kind: EventKind
+    keys: tuple[bytes, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class PrepareStoreOutput:
+    """Accepted store: ``keys_to_store`` are now STORING; ``evicted_keys`` made room for them."""
+
+    keys_to_store: tuple[bytes, ...]
+    evicted_keys: tuple[bytes, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class PrepareLoadOutput:
+    """Accepted load: each of ``keys`` holds one more pin until :meth:`HostStore.complete_load`."""
+
+    keys: tuple[bytes, ...]
+
+
+class StoreStats(NamedTuple):
+    """Counts at one moment (entries) and since creation (keys)."""
+
+    capacity: int
+    used: int
+    storing: int
+    ready: int
+    pinned: int
+    evictable: int
+    reserved: int
+    stored: int
+    removed: int
+    evicted: int
+    loads_prepared: int
+    loads_completed: int
+
+
+@dataclass(frozen=True, slots=True)
+class _Entry:
+    state: EntryState
+    pins: int
+
+
+class HostStore:
+    """Entries of the CPU tier, their lifecycle and pins; victims chosen by a policy."""
+
+    def __init__(self, capacity: int, policy: str | EvictionPolicy = "lru") -> None:
+        """A store of ``capacity`` entries evicting by ``policy`` (a name or an empty policy).
+
+        Pre: ``capacity`` an int >= 1 (``ConfigError`` field ``num_chunks`` otherwise);
+        ``policy`` a name of :data:`spec.policies.POLICY_NAMES` or an empty policy built for
+        the same capacity (field ``cache_policy``). Post: empty store, zero counters.
+        """
+        if isinstance(capacity, bool) or not isinstance(capacity, int) or capacity < 1:
+            raise ConfigError(
+                "num_chunks", capacity, "must be an int >= 1", "give the tier at least one chunk"
+            )
+        self._capacity = capacity
+        self._policy = _checked_policy(policy, capacity)
+        self._entries: dict[bytes, _Entry] = {}
+        self._counters = dict.fromkeys(COUNTER_NAMES, 0)
+        self._events: list[StoreEvent] = []
+        self._taken = {kind.value: 0 for kind in EventKind}
+
+    @property
+    def capacity(self) -> int:
+        """Entries the store can hold."""
+        return self._capacity
+
+    # --- queries (frame: nothing changes) ---
+
+    def status(self, key: bytes) -> LookupResult:
+        """vLLM's per-key ``lookup``: HIT (READY), HIT_PENDING (STORING) or MISS (absent)."""
+        entry = self._entries.get(_checked_key("key", key))
+        if entry is None:
+            return LookupResult.MISS
+        return LookupResult.HIT if entry.state is EntryState.READY else LookupResult.HIT_PENDING
+
+    def lookup(self, keys: Sequence[bytes]) -> LookupOutcome:
+        """The run of leading READY keys and what stopped it (see :class:`LookupOutcome`).
+
+        Pre: ``keys`` is a sequence of bytes keys. Post/frame: nothing changes.
+        """
+        checked = _checked_keys(keys, distinct=False)
+        for index, key in enumerate(checked):
+            result = self.status(key)
+            if result is not LookupResult.HIT:
+                return LookupOutcome(index, result)
+        return LookupOutcome(len(checked), LookupResult.HIT)
+
+    # --- loads ---
+
+    def prepare_load(self, keys: Sequence[bytes]) -> PrepareLoadOutput | Refusal:
+        """Pin every key for a load.
+
+        Pre: distinct bytes keys. Post: each key's pins grew by 1; ``loads_prepared`` grew by
+        ``len(keys)``. Refusal: MISSING if a key is absent, else NOT_READY if one is STORING;
+        a refused call changes nothing.
+        """
+        checked = _checked_keys(keys, distinct=True)
+        if any(key not in self._entries for key in checked):
+            return Refusal.MISSING
+        if any(self._entries[key].state is not EntryState.READY for key in checked):
+            return Refusal.NOT_READY
+        for key in checked:
+            self._entries[key] = _Entry(EntryState.READY, self._entries[key].pins + 1)
+        self._counters["loads_prepared"] += len(checked)
+        return PrepareLoadOutput(checked)
+
+    def complete_load(self, keys: Sequence[bytes]) -> None:
+        """Release one pin per key: the load finished (successfully or not).
+
+        Pre: distinct keys, each READY with ``pins >= 1`` (``ConfigError`` field ``keys``
+        otherwise, nothing changed). Post: each key's pins fell by 1; ``loads_completed``
+        grew by ``len(keys)``.
+        """
+        checked = _checked_keys(keys, distinct=True)
+        for key in checked:
+            entry = self._entries.get(key)
+            if entry is None or entry.pins == 0:
+                raise ConfigError("keys", key, "is not pinned by a load", "complete loads once")
+        for key in checked:
+            self._entries[key] = _Entry(EntryState.READY, self._entries[key].pins - 1)
+        self._counters["loads_completed"] += len(checked)
+
+    def touch(self, keys: Sequence[bytes]) -> None:
+        """Record a use of ``keys`` (head first) for the policy's recency.
+
+        Pre: bytes keys (repeats allowed). Post: resident keys are refreshed tail first, so
+        ``keys[0]`` ends most recent; an absent key is a miss the policy may learn from (ARC
+        ghost hit). Frame: entries, pins, counters and events never change.
+        """
+        for key in reversed(_checked_keys(keys, distinct=False)):
+            entry = self._entries.get(key)
+            if entry is None:
+                self._policy.on_miss(key)
+            else:
+                self._policy.on_access(key, ready=entry.state is EntryState.READY)
+
+    # --- stores ---
+
+    def prepare_store(self, keys: Sequence[bytes]) -> PrepareStoreOutput | Refusal:
+        """Reserve STORING entries for the absent ``keys``, evicting to make room.
+
+        Pre: distinct bytes keys. Post: every absent key is STORING (``keys_to_store``, in the
+        given order); keys already present are skipped and untouched; if the free slots fall
+        short, the policy's victims among READY, unpinned entries that are not in ``keys``
+        were evicted (``evicted_keys``, one EVICTED event). Refusal NO_SPACE when that cannot
+        make room; a refused call changes nothing, the policy included.
+        """
+        checked = _checked_keys(keys, distinct=True)
+        incoming = tuple(key for key in checked if key not in self._entries)
+        if not incoming:
+            return PrepareStoreOutput((), ())
+        offered = set(checked)
+
+        def evictable(key: bytes) -> bool:
+            entry = self._entries[key]
+            return entry.state is EntryState.READY and entry.pins == 0 and key not in offered
+
+        tail_first = incoming[::-1]
+        shortfall = max(0, len(incoming) - (self._capacity - len(self._entries)))
+        victims = self._policy.victims(shortfall, evictable, tail_first)
+        if len(victims) < shortfall:
+            return Refusal.NO_SPACE
+        for key in tail_first:
+            self._policy.on_miss(key)
+        self._evict(victims)
+        for key in tail_first:
+            self._entries[key] = _Entry(EntryState.STORING, 0)
+            self._policy.on_insert(key)
+        self._counters["reserved"] += len(incoming)
+        return PrepareStoreOutput(incoming, victims)
+
+    def complete_store(self, keys: Sequence[bytes], success: bool) -> None:
+        """Finish the stores of ``keys``: READY on success, dropped on failure.
+
+        Pre: distinct keys, each STORING; ``success`` a bool (``ConfigError`` otherwise,
+        nothing changed). Post on success: each key READY with 0 pins, one STORED event,
+        ``stored`` grew. Post on failure: the reserved entries are gone (no ghost), one REMOVED
+        event, ``removed`` grew. Empty ``keys``: nothing changes.
+        """
+        if not isinstance(success, bool):
+            raise ConfigError("success", success, "must be a bool", "pass True or False")
+        checked = _checked_keys(keys, distinct=True)
+        for key in checked:
+            entry = self._entries.get(key)
+            if entry is None or entry.state is not EntryState.STORING:
+                raise ConfigError("keys", key, "has no store in flight", "complete stores once")
+        if not checked:
+            return
+        for key in checked:
+            if success:
+                self._entries[key] = _Entry(EntryState.READY, 0)
+            else:
+                del self._entries[key]
+                self._policy.on_remove(key)
+        kind = EventKind.STORED if success else EventKind.REMOVED
+        self._events.append(StoreEvent(kind, checked))
+        self._counters[kind.value] += len(checked)
+
+    # --- events, stats, snapshot ---
+
+    def take_events(self) -> tuple[StoreEvent, ...]:
+        """Every event since the last call, oldest first.
+
+        Post: no event is pending; ``taken`` counts their keys. Frame: nothing else changes.
+        """
+        events, self._events = tuple(self._events), []
+        for event in events:
+            self._taken[event.kind.value] += len(event.keys)
+        return events
+
+    def stats(self) -> StoreStats:
+        """Counts of entries now and of keys since creation. Frame: nothing changes."""
+        entries = self._entries.values()
+        storing = sum(1 for e in entries if e.state is EntryState.STORING)
+        pinned = sum(1 for e in entries if e.pins > 0)
+        ready = len(self._entries) - storing
+        return StoreStats(
+            self._capacity,
+            len(self._entries),
+            storing,
+            ready,
+            pinned,
+            ready - pinned,
+            *(self._counters[name] for name in COUNTER_NAMES),
+        )
+
+    def snapshot(self) -> dict[str, Any]:
+        """The plain dict of the module docstring's schema. Frame: nothing changes."""
+        stats = self.stats()
+        return {
+            "capacity": self._capacity,
+            "used": stats.used,
+            "storing": stats.storing,
+            "evictable": stats.evictable,
+            "entries": tuple(
+                sorted((key.hex(), e.state.value, e.pins) for key, e in self._entries.items())
+            ),
+            "policy": self._policy.snapshot(),
+            "counters": dict(self._counters),
+            "events": tuple(
+                (event.kind.value, tuple(key.hex() for key in event.keys)) for event in self._events
+            ),
+            "taken": dict(self._taken),
+        }
+
+    def copy(self) -> HostStore:
+        """An independent copy (same class): mutating one never changes the other."""
+        twin = type(self).__new__(type(self))
+        twin._capacity = self._capacity
+        twin._policy = self._policy.copy()
+        # Entries and events are frozen values: copying the containers is enough.
+        twin._entries = dict(self._entries)
+        twin._counters = dict(self._counters)
+        twin._events = list(self._events)
+        twin._taken = dict(self._taken)
+        return twin
+
+    def _evict(self, victims: tuple[bytes, ...]) -> None:
+        if not victims:
+            return
+        self._policy.on_evict(victims)
+        for key in victims:
+            del self._entries[key]
+        self._events.append(StoreEvent(EventKind.EVICTED, victims))
+        self._counters["evicted"] += len(victims)
+
+
+def _checked_policy(policy: str | EvictionPolicy, capacity: int) -> EvictionPolicy:
+    if isinstance(policy, str):
+        return make_policy(policy, capacity)
+    if not isinstance(policy, EvictionPolicy) or policy.capacity != capacity:
+        raise ConfigError(
+            "cache_policy", policy, "is not a policy for this capacity", "pass a policy name"
+        )
+    if policy.resident() or policy.ghosts():
+        raise ConfigError("cache_policy", policy, "is not empty", "pass a fresh policy")
+    return policy
+
+
+def _checked_key(field: str, key: object) -> bytes:
+    if not isinstance(key, bytes) or not key:
+        raise ConfigError(field, key, "an offload key is non-empty bytes", "pass bytes keys")
+    return key
+
+
+def _checked_keys(keys: object, *, distinct: bool) -> tuple[bytes, ...]:
+    if isinstance(keys, (bytes, str)) or not isinstance(keys, Iterable):
+        raise ConfigError("keys", keys, "is not a sequence of keys", "pass a list of bytes keys")
+    checked = tuple(_checked_key("keys", key) for key in keys)
+    if distinct and len(set(checked)) != len(checked):
+        raise ConfigError("keys", keys, "repeats a key", "pass each key once")
+    return checked
