@@ -1,0 +1,150 @@
+"""Mamba (and gated-delta-net) groups in ``align`` mode: one recurrent state, kept at boundaries.
+
+In align mode the block at position ``p`` holds the state after exactly ``(p + 1) * block_size``
+tokens, or, for the last block, after the last computed token. A request reads only its latest
+state, so everything before that state's block is skipped (nulls). Facts from vLLM 0.33
+(``v1/core/single_type_kv_cache_manager.py``):
+
+- skipped tokens ``n - 1`` (1971-1976), so an external claim of ``total`` tokens gets exactly one
+  real block, at index ``cdiv(total, block_size) - 1`` (the base external path, 327-368);
+- ``get_num_blocks_to_allocate`` in align mode (1742-1795): ``required = cdiv(n, bs) + spec``,
+  ``new = required - hit - held``, capped at ``1 (+ spec on the first allocation)`` when positive;
+- ``allocate_new_blocks`` in align mode (1797-1923): a table already long enough (after an
+  over-allocation or a truncation) gets NOTHING (1824-1832); otherwise nulls up to
+  ``required - spec - 1``, speculative scratch blocks that fall below that move to the end
+  (``_relocate_speculative_block``), then the missing blocks are taken;
+- ``remove_skipped_blocks`` frees every real block below ``cdiv(P, bs) - 1``, skipping nulls
+  (1606-1657). vLLM also frees the state block of two steps ago (``last_state_block_idx``); that
+  index is always below the same bound, so the model needs no extra rule for it;
+- a hit is the rightmost cached block whose end is aligned, padded with nulls (1470-1533).
+
+Divergence (catalogued): vLLM 0.33 does not clamp the align-mode count: at
+``v1/core/single_type_kv_cache_manager.py:1743-1747`` it computes
+``num_required_blocks - len(new_computed_blocks) - len(req_blocks)`` and only caps it when positive
+(1785), so after a truncation or a rejected speculative step it returns a NEGATIVE count (1795)
+that the coordinator adds to the other groups' counts, under-reserving them. The spec clamps the
+count at 0 (:meth:`MambaManager._clamp`).
+
+Not modelled: prefill checkpoint blocks, partial (sub-block) hits and their copy-on-write,
+``cached_blocks_this_step`` deferral, boundary-state hand-offs to connectors.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from spec.block_pool import NULL_BLOCK, BlockHash, BlockId, BlockPool
+from spec.managers.base import GroupHit, SingleTypeManager, _num_evictable
+from spec.managers.group_spec import cdiv
+
+__all__ = ["MambaManager"]
+
+
+class MambaManager(SingleTypeManager):
+    """A mamba group in align mode.
+
+    Extra state: ``allocated``, the requests that have had a first allocation (vLLM's
+    ``_allocated_block_reqs``): only a first allocation takes the speculative scratch blocks.
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.allocated: set[str] = set()
+
+    def get_num_skipped_tokens(self, num_computed_tokens: int) -> int:
+        """``n - 1``: only the state after the last computed token is read (0 for ``n = 0``)."""
+        return max(0, num_computed_tokens - 1)
+
+    def get_num_blocks_to_allocate(
+        self,
+        request_id: str,
+        num_tokens: int,
+        hit_blocks: Sequence[BlockId],
+        total_computed_tokens: int,
+        pool: BlockPool,
+    ) -> int:
+        """Blocks an allocation takes: at most one new state (+ scratch on the first), never < 0.
+
+        Pure. Post: the count is >= 0 (see :meth:`_clamp`) and includes evictable hit blocks.
+        """
+        del total_computed_tokens
+        spec_blocks = self.spec.num_speculative_blocks
+        required = cdiv(num_tokens, self.block_size) + spec_blocks
+        held = len(self.req_to_blocks.get(request_id, ()))
+        num_new = required - len(hit_blocks) - held
+        if num_new > 0:
+            first = request_id not in self.allocated
+            num_new = min(num_new, 1 + (spec_blocks if first else 0))
+        return self._clamp(num_new) + _num_evictable(pool, hit_blocks)
+
+    def _clamp(self, num_new: int) -> int:
+        """The spec's clamp at 0; vLLM 0.33 returns ``num_new`` as is (the divergence)."""
+        return max(num_new, 0)
+
+    def allocate_new_blocks(
+        self, request_id: str, num_tokens: int, pool: BlockPool
+    ) -> tuple[BlockId, ...]:
+        """Place the new state block (and scratch) at the end; nothing if the table suffices.
+
+        Pre: the coordinator reserved the blocks. Post: the table has ``cdiv(n, bs) + spec``
+        positions, nulls between the old and the new state; a table that is already that long
+        (over-allocated, or truncated since) is left as it is and nothing is taken.
+        """
+        spec_blocks = self.spec.num_speculative_blocks
+        required = cdiv(num_tokens, self.block_size) + spec_blocks
+        table = self.req_to_blocks.setdefault(request_id, [])
+        first = request_id not in self.allocated
+        self.allocated.add(request_id)
+        if required <= len(table):
+            return ()
+        prev_len = len(table)
+        state_index = required - spec_blocks - 1
+        table.extend([NULL_BLOCK] * max(0, state_index - prev_len))
+        if not first:
+            self._relocate_scratch(table, prev_len, state_index)
+        new = self._take(pool, max(required - len(table), 0))
+        table.extend(new)
+        return new
+
+    def _relocate_scratch(self, table: list[BlockId], prev_len: int, state_index: int) -> None:
+        """Move scratch blocks now below the new state position to the end of the table."""
+        for index in range(prev_len - self.spec.num_speculative_blocks, prev_len):
+            if index >= state_index:
+                break
+            table.append(table[index])
+            table[index] = NULL_BLOCK
+
+    def _null_out(self, table: list[BlockId], end: int) -> list[BlockId]:
+        """Null every real block below ``end``, highest first; prefill leaves null gaps."""
+        freed: list[BlockId] = []
+        for index in range(end - 1, -1, -1):
+            if table[index] != NULL_BLOCK:
+                freed.append(table[index])
+                table[index] = NULL_BLOCK
+        return freed
+
+    def find_longest_cache_hit(
+        self, pool: BlockPool, block_hashes: Sequence[BlockHash], max_length: int
+    ) -> GroupHit:
+        """The rightmost cached state at an aligned block end, at most ``max_length`` tokens in.
+
+        Pure. Post: ``blocks`` is ``[null] * i + [state]`` and ``num_tokens == (i + 1) * bs``, or
+        empty with 0 tokens.
+        """
+        max_blocks = min(max_length // self.block_size, len(block_hashes))
+        for index in range(max_blocks - 1, -1, -1):
+            if ((index + 1) * self.block_size) % self.alignment_tokens:
+                continue
+            hit = pool.get_cached_block(block_hashes[index], (self.kv_cache_group_id,))
+            if hit:
+                return GroupHit((NULL_BLOCK,) * index + hit, (index + 1) * self.block_size)
+        return GroupHit((), 0)
+
+    def free(self, request_id: str, pool: BlockPool) -> None:
+        """As the base, and forget the first-allocation mark."""
+        self.allocated.discard(request_id)
+        super().free(request_id, pool)
+
+    def _clone_extra(self, twin: Any) -> None:
+        twin.allocated = set(self.allocated)
