@@ -1,0 +1,281 @@
+"""A hybrid model's KV-relevant description, read from its Hugging Face ``config.json``.
+
+Only the fields that decide KV-cache geometry are read, under the names each architecture's
+config.json uses and with the meaning vLLM 0.33's model code gives them (``models/<arch>.py``).
+A missing field raises :class:`~spec.errors.ConfigError` naming ``config.json:<field>``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from spec.errors import ConfigError
+from spec.kinds import GroupKind
+from spec.mamba_state import DTYPE_BYTES, GdnDims, Mamba1Dims, Mamba2Dims, MambaDims
+
+__all__ = ["SUPPORTED_ARCHITECTURES", "KVLayer", "ModelDescription", "model_from_config"]
+
+
+@dataclass(frozen=True, slots=True)
+class KVLayer:
+    """One layer that keeps KV cache or recurrent state.
+
+    ``sliding_window`` is the window in tokens of a ``SLIDING`` layer and ``None`` for the other
+    kinds (they have no window).
+    """
+
+    index: int
+    kind: GroupKind
+    sliding_window: int | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class ModelDescription:
+    """What geometry needs to know about a model.
+
+    Attributes:
+        architecture: the config.json architecture name vLLM resolves.
+        layers: the layers with a KV cache or state, in layer order (MLP-only layers are absent).
+        num_attention_heads / num_kv_heads / head_dim: attention dims (all attention layers
+            share them in the supported architectures).
+        mamba: the recurrent dims, or ``None`` for a model without mamba layers.
+        dtype: the checkpoint dtype (``torch_dtype`` / ``dtype``).
+        ssm_dtype: the temporal-state dtype vLLM resolves ``--mamba-ssm-cache-dtype auto`` to for
+            this architecture: ``"auto"`` (same as the conv state) or a dtype name.
+    """
+
+    architecture: str
+    layers: tuple[KVLayer, ...]
+    num_attention_heads: int
+    num_kv_heads: int
+    head_dim: int
+    mamba: MambaDims | None
+    dtype: str
+    ssm_dtype: str
+
+    @property
+    def is_hybrid(self) -> bool:
+        """vLLM's ``is_hybrid``: attention and mamba layers together."""
+        return self.mamba is not None
+
+
+def _get(cfg: Mapping[str, Any], key: str) -> Any:
+    if key not in cfg or cfg[key] is None:
+        raise ConfigError(
+            f"config.json:{key}",
+            None,
+            "the field is missing",
+            "give the model's published config.json, which has it",
+        )
+    return cfg[key]
+
+
+def _int(cfg: Mapping[str, Any], key: str) -> int:
+    value = _get(cfg, key)
+    if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+        raise ConfigError(f"config.json:{key}", value, "must be a positive integer", "fix it")
+    return value
+
+
+def _dtype(cfg: Mapping[str, Any]) -> str:
+    value = cfg.get("dtype") or cfg.get("torch_dtype") or "bfloat16"
+    if value not in DTYPE_BYTES:
+        raise ConfigError(
+            "config.json:torch_dtype", value, "unsupported dtype", f"use one of {list(DTYPE_BYTES)}"
+        )
+    return str(value)
+
+
+def _head_dim(cfg: Mapping[str, Any]) -> int:
+    for key in ("head_dim", "attention_head_dim"):
+        if cfg.get(key) is not None:
+            return _int(cfg, key)
+    return _int(cfg, "hidden_size") // _int(cfg, "num_attention_heads")
+
+
+def _types(cfg: Mapping[str, Any], key: str, n: int) -> Sequence[str]:
+    types = _get(cfg, key)
+    if not isinstance(types, (list, tuple)) or len(types) != n:
+        raise ConfigError(
+            f"config.json:{key}", types, f"must list one type per layer ({n})", "fix it"
+        )
+    return [str(t) for t in types]
+
+
+def _layers(kinds: Sequence[GroupKind | None], window: int | None = None) -> tuple[KVLayer, ...]:
+    return tuple(
+        KVLayer(i, k, window if k is GroupKind.SLIDING else None)
+        for i, k in enumerate(kinds)
+        if k is not None
+    )
+
+
+def _describe(
+    arch: str,
+    cfg: Mapping[str, Any],
+    layers: tuple[KVLayer, ...],
+    mamba: MambaDims | None,
+    *,
+    ssm_dtype: str = "auto",
+    dtype_cfg: Mapping[str, Any] | None = None,
+) -> ModelDescription:
+    return ModelDescription(
+        architecture=arch,
+        layers=layers,
+        num_attention_heads=_int(cfg, "num_attention_heads"),
+        num_kv_heads=_int(cfg, "num_key_value_heads"),
+        head_dim=_head_dim(cfg),
+        mamba=mamba,
+        dtype=_dtype(cfg if dtype_cfg is None else dtype_cfg),
+        ssm_dtype=ssm_dtype,
+    )
+
+
+def _qwen_gdn(arch: str, cfg: Mapping[str, Any], top: Mapping[str, Any]) -> ModelDescription:
+    n = _int(cfg, "num_hidden_layers")
+    if cfg.get("layer_types") is not None:
+        types = _types(cfg, "layer_types", n)
+    else:
+        interval = _int(cfg, "full_attention_interval")
+        types = [
+            "full_attention" if (i + 1) % interval == 0 else "linear_attention" for i in range(n)
+        ]
+    kinds = [GroupKind.MAMBA if t == "linear_attention" else GroupKind.FULL for t in types]
+    mamba = GdnDims(
+        num_k_heads=_int(cfg, "linear_num_key_heads"),
+        num_v_heads=_int(cfg, "linear_num_value_heads"),
+        head_k_dim=_int(cfg, "linear_key_head_dim"),
+        head_v_dim=_int(cfg, "linear_value_head_dim"),
+        conv_kernel=_int(cfg, "linear_conv_kernel_dim"),
+    )
+    # Qwen3.5 resolves an `auto` SSM dtype to the text config's mamba_ssm_dtype
+    # (models/config.py Qwen3_5ForConditionalGenerationConfig); Qwen3-Next keeps `auto`.
+    ssm = str(cfg.get("mamba_ssm_dtype") or "auto") if arch.startswith("Qwen3_5") else "auto"
+    # A multimodal wrapper's top-level dtype wins over its text config's, as in vLLM.
+    has_top_dtype = top.get("dtype") or top.get("torch_dtype")
+    return _describe(
+        arch, cfg, _layers(kinds), mamba, ssm_dtype=ssm, dtype_cfg=top if has_top_dtype else cfg
+    )
+
+
+def _qwen3_next(cfg: Mapping[str, Any]) -> ModelDescription:
+    return _qwen_gdn("Qwen3NextForCausalLM", cfg, cfg)
+
+
+def _qwen3_5(arch: str) -> Callable[[Mapping[str, Any]], ModelDescription]:
+    def parse(cfg: Mapping[str, Any]) -> ModelDescription:
+        text = _get(cfg, "text_config") if "ConditionalGeneration" in arch else cfg
+        return _qwen_gdn(arch, text, cfg)
+
+    return parse
+
+
+def _nemotron_h(cfg: Mapping[str, Any]) -> ModelDescription:
+    n = _int(cfg, "num_hidden_layers")
+    pattern = str(_get(cfg, "hybrid_override_pattern"))
+    if len(pattern) != n:
+        raise ConfigError(
+            "config.json:hybrid_override_pattern", pattern, f"must have {n} characters", "fix it"
+        )
+    # M: mamba-2 mixer, *: attention, - and E: MLP / MoE only (no cache).
+    table = {"M": GroupKind.MAMBA, "*": GroupKind.FULL}
+    heads, head_dim = _int(cfg, "mamba_num_heads"), _int(cfg, "mamba_head_dim")
+    mamba = Mamba2Dims(
+        intermediate_size=heads * head_dim,
+        n_groups=_int(cfg, "n_groups"),
+        num_heads=heads,
+        head_dim=head_dim,
+        state_size=_int(cfg, "ssm_state_size"),
+        conv_kernel=_int(cfg, "conv_kernel"),
+    )
+    # NemotronHForCausalLMConfig: `auto` becomes the config's mamba_ssm_cache_dtype or float32.
+    ssm = str(cfg.get("mamba_ssm_cache_dtype") or "float32")
+    return _describe(
+        "NemotronHForCausalLM", cfg, _layers([table.get(c) for c in pattern]), mamba, ssm_dtype=ssm
+    )
+
+
+def _granite_h(cfg: Mapping[str, Any]) -> ModelDescription:
+    n = _int(cfg, "num_hidden_layers")
+    types = _types(cfg, "layer_types", n)
+    kinds = [GroupKind.MAMBA if t == "mamba" else GroupKind.FULL for t in types]
+    mamba = Mamba2Dims(
+        intermediate_size=_int(cfg, "mamba_expand") * _int(cfg, "hidden_size"),
+        n_groups=_int(cfg, "mamba_n_groups"),
+        num_heads=_int(cfg, "mamba_n_heads"),
+        head_dim=_int(cfg, "mamba_d_head"),
+        state_size=_int(cfg, "mamba_d_state"),
+        conv_kernel=_int(cfg, "mamba_d_conv"),
+    )
+    return _describe("GraniteMoeHybridForCausalLM", cfg, _layers(kinds), mamba)
+
+
+def _jamba(cfg: Mapping[str, Any]) -> ModelDescription:
+    n = _int(cfg, "num_hidden_layers")
+    period, offset = _int(cfg, "attn_layer_period"), int(_get(cfg, "attn_layer_offset"))
+    kinds = [GroupKind.FULL if i % period == offset else GroupKind.MAMBA for i in range(n)]
+    mamba = Mamba1Dims(
+        intermediate_size=_int(cfg, "mamba_expand") * _int(cfg, "hidden_size"),
+        state_size=_int(cfg, "mamba_d_state"),
+        conv_kernel=_int(cfg, "mamba_d_conv"),
+    )
+    return _describe("JambaForCausalLM", cfg, _layers(kinds), mamba)
+
+
+def _gpt_oss(cfg: Mapping[str, Any]) -> ModelDescription:
+    n = _int(cfg, "num_hidden_layers")
+    # models/gpt_oss.py: even layers slide, odd layers attend fully (layer_types agrees).
+    kinds = [GroupKind.SLIDING if i % 2 == 0 else GroupKind.FULL for i in range(n)]
+    return _describe("GptOssForCausalLM", cfg, _layers(kinds, _int(cfg, "sliding_window")), None)
+
+
+def _gemma3(cfg: Mapping[str, Any]) -> ModelDescription:
+    n = _int(cfg, "num_hidden_layers")
+    if cfg.get("layer_types") is not None:
+        types = _types(cfg, "layer_types", n)
+    else:
+        # transformers' Gemma3TextConfig derives the types from the pattern this way.
+        pattern = _int(cfg, "sliding_window_pattern")
+        types = [
+            "full_attention" if (i + 1) % pattern == 0 else "sliding_attention" for i in range(n)
+        ]
+    kinds = [GroupKind.SLIDING if t == "sliding_attention" else GroupKind.FULL for t in types]
+    return _describe("Gemma3ForCausalLM", cfg, _layers(kinds, _int(cfg, "sliding_window")), None)
+
+
+_PARSERS: dict[str, Callable[[Mapping[str, Any]], ModelDescription]] = {
+    "Qwen3NextForCausalLM": _qwen3_next,
+    "Qwen3_5ForConditionalGeneration": _qwen3_5("Qwen3_5ForConditionalGeneration"),
+    "Qwen3_5MoeForConditionalGeneration": _qwen3_5("Qwen3_5MoeForConditionalGeneration"),
+    "Qwen3_5ForCausalLM": _qwen3_5("Qwen3_5ForCausalLM"),
+    "NemotronHForCausalLM": _nemotron_h,
+    "GraniteMoeHybridForCausalLM": _granite_h,
+    "JambaForCausalLM": _jamba,
+    "GptOssForCausalLM": _gpt_oss,
+    "Gemma3ForCausalLM": _gemma3,
+}
+
+#: The config.json architectures :func:`model_from_config` reads.
+SUPPORTED_ARCHITECTURES = tuple(sorted(_PARSERS))
+
+
+def model_from_config(config: Mapping[str, Any]) -> ModelDescription:
+    """Read a model description from a Hugging Face config.json mapping.
+
+    Pre: ``config`` is the parsed config.json of a supported architecture.
+    Post: the description vLLM 0.33 would build its KV cache specs from.
+    Raises ConfigError (nothing else changes) naming ``config.json:<field>`` for a missing or
+    malformed field, or ``config.json:architectures`` listing the supported ones.
+    """
+    archs = config.get("architectures")
+    arch = archs[0] if isinstance(archs, (list, tuple)) and archs else None
+    if arch not in _PARSERS:
+        raise ConfigError(
+            "config.json:architectures",
+            archs,
+            "not a hybrid architecture the geometry model knows",
+            f"use one of {', '.join(SUPPORTED_ARCHITECTURES)}",
+        )
+    return _PARSERS[str(arch)](config)
