@@ -4,6 +4,8 @@ Each family lives in its own module (``planner`` holds ``PL-*``...); importing t
 imports them all, so the registry is complete whenever it is visible.
 """
 
+from spec.invariants import block_pool as _block_pool
+from spec.invariants import groups as _groups
 from spec.invariants import planner as _planner
 from spec.invariants import store as _store
 from spec.invariants._registry import (
@@ -26,4 +28,4 @@ __all__ = [
     "invariants_for",
 ]
 
-_FAMILIES = (_planner, _store)
+_FAMILIES = (_planner, _store, _block_pool, _groups)

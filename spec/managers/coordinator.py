@@ -152,6 +152,7 @@ class KVCacheCoordinator:
         new = tuple(m.allocate_new_blocks(request_id, num_tokens, self.pool) for m in self.managers)
         taken = tuple(m.taken for m in self.managers)
         self.last_allocation = tuple(zip(counts, taken, strict=True))
+        self.processed[request_id] = max(0, total - num_in_flight_tokens)
         return new
 
     def _adopt(
