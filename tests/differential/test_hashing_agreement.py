@@ -8,6 +8,7 @@ IndexError for an incomplete chunk, so the comparisons below use non-negative in
 from __future__ import annotations
 
 import ast
+import importlib.util
 import inspect
 import itertools
 from pathlib import Path
@@ -270,3 +271,17 @@ def test_guard_the_two_sides_are_different_code() -> None:
     assert H.RequestHashList.append_tokens.__module__ == "hybridkv.hashing"
     assert H.GroupKey is not S.GroupKey
     assert HybridKVConfigError is not ConfigError
+
+
+def test_bench_hashing_quick_runs_and_its_three_ways_agree(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    # The benchmark returns 1 when its three ways of hashing disagree; no timing is asserted.
+    bench_path = Path(__file__).parents[2] / "tools" / "bench_hashing.py"
+    module_spec = importlib.util.spec_from_file_location("bench_hashing", bench_path)
+    assert module_spec is not None
+    assert module_spec.loader is not None
+    bench = importlib.util.module_from_spec(module_spec)
+    module_spec.loader.exec_module(bench)
+    assert bench.main(["--quick", "--piece", "2048"]) == 0
+    assert "naive / incremental" in capsys.readouterr().out
