@@ -17,12 +17,14 @@ The one legitimate difference is the error type, written down in ``ERROR_TYPES``
 from __future__ import annotations
 
 import ast
+import importlib.util
 import math
 import subprocess
 import sys
 from pathlib import Path
 from typing import Any
 
+import pytest
 from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
@@ -273,3 +275,21 @@ def test_the_optimized_planner_never_imports_spec() -> None:
 
 def test_the_ci_profile_runs_at_least_a_thousand_geometries() -> None:
     assert settings.get_profile("ci").max_examples * 5 >= 1000
+
+
+def test_the_benchmark_runs_both_sides_and_prints_a_ratio(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    # A smoke run only: it checks the two sides agree on the benchmark's inputs and that the
+    # table is printed; timings are never asserted.
+    path = Path(__file__).resolve().parents[2] / "tools" / "bench_planner.py"
+    loaded = importlib.util.spec_from_file_location("bench_planner", path)
+    assert loaded is not None
+    assert loaded.loader is not None
+    bench = importlib.util.module_from_spec(loaded)
+    loaded.loader.exec_module(bench)
+    assert bench.main(["--quick"]) == 0
+    out = capsys.readouterr().out
+    assert "speedup" in out
+    assert "chunk_count_for_tokens / qwen3.5-like" in out
+    assert "chunk_count_for_tokens / gpt-oss-like" in out
