@@ -24,8 +24,8 @@ only whole scheduler blocks are cached (``_align_cacheable``, ``kv_cache_coordin
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Mapping, Sequence
+from typing import Any, ClassVar
 
 from spec.block_pool import BlockHash, BlockId, BlockPool, Refused, freeze
 from spec.errors import ConfigError
@@ -44,7 +44,7 @@ from spec.managers.sliding import SlidingWindowManager
 
 __all__ = ["KVCacheCoordinator"]
 
-_MANAGERS: dict[GroupKind, type[SingleTypeManager]] = {
+_MANAGERS: Mapping[GroupKind, type[SingleTypeManager]] = {
     GroupKind.FULL: FullAttentionManager,
     GroupKind.SLIDING: SlidingWindowManager,
     GroupKind.MAMBA: MambaManager,
@@ -59,7 +59,8 @@ class KVCacheCoordinator:
     ``GR-6`` and ``GR-7`` check.
     """
 
-    manager_classes: dict[GroupKind, type[SingleTypeManager]] = _MANAGERS
+    manager_classes: ClassVar[Mapping[GroupKind, type[SingleTypeManager]]] = _MANAGERS
+    """Which manager serves each kind (a broken variant in a test swaps one)."""
 
     def __init__(self, groups: Sequence[GroupSpec], num_blocks: int) -> None:
         """Pre: at least one group; ``num_blocks >= 2``. Post: an empty pool, empty tables."""
