@@ -1,0 +1,1 @@
+"""The ``hybridkv`` command line: the one layer that wires the formal model and the library."""
