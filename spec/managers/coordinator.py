@@ -169,6 +169,16 @@ class KVCacheCoordinator:
             return
         if any(request_id in m.num_cached_block for m in self.managers):
             return  # a running request adopts nothing new (kv_cache_coordinator.py:285-290)
+        self._adopt_groups(request_id, hit_blocks, num_local, num_external)
+
+    def _adopt_groups(
+        self,
+        request_id: str,
+        hit_blocks: Sequence[Sequence[BlockId]],
+        num_local: int,
+        num_external: int,
+    ) -> None:
+        """Phase 1: every group touches its hit. Phase 2: every group takes its external blocks."""
         for i, manager in enumerate(self.managers):
             manager.add_local_computed_blocks(
                 request_id, hit_blocks[i], num_local, num_external, self.pool
