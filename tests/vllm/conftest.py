@@ -1,0 +1,50 @@
+"""Shared set-up of the tests that run vLLM 0.33's own code (``nox -s vllm``).
+
+The PyPI torchvision that vLLM's Qwen3.5 module needs is built for CUDA torch; beside CPU torch
+it imports only after ``_torchvision_shim`` declares two of its operators. This conftest does
+that in the pytest process before anything imports vLLM, and the ``vllm_subprocess_env``
+fixture puts the shim on PYTHONPATH for subprocesses (vLLM inspects models in a subprocess).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from pathlib import Path
+
+import pytest
+
+TORCHVISION_SHIM = Path(__file__).parent / "_torchvision_shim"
+
+
+def _install_torchvision_shim() -> None:
+    spec = importlib.util.spec_from_file_location(
+        "_hybridkv_torchvision_shim", TORCHVISION_SHIM / "sitecustomize.py"
+    )
+    if spec is None or spec.loader is None or importlib.util.find_spec("torch") is None:
+        return
+    spec.loader.exec_module(importlib.util.module_from_spec(spec))
+
+
+_install_torchvision_shim()
+
+
+@pytest.fixture(scope="session")
+def vllm_subprocess_env() -> dict[str, str]:
+    """The environment for a subprocess that imports vLLM on a CPU machine."""
+    env = dict(os.environ)
+    env.update(
+        VLLM_TARGET_DEVICE="cpu",
+        HF_HUB_OFFLINE="1",
+        TRANSFORMERS_OFFLINE="1",
+        VLLM_LOGGING_LEVEL="WARNING",
+    )
+    paths = [str(TORCHVISION_SHIM), *filter(None, env.get("PYTHONPATH", "").split(os.pathsep))]
+    env["PYTHONPATH"] = os.pathsep.join(paths)
+    return env
+
+
+@pytest.fixture(scope="session")
+def vllm_module() -> object:
+    """vLLM itself, or a skip when it is not installed."""
+    return pytest.importorskip("vllm", reason="vLLM 0.33 is not installed (run `nox -s vllm`)")
