@@ -13,10 +13,10 @@ Facts carried over (file:line relative to ``vllm/``):
 - ``add_local_computed_blocks`` pads the skipped prefix with nulls and touches only the kept hit
   blocks (268-325); ``allocate_external_computed_blocks`` gives real blocks only up to
   ``cdiv(total, bs)`` and clips the external count to the window (327-368);
-- ``cache_blocks`` caches ``min(num_tokens, hashed tokens) // bs`` full blocks (479-531);
+- ``cache_blocks`` caches ``min(num_tokens, hashed tokens) // bs`` full blocks (477-543);
 - ``free`` drops the leading nulls and frees the rest tail first (571-599);
 - ``remove_skipped_blocks`` nulls whole blocks below the skipped tokens, walking down from the
-  highest and stopping at the first null (680-720, 645-665).
+  highest and stopping at the first null (682-720, 655-680).
 
 Not modelled: partial-hit copy-on-write, admission caps, lookahead slots, EAGLE, zeroing records.
 """
@@ -102,14 +102,20 @@ class SingleTypeManager:
         request_id: str,
         num_tokens: int,
         hit_blocks: Sequence[BlockId],
+        *,
         total_computed_tokens: int,
+        num_local_computed_tokens: int,
         pool: BlockPool,
     ) -> int:
         """Blocks an allocation of ``num_tokens`` slots takes off the free queue. Pure.
 
+        ``total_computed_tokens`` counts local and external tokens, ``num_local_computed_tokens``
+        the local ones (the request's own and its new hit).
+
         Pre: a running request (one with cache bookkeeping) brings no hit blocks.
         Post: the count is >= 0 and covers new blocks plus hit blocks that leave the queue.
         """
+        del num_local_computed_tokens  # the base count needs the total only
         required = cdiv(num_tokens, self.block_size)
         held = len(self.req_to_blocks.get(request_id, ()))
         if request_id in self.num_cached_block:

@@ -141,7 +141,14 @@ class KVCacheCoordinator:
         num_tokens = total + num_new_tokens
         self.remove_skipped_blocks(request_id, max(0, total - num_in_flight_tokens))
         counts = tuple(
-            m.get_num_blocks_to_allocate(request_id, num_tokens, hit_blocks[i], total, self.pool)
+            m.get_num_blocks_to_allocate(
+                request_id,
+                num_tokens,
+                hit_blocks[i],
+                total_computed_tokens=total,
+                num_local_computed_tokens=num_local,
+                pool=self.pool,
+            )
             for i, m in enumerate(self.managers)
         )
         available = self.pool.get_num_free_blocks() - reserved_blocks
@@ -168,7 +175,7 @@ class KVCacheCoordinator:
         if hit.num_tokens == 0 and not any(hit.blocks) and num_external == 0:
             return
         if any(request_id in m.num_cached_block for m in self.managers):
-            return  # a running request adopts nothing new (kv_cache_coordinator.py:285-290)
+            return  # a running request adopts nothing new (kv_cache_coordinator.py:286-291)
         self._adopt_groups(request_id, hit_blocks, num_local, num_external)
 
     def _adopt_groups(

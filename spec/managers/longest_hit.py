@@ -8,7 +8,7 @@ group's answer is monotone in its bound, the result is the LONGEST length all gr
 
 The model evaluates each group on its own where vLLM batches groups of equal spec into one look-up
 that must hit in all of them; by that monotonicity both reach the same fixed point. vLLM stops the
-"simple hybrid" (full attention + one other kind) after one pass (838-841, 917-918); a second pass
+"simple hybrid" (full attention + one other kind) after one pass (838-841, 912-916); a second pass
 there changes nothing, so the model always runs until stable.
 """
 

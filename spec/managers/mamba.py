@@ -14,7 +14,7 @@ state, so everything before that state's block is skipped (nulls). Facts from vL
   ``required - spec - 1``, speculative scratch blocks that fall below that move to the end
   (``_relocate_speculative_block``), then the missing blocks are taken;
 - ``remove_skipped_blocks`` frees every real block below ``cdiv(P, bs) - 1``, skipping nulls
-  (1606-1657). vLLM also frees the state block of two steps ago (``last_state_block_idx``); that
+  (1608-1657). vLLM also frees the state block of two steps ago (``last_state_block_idx``); that
   index is always below the same bound, so the model needs no extra rule for it;
 - a hit is the rightmost cached block whose end is aligned, padded with nulls (1470-1533).
 
@@ -61,22 +61,45 @@ class MambaManager(SingleTypeManager):
         request_id: str,
         num_tokens: int,
         hit_blocks: Sequence[BlockId],
+        *,
         total_computed_tokens: int,
+        num_local_computed_tokens: int,
         pool: BlockPool,
     ) -> int:
-        """Blocks an allocation takes: at most one new state (+ scratch on the first), never < 0.
+        """Blocks an allocation takes: one new state (+ scratch on the first), never < 0.
 
-        Pure. Post: the count is >= 0 (see :meth:`_clamp`) and includes evictable hit blocks.
+        Pure. Post: the count is >= 0 (see :meth:`_clamp`), includes evictable hit blocks and,
+        on a first allocation that adopts external tokens, the external state block on its own
+        (see :meth:`_adopts_external`).
         """
-        del total_computed_tokens
         spec_blocks = self.spec.num_speculative_blocks
         required = cdiv(num_tokens, self.block_size) + spec_blocks
         held = len(self.req_to_blocks.get(request_id, ()))
-        num_new = required - len(hit_blocks) - held
+        external = self._adopts_external(
+            request_id, total_computed_tokens, num_local_computed_tokens
+        )
+        # Positions the table holds when allocate_new_blocks runs.
+        base = cdiv(total_computed_tokens, self.block_size) if external else len(hit_blocks) + held
+        num_new = required - base
         if num_new > 0:
             first = request_id not in self.allocated
             num_new = min(num_new, 1 + (spec_blocks if first else 0))
-        return self._clamp(num_new) + _num_evictable(pool, hit_blocks)
+        return self._clamp(num_new) + int(external) + _num_evictable(pool, hit_blocks)
+
+    def _adopts_external(self, request_id: str, total: int, num_local: int) -> bool:
+        """Whether this first allocation takes an external state block before the new state.
+
+        Divergence (catalogued): vLLM 0.33 counts ``required - hit - held`` capped at
+        ``1 + spec`` on a first allocation (``single_type_kv_cache_manager.py:1743-1790``), yet a
+        first allocation that adopts external tokens AND schedules new tokens past their block
+        takes two blocks: the external state at ``cdiv(total, bs) - 1``
+        (``allocate_external_computed_blocks``, 327-368) and the new state
+        (``allocate_new_blocks``, 1797-1923). Running vLLM's own ``MambaManager`` (block 8, 8
+        external + 4 new tokens) reserves 1 and takes 2. The spec counts the external block on its
+        own, ``1 + min(required - cdiv(total, bs), 1 + spec)``: exactly what is taken.
+        """
+        fresh = request_id not in self.req_to_blocks and request_id not in self.num_cached_block
+        return fresh and total > num_local
 
     def _clamp(self, num_new: int) -> int:
         """The spec's clamp at 0; vLLM 0.33 returns ``num_new`` as is (the divergence)."""

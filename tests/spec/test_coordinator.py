@@ -3,6 +3,7 @@ adoption of vLLM #33775, and GR-* mutation evidence. Block ids are worked out by
 
 from __future__ import annotations
 
+import random
 from typing import ClassVar
 
 import pytest
@@ -269,3 +270,69 @@ def test_gr8_null_block_in_a_full_attention_table() -> None:
     group["tables"] = (("r", 8, (NULL_BLOCK, 2)),)
     snap["groups"] = (group, snap["groups"][1])
     assert "GR-8" in check_all("kv_cache_groups", snap)
+
+
+# ----------------------------------------------------------------- seeded random walks
+_LAYOUTS = (
+    (FULL, MAMBA),
+    (FULL, GroupSpec(GroupKind.SLIDING, 4, sliding_window=6)),
+    (
+        FULL,
+        GroupSpec(GroupKind.SLIDING, 4, sliding_window=9),
+        GroupSpec(GroupKind.MAMBA, 4, num_speculative_blocks=1),
+    ),
+    (FULL, GroupSpec(GroupKind.MAMBA, 8)),
+)
+
+
+def _admit(coord: KVCacheCoordinator, rng: random.Random, rid: str) -> list[object] | None:
+    """A new request: prefix hit, maybe an aligned external claim, maybe new tokens."""
+    prompt = rng.choice([8, 12, 16, 20])
+    hashes = [f"{rng.choice('ab')}{i}" for i in range(prompt // coord.hash_block_size)]
+    hit = coord.find_longest_cache_hit(hashes, prompt - 1)
+    unit = coord.scheduler_block_size
+    external = (prompt - 1 - hit.num_tokens) // unit * unit if rng.random() < 0.4 else 0
+    new = min(rng.choice([0, 4]) if external else 4, prompt - hit.num_tokens - external)
+    if new == 0 and external == 0 and hit.num_tokens == 0:
+        return None
+    got = coord.allocate_slots(rid, new, hit=hit, num_external_computed_tokens=external)
+    if not isinstance(got, tuple):
+        return None
+    done = hit.num_tokens + external + new
+    coord.cache_blocks(rid, hashes, done)
+    return [hashes, done]
+
+
+def _step(coord: KVCacheCoordinator, rng: random.Random, rid: str, state: list) -> None:  # type: ignore[type-arg]
+    hashes, done = state
+    chunk = rng.choice([1, 4, 8])
+    if isinstance(coord.allocate_slots(rid, chunk, num_computed_tokens=done), tuple):
+        done += chunk
+        while len(hashes) * coord.hash_block_size < done:
+            hashes.append(f"{rid}-{len(hashes)}")
+        coord.cache_blocks(rid, hashes, done)
+        state[1] = done
+
+
+@pytest.mark.parametrize("seed", range(60))
+def test_seeded_random_walks_keep_every_invariant(seed: int) -> None:
+    rng = random.Random(seed)
+    coord = KVCacheCoordinator(_LAYOUTS[seed % len(_LAYOUTS)], rng.randint(4, 14))
+    live: dict[str, list] = {}  # type: ignore[type-arg]
+    for step in range(30):
+        roll = rng.random()
+        if roll < 0.3 and len(live) < 3:
+            state = _admit(coord, rng, f"r{step}")
+            if state is not None:
+                live[f"r{step}"] = state
+        elif roll < 0.7 and live:
+            rid = rng.choice(sorted(live))
+            _step(coord, rng, rid, live[rid])
+        elif live:
+            rid = rng.choice(sorted(live))
+            del live[rid]
+            coord.free(rid)
+        assert _failing(coord) == set(), (seed, step)
+    for rid in live:
+        coord.free(rid)
+    assert coord.pool.get_num_free_blocks() == coord.pool.num_blocks - 1

@@ -10,10 +10,10 @@ from typing import ClassVar
 import pytest
 
 from spec.block_pool import NULL_BLOCK, Refused
-from spec.errors import ConfigError
+from spec.errors import ConfigError, InvariantViolation
 from spec.invariants import check_all
 from spec.kinds import GroupKind
-from spec.managers import NO_HIT, GroupSpec, KVCacheCoordinator, MambaManager
+from spec.managers import NO_HIT, GroupSpec, KVCacheCoordinator, MambaManager, cdiv
 
 N = NULL_BLOCK
 HASHES = [f"h{i}" for i in range(8)]
@@ -163,10 +163,25 @@ def test_mamba_steady_state_keeps_the_previous_and_the_new_state_only() -> None:
 
 
 class VllmMambaManager(MambaManager):
-    """vLLM 0.33's align-mode count, unclamped (single_type_kv_cache_manager.py:1743-1795)."""
+    """vLLM 0.33's align-mode count (single_type_kv_cache_manager.py:1742-1795): not clamped at
+    0, and blind to the external state block of a first allocation."""
 
-    def _clamp(self, num_new: int) -> int:
-        return num_new
+    def get_num_blocks_to_allocate(  # type: ignore[no-untyped-def]
+        self,
+        request_id,
+        num_tokens,
+        hit_blocks,
+        *,
+        total_computed_tokens,
+        num_local_computed_tokens,
+        pool,
+    ):
+        spec_blocks = self.spec.num_speculative_blocks
+        held = len(self.req_to_blocks.get(request_id, ()))
+        num_new = cdiv(num_tokens, self.block_size) + spec_blocks - len(hit_blocks) - held
+        if num_new > 0:
+            num_new = min(num_new, 1 + (spec_blocks if request_id not in self.allocated else 0))
+        return num_new + sum(1 for b in hit_blocks if b != N and pool.ref_count(b) == 0)
 
 
 class VllmCoordinator(KVCacheCoordinator):
@@ -197,6 +212,37 @@ def test_gr6_vllm_unclamped_count_goes_negative_after_truncation() -> None:
     coord = _truncated(VllmCoordinator)
     assert coord.snapshot()["groups"][0]["reserved"] == -1
     assert "GR-6" in check_all("kv_cache_groups", coord.snapshot())
+
+
+MAMBA8 = GroupSpec(GroupKind.MAMBA, 8)
+
+
+def test_mamba_external_claim_plus_new_tokens_reserves_both_state_blocks() -> None:
+    coord = _one(MAMBA8)
+    # 8 external tokens and 4 new ones: the external state at 0, the new state at 1.
+    assert coord.allocate_slots("r", 4, num_external_computed_tokens=8) == ((2,),)
+    assert coord.get_blocks("r") == ((1, 2),)
+    group = coord.snapshot()["groups"][0]
+    assert (group["reserved"], group["taken"]) == (2, 2)
+    _holds(coord)
+
+
+def test_gr7_vllm_count_misses_the_external_state_block() -> None:
+    coord = VllmCoordinator([MAMBA8], 12)
+    coord.allocate_slots("r", 4, num_external_computed_tokens=8)
+    group = coord.snapshot()["groups"][0]
+    assert (group["reserved"], group["taken"]) == (1, 2)
+    assert "GR-7" in check_all("kv_cache_groups", coord.snapshot())
+
+
+def test_one_free_block_refuses_in_the_spec_and_breaks_vllms_reservation() -> None:
+    spec_coord = _one(MAMBA8, num_blocks=2)
+    before = spec_coord.freeze()
+    assert spec_coord.allocate_slots("r", 4, num_external_computed_tokens=8) == Refused(2, 1)
+    assert spec_coord.freeze() == before
+    with pytest.raises(InvariantViolation) as info:  # vLLM: ValueError in get_new_blocks
+        VllmCoordinator([MAMBA8], 2).allocate_slots("r", 4, num_external_computed_tokens=8)
+    assert info.value.invariant_id == "GR-7"
 
 
 def test_mamba_hit_is_the_last_cached_state() -> None:
