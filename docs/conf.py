@@ -24,13 +24,21 @@ exclude_patterns = ["_build"]
 
 autodoc_member_order = "bysource"
 autodoc_typehints = "description"
-autodoc_default_options = {"members": True, "undoc-members": False, "show-inheritance": True}
+# ignore-module-all: document each object where it is defined, not again where it is re-exported.
+autodoc_default_options = {
+    "members": True,
+    "undoc-members": False,
+    "show-inheritance": True,
+    "ignore-module-all": True,
+}
 autodoc_mock_imports = ["vllm"]
 napoleon_google_docstring = True
 napoleon_numpy_docstring = False
-# Frozen dataclasses document their fields both as attributes and in the class docstring;
-# the duplicate-object warning for those is noise, not a defect.
-suppress_warnings = ["autodoc.duplicate_object", "ref.python"]
+# "Attributes:" sections become :ivar: fields, so a dataclass field is not described twice.
+napoleon_use_ivar = True
+# Type hints name classes by their short name; two models legitimately define a GroupSpec
+# (the geometry's and the managers'), and an ambiguous short name is not a broken link.
+suppress_warnings = ["ref.python"]
 nitpicky = False
 
 html_theme = "furo"
