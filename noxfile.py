@@ -72,9 +72,7 @@ def docs(session: nox.Session) -> None:
     _install_torch(session)
     session.install("-e", ".[docs]")
     session.run("python", "tools/gen_invariant_catalog.py", "--write")
-    session.run(
-        "sphinx-build", "-W", "--keep-going", "-b", "html", "docs", "docs/_build/html"
-    )
+    session.run("sphinx-build", "-W", "--keep-going", "-b", "html", "docs", "docs/_build/html")
 
 
 @nox.session
@@ -103,7 +101,9 @@ def vllm(session: nox.Session) -> None:
         "VLLM_LOGGING_LEVEL": "WARNING",
         "HYPOTHESIS_PROFILE": os.environ.get("HYPOTHESIS_PROFILE", "ci"),
     }
-    session.run("pytest", "tests/vllm", "-m", "vllm", "-p", "no:cacheprovider", *session.posargs, env=env)
+    session.run(
+        "pytest", "tests/vllm", "-m", "vllm", "-p", "no:cacheprovider", *session.posargs, env=env
+    )
 
 
 @nox.session(venv_params=["--system-site-packages"])

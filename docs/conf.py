@@ -9,7 +9,7 @@ sys.path.insert(0, os.path.abspath(".."))
 
 project = "hybridkv"
 author = "hybridkv developers"
-copyright = "2026, hybridkv developers"  # noqa: A001
+copyright = "2026, hybridkv developers"
 
 extensions = [
     "sphinx.ext.autodoc",

@@ -15,7 +15,8 @@ def _generator():  # type: ignore[no-untyped-def]
     spec = importlib.util.spec_from_file_location(
         "gen_invariant_catalog", ROOT / "tools" / "gen_invariant_catalog.py"
     )
-    assert spec is not None and spec.loader is not None
+    assert spec is not None
+    assert spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module

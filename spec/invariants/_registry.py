@@ -94,7 +94,7 @@ def check(invariant_id: str, snapshot: Snapshot) -> None:
 
 
 def check_all(subject: str, snapshot: Snapshot) -> dict[str, list[str]]:
-    """Every failing invariant of ``subject`` on ``snapshot``: id -> messages (empty if all hold)."""
+    """Every failing invariant of ``subject`` on ``snapshot``: id -> messages (empty: all hold)."""
     failing: dict[str, list[str]] = {}
     for inv in invariants_for(subject):
         messages = inv.violations(snapshot)
