@@ -33,7 +33,8 @@ def declare_torchvision_ops() -> None:
     _KEEP.append(lib)
 
 
-if importlib.util.find_spec("torch") is not None:
+# torch is imported only where torchvision is installed, so other interpreters start as fast.
+if importlib.util.find_spec("torchvision") is not None and importlib.util.find_spec("torch"):
     import torch
 
     declare_torchvision_ops()
