@@ -92,7 +92,15 @@ def _head_dim(cfg: Mapping[str, Any]) -> int:
     for key in ("head_dim", "attention_head_dim"):
         if cfg.get(key) is not None:
             return _int(cfg, key)
-    return _int(cfg, "hidden_size") // _int(cfg, "num_attention_heads")
+    hidden, heads = _int(cfg, "hidden_size"), _int(cfg, "num_attention_heads")
+    if hidden % heads:
+        raise ConfigError(
+            "config.json:num_attention_heads",
+            heads,
+            f"does not divide hidden_size {hidden}, so there is no head_dim",
+            "give head_dim explicitly or fix num_attention_heads",
+        )
+    return hidden // heads
 
 
 def _types(cfg: Mapping[str, Any], key: str, n: int) -> Sequence[str]:

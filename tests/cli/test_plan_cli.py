@@ -168,3 +168,16 @@ def test_module_entry_point_runs_the_default_preset() -> None:
     )
     assert result.returncode == 0, result.stderr
     assert json.loads(result.stdout)["model"]["source"] == f"preset:{DEFAULT_PRESET}"
+
+
+def test_heads_that_do_not_divide_hidden_size_are_named(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # Found by the fuzz: granite derives head_dim = hidden_size // num_attention_heads, and a
+    # head count above hidden_size made it 0 and crashed with ZeroDivisionError.
+    cfg = tiny_config("granite-4.0-h-tiny")
+    cfg.pop("head_dim", None)
+    cfg["num_attention_heads"] = cfg["hidden_size"] + 1
+    (tmp_path / "config.json").write_text(json.dumps(cfg), encoding="utf-8")
+    assert main(["plan", "--config", str(tmp_path)]) == 2
+    assert "num_attention_heads" in _stderr_lines(capsys)[0]
