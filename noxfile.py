@@ -56,6 +56,7 @@ def tests(session: nox.Session) -> None:
         "pytest",
         "-m",
         "not vllm and not gpu",
+        "--ignore=tests/vllm",
         "--cov=spec",
         "--cov=hybridkv",
         "--cov-report=term:skip-covered",
