@@ -17,16 +17,20 @@ import pytest
 TORCHVISION_SHIM = Path(__file__).parent / "_torchvision_shim"
 
 
-def _install_torchvision_shim() -> None:
+def _install_torchvision_shim() -> object:
     spec = importlib.util.spec_from_file_location(
         "_hybridkv_torchvision_shim", TORCHVISION_SHIM / "sitecustomize.py"
     )
     if spec is None or spec.loader is None or importlib.util.find_spec("torch") is None:
-        return
-    spec.loader.exec_module(importlib.util.module_from_spec(spec))
+        return None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
-_install_torchvision_shim()
+# Keep the shim module alive: the torch Library it holds un-declares the operators when it is
+# garbage collected, and vLLM imports torchvision later, at collection of the test modules.
+_SHIM = _install_torchvision_shim()
 
 
 @pytest.fixture(scope="session")
