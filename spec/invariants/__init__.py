@@ -8,6 +8,7 @@ from spec.invariants import block_pool as _block_pool
 from spec.invariants import groups as _groups
 from spec.invariants import planner as _planner
 from spec.invariants import store as _store
+from spec.invariants import system as _system
 from spec.invariants._registry import (
     ALL_INVARIANTS,
     Invariant,
@@ -28,4 +29,4 @@ __all__ = [
     "invariants_for",
 ]
 
-_FAMILIES = (_planner, _store, _block_pool, _groups)
+_FAMILIES = (_planner, _store, _block_pool, _groups, _system)
