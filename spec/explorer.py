@@ -56,7 +56,7 @@ class Model(Protocol[S, A]):
         ...
 
     def labels(self, state: S, action: A) -> Iterable[str]:
-        """Coverage labels of taking ``action`` in ``state`` (event kinds, statuses reached)."""
+        """Coverage labels of taking ``action`` in ``state`` (called right after ``step``)."""
         ...
 
 
@@ -74,7 +74,9 @@ class ExploreResult(Generic[A]):
     """The outcome of one search.
 
     ``exhaustive`` is true when no state was left unexpanded for lack of depth or budget: every
-    reachable state was visited. ``coverage`` counts each label over every explored transition.
+    reachable state was visited. ``budget_cut`` is true when ``max_states`` stopped the search
+    (so, when false, every state within ``max_depth`` actions was checked: bounded-exhaustive).
+    ``coverage`` counts each label over every explored transition.
     """
 
     states: int
@@ -84,6 +86,7 @@ class ExploreResult(Generic[A]):
     seconds: float
     violations: tuple[Violation[A], ...]
     coverage: Mapping[str, int] = field(default_factory=dict)
+    budget_cut: bool = False
 
     @property
     def states_per_second(self) -> float:
@@ -126,6 +129,7 @@ def explore(
     transitions = 0
     depth = 0
     truncated = False
+    budget_cut = False
     while frontier:
         level_violations = _check_level(model, frontier, parents)
         violations.extend(level_violations)
@@ -139,13 +143,14 @@ def explore(
         for state, key in frontier:
             for action in model.enabled(state):
                 transitions += 1
-                coverage.update(model.labels(state, action))
+                # Stepping first lets a model label a transition by what it caused.
                 successor = model.step(state, action)
+                coverage.update(model.labels(state, action))
                 succ_key = model.key(successor)
                 if succ_key in parents:
                     continue
                 if max_states is not None and len(parents) >= max_states:
-                    truncated = True
+                    truncated = budget_cut = True
                     continue
                 parents[succ_key] = (key, action)
                 next_frontier.append((successor, succ_key))
@@ -162,6 +167,7 @@ def explore(
         seconds=time.perf_counter() - start,
         violations=tuple(violations),
         coverage=dict(coverage),
+        budget_cut=budget_cut,
     )
 
 
