@@ -7,6 +7,7 @@ imports them all, so the registry is complete whenever it is visible.
 from spec.invariants import block_pool as _block_pool
 from spec.invariants import groups as _groups
 from spec.invariants import planner as _planner
+from spec.invariants import scheduler as _scheduler
 from spec.invariants import store as _store
 from spec.invariants import system as _system
 from spec.invariants._registry import (
@@ -29,4 +30,4 @@ __all__ = [
     "invariants_for",
 ]
 
-_FAMILIES = (_planner, _store, _block_pool, _groups, _system)
+_FAMILIES = (_planner, _store, _block_pool, _groups, _scheduler, _system)

@@ -179,7 +179,7 @@ class SchedulerState:
         Keys: ``config`` (budget, running cap, ``claim_unit``, deadline, liveness bound,
         ``groups``: kind and block size per group), ``step``, ``requests`` (one mapping per
         request: ``id``, ``status``, ``num_computed_tokens``, ``num_tokens``, ``age``),
-        ``waiting``/``kv_holding``/``running``, ``loads`` (``(id, age, claim_end)``), ``parked``
+        ``waiting``/``kv_holding``/``running``, ``loads`` (``(id, age, claim_end, reported)``), ``parked``
         (``(id, blocks)``), ``holds`` (``(id, (reasons...))``), ``tables`` (``(id, ((blocks of
         group 0), ...))`` for every request holding a block), ``claims``, ``recoveries``,
         ``last_step`` (``budget``, ``budget_left``, ``scheduled``: ``(id, tokens)``),
@@ -196,7 +196,7 @@ class SchedulerState:
             "kv_holding": tuple(self.kv_holding),
             "running": tuple(self.running),
             "loads": tuple(
-                (rid, self.step - rec.started_step, rec.claim_end)
+                (rid, self.step - rec.started_step, rec.claim_end, rid in self.recv_done)
                 for rid, rec in sorted(self.loads.items())
             ),
             "parked": tuple((rid, tuple(p.blocks)) for rid, p in sorted(self.parked.items())),
