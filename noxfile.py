@@ -110,13 +110,18 @@ def vllm(session: nox.Session) -> None:
 @nox.session(venv_params=["--system-site-packages"])
 def gpu(session: nox.Session) -> None:
     """CUDA tests and GPU benchmarks, with the CUDA torch of the interpreter nox runs under."""
-    probe = "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 3)"
+    probe = (
+        "import sys\n"
+        "try:\n    import torch\nexcept ImportError:\n    sys.exit(3)\n"
+        "sys.exit(0 if torch.cuda.is_available() else 4)\n"
+    )
     try:
         session.run("python", "-c", probe, silent=True)
     except nox.command.CommandFailed:
         session.error(
-            "no CUDA device visible to torch here: `nox -s gpu` needs a CUDA build of torch "
-            "in the interpreter that runs nox and a GPU (see README, 'GPU machines')"
+            "no CUDA device visible to torch here: `nox -s gpu` needs a GPU and a CUDA build "
+            "of torch in the interpreter that runs nox (README: install the CUDA build of torch "
+            "first, then `pip install .`); the CPU tests run in `nox -s tests`"
         )
     session.install("--no-deps", ".")
     session.install("pytest>=8", "hypothesis>=6.100")
