@@ -227,6 +227,8 @@ class SchedulerCompletion(SchedulerState):
         self._set_status(rid, status)
         self.finished_since.add(rid)
         if self.connector is not None:
+            # vLLM frees out-of-window blocks before the connector sees the table (3364-3375).
+            self.kv.remove_skipped_blocks(rid, r.num_computed_tokens)
             blocks = self._blocks_for_computed(rid, r.num_computed_tokens)
             if self.connector.request_finished_all_groups(r.view(), blocks):
                 holds.add(Hold.STORE)
