@@ -179,9 +179,10 @@ class SchedulerState:
         Keys: ``config`` (budget, running cap, ``claim_unit``, deadline, liveness bound,
         ``groups``: kind and block size per group), ``step``, ``requests`` (one mapping per
         request: ``id``, ``status``, ``num_computed_tokens``, ``num_tokens``, ``age``),
-        ``waiting``/``kv_holding``/``running``, ``loads`` (``(id, age, claim_end, reported)``), ``parked``
-        (``(id, blocks)``), ``holds`` (``(id, (reasons...))``), ``tables`` (``(id, ((blocks of
-        group 0), ...))`` for every request holding a block), ``claims``, ``recoveries``,
+        ``waiting``/``kv_holding``/``running``, ``loads`` (``(id, age, claim_end, reported)``),
+        ``parked`` (``(id, blocks)``), ``holds`` (``(id, (reasons...))``), ``tables``
+        (``(id, ((blocks of group 0), ...))`` for every request holding a block), ``claims``,
+        ``recoveries``,
         ``last_step`` (``budget``, ``budget_left``, ``scheduled``: ``(id, tokens)``),
         ``num_waiting_for_remote_kvs``, ``counters`` and ``kv_cache_groups`` (the
         coordinator's snapshot with ``held_outside``, for the ``GR-*`` predicates).

@@ -61,12 +61,15 @@ def test_async_claim_waits_then_runs_and_sees_update_state_twice() -> None:
     s.add_request(request("a"))
     out = s.schedule()
     assert out.scheduled == ()
-    assert s.requests["a"].status is WFR and s.kv_holding == ["a"] and s.running == []
+    assert s.requests["a"].status is WFR
+    assert s.kv_holding == ["a"]
+    assert s.running == []
     assert out.claims[0].outcome is ClaimOutcome.WAITING_FOR_REMOTE_KVS
     sound(s)
     s.update_from_output(out, {}, NOTHING)
     out = s.schedule()  # not reported yet: skipped, not asked again
-    assert out.scheduled == () and conn.asked == [("a", 0)]
+    assert out.scheduled == ()
+    assert conn.asked == [("a", 0)]
     s.update_from_output(out, {}, done("a"))
     out = s.schedule()
     assert [(x.num_computed_tokens, x.num_scheduled_tokens) for x in out.scheduled] == [(8, 4)]
@@ -81,8 +84,10 @@ def test_defer_skips_then_claims_next_step() -> None:
     s = Scheduler(config(), conn)
     s.add_request(request("a"))
     out = s.schedule()
-    assert out.scheduled == () and out.claims[0].outcome is ClaimOutcome.DEFERRED
-    assert s.waiting == ["a"] and s.kv.get_blocks("a") == ((), ())
+    assert out.scheduled == ()
+    assert out.claims[0].outcome is ClaimOutcome.DEFERRED
+    assert s.waiting == ["a"]
+    assert s.kv.get_blocks("a") == ((), ())
     s.update_from_output(out, {}, NOTHING)
     s.schedule()
     assert conn.asked == [("a", 0), ("a", 0)]
@@ -99,7 +104,8 @@ def test_abort_during_load_frees_blocks_only_after_the_report() -> None:
     assert s.kv.get_blocks("a") == ((1, 2), (0, 3))  # the load may still write them
     sound(s)
     s.update_from_output(out, {}, done("a"))
-    assert s.kv.get_blocks("a") == ((), ()) and s.kv.pool.get_num_free_blocks() == 8
+    assert s.kv.get_blocks("a") == ((), ())
+    assert s.kv.pool.get_num_free_blocks() == 8
     sound(s)
 
 
@@ -112,10 +118,12 @@ def test_preemption_frees_the_last_running_request() -> None:
     assert out.num_scheduled_tokens == {"a": 8, "b": 8}
     s.update_from_output(out, {"a": 1, "b": 2}, NOTHING)
     out = s.schedule()  # a's 9th token needs a 3rd block: b is preempted to make room
-    assert out.preempted_ids == {"b"} and out.num_scheduled_tokens == {"a": 1}
+    assert out.preempted_ids == {"b"}
+    assert out.num_scheduled_tokens == {"a": 1}
     b = s.requests["b"]
     assert (b.status, b.num_computed_tokens, b.num_preemptions) == (RequestStatus.PREEMPTED, 0, 1)
-    assert s.waiting == ["b"] and s.kv.get_blocks("b") == ((),)
+    assert s.waiting == ["b"]
+    assert s.kv.get_blocks("b") == ((),)
     sound(s)
 
 
@@ -137,7 +145,8 @@ def test_delayed_free_waits_for_finished_sending() -> None:
     sound(s)
     out = s.schedule()
     s.update_from_output(out, {}, KVConnectorOutput(finished_sending=frozenset({"a"})))
-    assert s.kv.get_blocks("a") == ((), ()) and not s.holds
+    assert s.kv.get_blocks("a") == ((), ())
+    assert not s.holds
     sound(s)
 
 
@@ -150,14 +159,16 @@ def test_deadline_abandons_the_load_and_parks_its_blocks() -> None:
         s.update_from_output(out, {}, NOTHING)
         assert s.requests["a"].status is WFR
     out = s.schedule()  # step 4: 3 steps old -> abandoned, recomputed without asking again
-    assert out.abandoned_ids == {"a"} and conn.asked == [("a", 0)]
+    assert out.abandoned_ids == {"a"}
+    assert conn.asked == [("a", 0)]
     assert s.parked["a"].blocks == (1, 2, 3)
     # Recompute from 0: the split stops at the last cacheable boundary 8.
     assert out.num_scheduled_tokens == {"a": 8}
     assert s.counters["tokens_discarded_by_deadline"] == 8
     sound(s)
     s.update_from_output(out, {}, done("a"))  # the late report matches the parked load
-    assert "a" not in s.parked and s.requests["a"].status is RequestStatus.RUNNING
+    assert "a" not in s.parked
+    assert s.requests["a"].status is RequestStatus.RUNNING
     assert all(s.kv.pool.ref_count(b) == 0 for b in (1, 2, 3))
     sound(s)
 
