@@ -300,9 +300,15 @@ class BlockPool:
         }
 
     def freeze(self) -> tuple[Any, ...]:
-        """A hashable form of :meth:`snapshot`, equal for equal states."""
-        frozen: tuple[Any, ...] = freeze(self.snapshot())
-        return frozen
+        """A hashable value equal exactly for states with equal :meth:`snapshot` (built directly:
+        the explorer calls it for every state)."""
+        return (
+            tuple(self._ref),
+            tuple(self._free),
+            self._num_free,
+            tuple(sorted(self._key.items())),
+            tuple(sorted((k, tuple(ids)) for k, ids in self._cached.items())),
+        )
 
     # ----------------------------------------------------------------- helpers
     def _checked(self, block: object, field: str) -> BlockId:

@@ -273,6 +273,18 @@ class SingleTypeManager:
     def _clone_extra(self, twin: Any) -> None:
         """Copy subclass state into ``twin`` (none here)."""
 
+    def freeze(self) -> tuple[Any, ...]:
+        """A hashable value of every piece of per-request state (the dedup key of a group)."""
+        return (
+            tuple(sorted((rid, tuple(t)) for rid, t in self.req_to_blocks.items())),
+            tuple(sorted(self.num_cached_block.items())),
+            self._freeze_extra(),
+        )
+
+    def _freeze_extra(self) -> tuple[Any, ...]:
+        """Subclass state for :meth:`freeze` (none here)."""
+        return ()
+
     def _take(self, pool: BlockPool, num_blocks: int) -> tuple[BlockId, ...]:
         got = pool.get_new_blocks(num_blocks)
         if isinstance(got, Refused):

@@ -27,7 +27,7 @@ import math
 from collections.abc import Mapping, Sequence
 from typing import Any, ClassVar
 
-from spec.block_pool import BlockHash, BlockId, BlockPool, Refused, freeze
+from spec.block_pool import BlockHash, BlockId, BlockPool, Refused
 from spec.errors import ConfigError
 from spec.kinds import GroupKind
 from spec.managers.base import SingleTypeManager, coarse_hashes
@@ -282,12 +282,17 @@ class KVCacheCoordinator:
         }
 
     def freeze(self) -> tuple[Any, ...]:
-        """A hashable state for deduplication; the last allocation's accounting is left out."""
-        snap = self.snapshot()
-        for group in snap["groups"]:
-            del group["reserved"], group["taken"]
-        frozen: tuple[Any, ...] = freeze(snap)
-        return frozen
+        """A hashable state for deduplication; the last allocation's accounting is left out.
+
+        Built directly rather than through :meth:`snapshot` (the explorer calls it for every
+        state): the pool's freeze, each group's per-request state (tables, cached-block counts,
+        the mamba first-allocation marks) and the processed-token basis.
+        """
+        return (
+            self.pool.freeze(),
+            tuple(m.freeze() for m in self.managers),
+            tuple(sorted(self.processed.items())),
+        )
 
 
 def _check_count(field: str, value: int) -> None:

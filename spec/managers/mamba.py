@@ -171,3 +171,6 @@ class MambaManager(SingleTypeManager):
 
     def _clone_extra(self, twin: Any) -> None:
         twin.allocated = set(self.allocated)
+
+    def _freeze_extra(self) -> tuple[Any, ...]:
+        return tuple(sorted(self.allocated))

@@ -336,3 +336,30 @@ def test_seeded_random_walks_keep_every_invariant(seed: int) -> None:
     for rid in live:
         coord.free(rid)
     assert coord.pool.get_num_free_blocks() == coord.pool.num_blocks - 1
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_freeze_separates_exactly_the_states_snapshot_separates(seed: int) -> None:
+    # The explorer deduplicates on freeze(): two states may share a freeze only if every piece of
+    # per-request state agrees. Walk two layouts, keep every (freeze, snapshot) pair, and check
+    # the map freeze -> snapshot is a function and injective on these walks.
+    rng = random.Random(seed)
+    coord = KVCacheCoordinator(_LAYOUTS[seed % len(_LAYOUTS)], rng.randint(4, 14))
+    live: dict[str, list] = {}  # type: ignore[type-arg]
+    seen: dict[object, object] = {}
+    for step in range(30):
+        if rng.random() < 0.4 and len(live) < 3:
+            state = _admit(coord, rng, f"r{step}")
+            if state is not None:
+                live[f"r{step}"] = state
+        elif live:
+            rid = rng.choice(sorted(live))
+            _step(coord, rng, rid, live[rid])
+        snap = coord.snapshot()
+        for group in snap["groups"]:
+            del group["reserved"], group["taken"]
+        frozen = coord.freeze()
+        assert hash(frozen) == hash(coord.clone().freeze())
+        assert seen.setdefault(frozen, snap) == snap, (seed, step)
+    snaps = list(seen.values())
+    assert len({repr(s) for s in snaps}) == len(snaps)
