@@ -129,20 +129,33 @@ class TransferItem:
 
 @dataclass(frozen=True, slots=True)
 class TransferJob:
-    """A load or store job handed to the worker in one step's connector metadata."""
+    """A load or store job handed to the worker in one step's connector metadata.
+
+    ``sync`` (loads only) marks a load the worker finishes before this step's forward, as
+    vLLM's ``TransferJob.sync`` (``offloading/worker.py`` ``start_kv_transfers``): its request
+    already runs this step, so it never appears in ``finished_recving``.
+    """
 
     job_id: JobId
     kind: TransferKind
     request_id: RequestId
     items: tuple[TransferItem, ...]
+    sync: bool = False
 
 
 @dataclass(frozen=True, slots=True)
 class ConnectorMeta:
-    """What ``build_connector_meta`` hands to the worker for one step."""
+    """What ``build_connector_meta`` hands to the worker for one step.
+
+    ``delayed_free_ids``: the requests that finished since the last metadata and whose block
+    free the connector delayed (``request_finished_all_groups`` returned True); the worker
+    reports each in ``finished_sending`` once all its store jobs reported (vLLM hands the
+    worker ``finished_req_ids`` in ``get_finished`` for the same purpose).
+    """
 
     load_jobs: tuple[TransferJob, ...] = ()
     store_jobs: tuple[TransferJob, ...] = ()
+    delayed_free_ids: frozenset[RequestId] = frozenset()
 
 
 @dataclass(frozen=True, slots=True)
@@ -183,12 +196,16 @@ class KVConnectorOutput:
 
     ``failed_recving`` is a subset of ``finished_recving`` (vLLM 0.33 emits a failed receive only
     together with a finished one). ``finished_sending`` names requests whose delayed block free
-    may now happen.
+    may now happen. ``completed_jobs`` carries every job result the worker folded, in report
+    order: the channel through which the scheduler-side connector learns job-level outcomes
+    (store completions, which load job failed), as vLLM's ``kv_connector_worker_meta``
+    (``OffloadingWorkerMetadata.completed_jobs``) does.
     """
 
     finished_recving: frozenset[RequestId] = frozenset()
     failed_recving: frozenset[RequestId] = frozenset()
     finished_sending: frozenset[RequestId] = frozenset()
+    completed_jobs: tuple[JobResult, ...] = ()
 
     def __post_init__(self) -> None:
         if not self.failed_recving <= self.finished_recving:
