@@ -5,6 +5,7 @@ imports them all, so the registry is complete whenever it is visible.
 """
 
 from spec.invariants import block_pool as _block_pool
+from spec.invariants import connector as _connector
 from spec.invariants import groups as _groups
 from spec.invariants import planner as _planner
 from spec.invariants import scheduler as _scheduler
@@ -30,4 +31,4 @@ __all__ = [
     "invariants_for",
 ]
 
-_FAMILIES = (_planner, _store, _block_pool, _groups, _scheduler, _system)
+_FAMILIES = (_planner, _store, _block_pool, _groups, _scheduler, _system, _connector)

@@ -1,0 +1,89 @@
+"""The claim rule as a pure function: how far a request's prefix may be loaded from the host.
+
+A claim from a computed prefix ``start`` ends at a token ``t`` such that
+
+- ``t`` is a multiple of :attr:`Geometry.align` (the planner's claim unit and the scheduler
+  block), ``start < t`` and ``t <= claimable_prefix_tokens(num_tokens)``: the last token is
+  always computed;
+- every group's needed units (:meth:`Geometry.needed_units`) are READY in the host store: full
+  attention every unit, a sliding window its reach, a mamba group the state at exactly ``t``
+  (MB-1: never attention KV without the recurrent state of the same position);
+- no needed key is remembered as failed (failure memory: a failed key counts as absent);
+- the keys come from the request's own salted hashes (the salt enters the first block hash,
+  so different salts share no key: SEC-1).
+
+The answer is the largest such ``t``, unless waiting could give more: when a larger candidate
+has every needed key READY or STORING (none absent, none failed), the answer is DEFER, as
+vLLM defers on HIT_PENDING.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Collection, Sequence
+from typing import NamedTuple
+
+from spec.connector.geometry import Geometry
+from spec.store import LookupResult
+
+__all__ = ["ClaimDecision", "claim_candidates", "decide_claim", "needed_keys"]
+
+
+class ClaimDecision(NamedTuple):
+    """``end``: the claim end (``start`` when nothing is claimable); ``defer``: wait instead."""
+
+    end: int
+    defer: bool
+
+
+def claim_candidates(geometry: Geometry, start: int, num_tokens: int) -> range:
+    """Claim ends to try, largest first: aligned, above ``start``, within the claimable prefix."""
+    align = geometry.align
+    limit = geometry.planner.claimable_prefix_tokens(num_tokens)
+    limit -= limit % align
+    lowest = (start // align + 1) * align
+    return range(limit, lowest - 1, -align)
+
+
+def needed_keys(
+    geometry: Geometry, block_hashes: Sequence[bytes], start: int, end: int
+) -> tuple[bytes, ...]:
+    """Every group's needed keys for a claim from ``start`` to ``end``, in group order."""
+    return tuple(
+        geometry.key(block_hashes, ref)
+        for g in range(geometry.num_groups)
+        for ref in geometry.needed_units(g, start, end)
+    )
+
+
+def decide_claim(
+    geometry: Geometry,
+    block_hashes: Sequence[bytes],
+    num_tokens: int,
+    start: int,
+    *,
+    status: Callable[[bytes], LookupResult],
+    failed: Collection[bytes],
+) -> ClaimDecision:
+    """Apply the module rule. Pure: ``status`` (the store's per-key lookup) must not mutate.
+
+    Pre: ``block_hashes`` are the request's salted hashes of its ``num_tokens`` tokens;
+    ``start`` is a multiple of the scheduler block. Post: ``end`` is ``start`` or an aligned
+    candidate whose keys are all READY and not failed; ``defer`` is True exactly when a larger
+    candidate's keys are all READY or STORING and none failed (then ``end`` is ``start``).
+    """
+    ready_end = start
+    hopeful_end = start
+    for end in claim_candidates(geometry, start, num_tokens):
+        verdicts = [
+            LookupResult.MISS if key in failed else status(key)
+            for key in needed_keys(geometry, block_hashes, start, end)
+        ]
+        if LookupResult.MISS in verdicts:
+            continue
+        hopeful_end = max(hopeful_end, end)
+        if all(v is LookupResult.HIT for v in verdicts):
+            ready_end = end
+            break
+    if hopeful_end > ready_end:
+        return ClaimDecision(start, True)
+    return ClaimDecision(ready_end, False)

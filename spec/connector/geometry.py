@@ -1,0 +1,163 @@
+"""Which host keys a group needs for a claim, and where its units sit in its block table.
+
+The connector works in the planner's offload units (:class:`spec.planner.HybridOffloadPlanner`):
+unit ``j`` of group ``g`` covers tokens ``[j * u_g, (j + 1) * u_g)`` and is keyed by
+``offload_key(block_hashes[unit_hash_index(g, j)], g)``. For an attention group the unit is KV of
+those tokens; for a mamba group it is the recurrent state after exactly ``(j + 1) * u_g`` tokens.
+Where every ``u_g`` is a multiple of ``chunk_size`` (the usual case, chunk dividing the attention
+block) these are exactly the keys of :func:`spec.hashing.chunk_keys`.
+
+What a claim ending at token ``t`` (starting from a computed prefix ``s``) needs per group:
+
+- FULL: every unit in ``[s, t)``;
+- SLIDING: the units holding the tokens the window reads before ``t``: ``[max(s, t - r), t)``
+  with reach ``r = sliding_window - 1 + extra_retained_tokens`` (vLLM's skipped tokens
+  ``max(0, t - sliding_window + 1 - extra)``); a SLIDING group of unknown window needs all;
+- MAMBA: the one state at exactly ``t``.
+
+Every function is pure.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from spec.errors import ConfigError
+from spec.hashing import offload_key
+from spec.kinds import GroupKind
+from spec.managers.group_spec import GroupSpec
+from spec.planner import HybridOffloadPlanner
+
+__all__ = ["Geometry", "UnitRef"]
+
+
+@dataclass(frozen=True, slots=True)
+class UnitRef:
+    """One unit of one group: ``group_idx``, unit ``index``, its ``end`` token and table slot."""
+
+    group_idx: int
+    index: int
+    end: int
+    block_index: int
+
+
+@dataclass(frozen=True, slots=True)
+class Geometry:
+    """The planner plus what it lacks: each group's kind and the reach of a sliding window.
+
+    Attributes:
+        planner: the offload geometry (units, claim unit, hash contract).
+        kinds: the kind of each group (as the planner's groups).
+        reaches: per group, tokens before a position that the group reads to compute it:
+            FULL and MAMBA ignore it; SLIDING reads ``reach`` tokens back.
+    """
+
+    planner: HybridOffloadPlanner
+    kinds: tuple[GroupKind, ...]
+    reaches: tuple[int, ...]
+
+    @classmethod
+    def build(
+        cls,
+        planner: HybridOffloadPlanner,
+        group_kinds: Sequence[GroupKind],
+        sliding_windows: Sequence[int] = (),
+    ) -> Geometry:
+        """Check ``group_kinds`` against the planner and derive the reaches.
+
+        Pre: one kind per planner group, equal to the planner's; ``sliding_windows`` empty (a
+        SLIDING group then needs every unit, the conservative choice) or one int per group,
+        the window reach ``sliding_window - 1 + extra_retained_tokens`` for SLIDING groups.
+        Refusal: :class:`ConfigError` (field ``group_kinds`` or ``sliding_windows``).
+        """
+        kinds = tuple(group_kinds)
+        if kinds != tuple(kind for kind, _ in planner.groups):
+            raise ConfigError(
+                "group_kinds", kinds, "differ from the planner's groups", "pass the same groups"
+            )
+        if not sliding_windows:
+            reaches = tuple(planner.max_model_len for _ in kinds)
+        else:
+            reaches = tuple(sliding_windows)
+            if len(reaches) != len(kinds) or any(
+                isinstance(r, bool) or not isinstance(r, int) or r < 0 for r in reaches
+            ):
+                raise ConfigError(
+                    "sliding_windows",
+                    sliding_windows,
+                    "must give one int >= 0 per group",
+                    "pass sliding_window - 1 + extra_retained_tokens per group (0 if none)",
+                )
+        return cls(planner, kinds, reaches)
+
+    @classmethod
+    def from_groups(cls, planner: HybridOffloadPlanner, groups: Sequence[GroupSpec]) -> Geometry:
+        """:meth:`build` with kinds and window reaches read off vLLM-shaped group specs."""
+        reaches = tuple(
+            g.sliding_window - 1 + g.extra_retained_tokens if g.kind is GroupKind.SLIDING else 0
+            for g in groups
+        )
+        return cls.build(planner, tuple(g.kind for g in groups), reaches)
+
+    # ----------------------------------------------------------------- derived
+
+    @property
+    def num_groups(self) -> int:
+        """How many KV cache groups."""
+        return len(self.kinds)
+
+    @property
+    def scheduler_block(self) -> int:
+        """``lcm`` of the group block sizes: the alignment of the scheduler's computed count."""
+        return math.lcm(*(block for _, block in self.planner.groups))
+
+    @property
+    def align(self) -> int:
+        """Where a claim may end: multiples of the claim unit and of the scheduler block."""
+        return math.lcm(self.planner.claim_unit, self.scheduler_block)
+
+    @property
+    def has_mamba(self) -> bool:
+        """Whether some group holds a recurrent state."""
+        return GroupKind.MAMBA in self.kinds
+
+    # ----------------------------------------------------------------- units
+
+    def unit(self, group_idx: int, index: int) -> UnitRef:
+        """Unit ``index`` of group ``group_idx`` and the table slot of the block holding it.
+
+        An attention unit lies in block ``index * u // block``; a mamba unit is the state block
+        at slot ``end // block - 1`` (its unit is its block).
+        """
+        u = self.planner.units[group_idx]
+        block = self.planner.groups[group_idx][1]
+        end = (index + 1) * u
+        return UnitRef(group_idx, index, end, index * u // block)
+
+    def needed_units(self, group_idx: int, start: int, end: int) -> tuple[UnitRef, ...]:
+        """The units group ``group_idx`` needs to resume at ``end`` from a computed ``start``.
+
+        Pre: ``0 <= start < end``, both multiples of the group's unit (``end`` must be, for a
+        mamba group). Post: units in ascending order (module docstring rule).
+        """
+        u = self.planner.units[group_idx]
+        kind = self.kinds[group_idx]
+        if kind is GroupKind.MAMBA:
+            first = end // u - 1
+        elif kind is GroupKind.SLIDING:
+            first = max(start, end - self.reaches[group_idx]) // u
+        else:
+            first = start // u
+        return tuple(self.unit(group_idx, j) for j in range(first, end // u))
+
+    def units_ending_in(self, group_idx: int, start: int, end: int) -> tuple[UnitRef, ...]:
+        """The units of the group whose end lies in ``(start, end]`` (newly completed ones)."""
+        u = self.planner.units[group_idx]
+        return tuple(self.unit(group_idx, j) for j in range(start // u, end // u))
+
+    def key(self, block_hashes: Sequence[bytes], ref: UnitRef) -> bytes:
+        """The offload key of a unit. Pre: ``block_hashes`` reach the unit's end."""
+        fine = self.planner.unit_hash_index(ref.group_idx, ref.index)
+        return offload_key(block_hashes[fine], ref.group_idx)

@@ -1,0 +1,495 @@
+"""The reference connector, scheduler side: claims, load and store jobs, failure memory.
+
+:class:`ReferenceConnector` implements :class:`spec.connector_api.SchedulerConnector` over a
+:class:`~spec.store.HostStore`, in vLLM's call order: ``get_num_new_matched_tokens`` (pure: the
+claim rule of :mod:`spec.connector.claims`), ``update_state_after_alloc`` (pins the keys and
+builds the load jobs), ``build_connector_meta`` (emits them with this step's store jobs),
+``update_connector_output`` (learns job outcomes from ``KVConnectorOutput.completed_jobs``)
+and ``request_finished_all_groups`` (delays the free while the request's stores run).
+
+Design decisions:
+
+- Load mode: ``LoadMode.ASYNC`` (vLLM's default: the request waits in WAITING_FOR_REMOTE_KVS)
+  or ``LoadMode.SYNC`` (loaded before the step's forward). A request with a load in flight is
+  answered DEFER (vLLM returns ``(None, False)`` while transfers are in flight).
+- Failure memory: the keys of a failed load job are remembered and count as absent in every
+  later claim, so the re-ask claims the longest prefix that avoids them. A remembered key is
+  forgotten when the host no longer holds it (evicted or dropped: checked at each
+  ``build_connector_meta``) or when a store of it completes successfully: only then can the
+  host hold a fresh copy (``prepare_store`` never overwrites a present key).
+- Store outcomes reach the connector through ``KVConnectorOutput.completed_jobs`` (vLLM's
+  ``kv_connector_worker_meta.completed_jobs``); delayed frees reach the worker through
+  ``ConnectorMeta.delayed_free_ids``.
+- ``get_num_new_matched_tokens`` writes nothing but the asked position of the request (its
+  ``num_computed_tokens``), which ``update_state_after_alloc`` needs to recompute the claim and
+  which ``build_connector_meta`` clears: between two ``schedule()`` calls it is empty.
+
+Snapshot schema (subject ``"connector"``, read by :mod:`spec.invariants.connector`)::
+
+    kinds:   (str, ...)        group kinds            units: (int, ...) offload unit per group
+    align:   int               claim alignment        next_job_id: int
+    jobs:    ((job_id, kind, request_id, cache_salt, sync, items), ...) in flight, by id;
+             items ((group_idx, block_id, key_hex, end_token), ...)
+    loads:   ((request_id, start, end, num_tokens, sync, cache_salt, job_ids, reported_ids,
+               failed_ids, items), ...)  the latest load of each request, by request id
+    failed_keys: ((key_hex, since_job_id), ...)  remembered failures; since_job_id = the next
+             job id when the failure was learned (jobs from it on were built after)
+    key_salts: ((key_hex, cache_salt), ...)     the salt of the request that stored each key
+    delayed: (request_id, ...) finished requests whose free waits for their stores
+    store:   the host store's snapshot (spec.store)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
+from enum import Enum
+from typing import Any
+
+from spec.connector.claims import decide_claim
+from spec.connector.geometry import Geometry
+from spec.connector.loads import LoadRecord, load_items, resume_point, segments
+from spec.connector.stores import items_by_end, store_items
+from spec.connector_api import (
+    BlockTable,
+    Claim,
+    ClaimKind,
+    ConnectorMeta,
+    JobId,
+    KVConnectorOutput,
+    RequestId,
+    RequestView,
+    StepView,
+    TransferItem,
+    TransferJob,
+    TransferKind,
+)
+from spec.errors import ConfigError
+from spec.hashing import request_block_hashes
+from spec.kinds import GroupKind
+from spec.planner import HybridOffloadPlanner
+from spec.store import HostStore, LookupResult, PrepareLoadOutput, PrepareStoreOutput
+
+__all__ = ["LoadMode", "ReferenceConnector"]
+
+
+class LoadMode(Enum):
+    """How a claim is loaded: ASYNC (vLLM's default) or SYNC (before the step's forward)."""
+
+    ASYNC = "async"
+    SYNC = "sync"
+
+
+class ReferenceConnector:
+    """The scheduler-side reference connector (module docstring)."""
+
+    def __init__(
+        self,
+        planner: HybridOffloadPlanner,
+        store: HostStore,
+        group_kinds: Sequence[GroupKind],
+        hash_block_size: int,
+        chunk_size: int,
+        *,
+        sliding_windows: Sequence[int] = (),
+        load_mode: LoadMode = LoadMode.ASYNC,
+    ) -> None:
+        """A connector over ``store`` for the planner's geometry.
+
+        Pre: ``group_kinds`` equal the planner's; ``hash_block_size`` and ``chunk_size`` equal
+        the planner's; ``sliding_windows`` as :meth:`Geometry.build`; ``load_mode`` a
+        :class:`LoadMode`. Refusal: :class:`ConfigError` naming the field, nothing built.
+        Post: no request known, no job, no failure remembered.
+        """
+        for name, value, expected in (
+            ("hash_block_size", hash_block_size, planner.hash_block_size),
+            ("chunk_size", chunk_size, planner.chunk_size),
+        ):
+            if value != expected or isinstance(value, bool):
+                raise ConfigError(name, value, f"differs from the planner's {expected}", "match")
+        if not isinstance(load_mode, LoadMode):
+            raise ConfigError("load_mode", load_mode, "not a LoadMode", "pass LoadMode.ASYNC")
+        self.geometry = Geometry.build(planner, group_kinds, sliding_windows)
+        self.store = store
+        self.load_mode = load_mode
+        self._next_job = 1
+        self._jobs: dict[JobId, tuple[TransferJob, str | None]] = {}
+        self._unsent_loads: list[JobId] = []
+        self._loads: dict[RequestId, LoadRecord] = {}
+        self._failed: dict[bytes, int] = {}
+        self._key_salts: dict[bytes, str | None] = {}
+        self._delayed: set[RequestId] = set()
+        self._unsent_delayed: set[RequestId] = set()
+        self._asked: dict[RequestId, int] = {}
+
+    # ----------------------------------------------------------------- claims
+
+    def get_num_new_matched_tokens(self, request: RequestView, num_computed_tokens: int) -> Claim:
+        """The claim rule of :mod:`spec.connector.claims` beyond ``num_computed_tokens``.
+
+        Pre: ``num_computed_tokens`` is an int >= 0, a multiple of the scheduler block
+        (``ConfigError`` otherwise). Post: DEFER while the request has a load in flight or a
+        STORING key could lengthen the claim; else NONE or a claim of ``end - start`` tokens,
+        SYNC or ASYNC by ``load_mode``. Frame: only the asked position is recorded.
+        """
+        start = self._checked_start(num_computed_tokens)
+        self._asked[request.request_id] = start
+        record = self._loads.get(request.request_id)
+        if record is not None and record.in_flight:
+            return Claim(ClaimKind.DEFER)
+        decision = decide_claim(
+            self.geometry,
+            self._hashes(request),
+            len(request.token_ids),
+            start,
+            status=self.store.status,
+            failed=self._remembered_failures(),
+        )
+        if decision.defer:
+            return Claim(ClaimKind.DEFER)
+        if decision.end == start:
+            return Claim(ClaimKind.NONE)
+        kind = ClaimKind.ASYNC if self.load_mode is LoadMode.ASYNC else ClaimKind.SYNC
+        return Claim(kind, decision.end - start)
+
+    def update_state_after_alloc(
+        self, request: RequestView, block_ids: BlockTable, num_external_tokens: int
+    ) -> None:
+        """Pin the keys of the accepted claim and build its load jobs (emitted next meta).
+
+        Pre: ``num_external_tokens`` == 0 (nothing happens), or this ``schedule()`` asked for
+        the request and no load of it is in flight (``ConfigError`` otherwise). Post: one load
+        job per alignment segment (:mod:`spec.connector.loads`) into the real blocks of
+        ``block_ids``, its keys pinned and touched; a shortened claim loads what the host holds
+        for its end. Refusal: nothing changes.
+        """
+        if num_external_tokens == 0:
+            return
+        rid = request.request_id
+        start = self._asked.get(rid)
+        if start is None:
+            raise ConfigError(
+                "num_external_tokens", num_external_tokens, "no claim was asked", "ask first"
+            )
+        record = self._loads.get(rid)
+        if record is not None and record.in_flight:
+            raise ConfigError("request", rid, "has a load in flight", "wait for finished_recving")
+        end = start + num_external_tokens
+        hashes = self._hashes(request)
+        items = self._load_items(hashes, block_ids, start, end, loadable=self._loadable)
+        keys = tuple(item.key for item in items)
+        if items:
+            pinned = self.store.prepare_load(keys)
+            if not isinstance(pinned, PrepareLoadOutput):
+                raise ConfigError("num_external_tokens", num_external_tokens, "not ready", "ask")
+            self.store.touch(keys)
+        sync = self.load_mode is LoadMode.SYNC
+        jobs = []
+        for part in segments(items, self.geometry.align):
+            job = TransferJob(self._new_job_id(), TransferKind.LOAD, rid, part, sync)
+            self._jobs[job.job_id] = (job, request.cache_salt)
+            self._unsent_loads.append(job.job_id)
+            jobs.append(job.job_id)
+        self._loads[rid] = LoadRecord(
+            start, end, len(request.token_ids), sync, request.cache_salt, items, tuple(jobs)
+        )
+
+    # ----------------------------------------------------------------- the step
+
+    def build_connector_meta(self, step: StepView) -> ConnectorMeta:
+        """This step's loads (built since the last call), stores and delayed frees.
+
+        Post: every scheduled request's units completed by this step are reserved in the host
+        (head first, per end position, stopping at the first refusal) and form one store job
+        per request; the failure memory and the salt record forget keys the host no longer
+        holds; the asked positions are cleared.
+        """
+        loads = tuple(self._jobs[job_id][0] for job_id in self._unsent_loads)
+        self._unsent_loads = []
+        stores = []
+        for scheduled in step.scheduled:
+            job = self._store_job(
+                scheduled.request,
+                scheduled.block_ids,
+                scheduled.num_computed_tokens,
+                scheduled.num_computed_tokens + scheduled.num_scheduled_tokens,
+            )
+            if job is not None:
+                stores.append(job)
+        delayed = frozenset(self._unsent_delayed)
+        self._unsent_delayed = set()
+        self._forget_absent_keys()
+        self._asked = {}
+        return ConnectorMeta(loads, tuple(stores), delayed)
+
+    def update_connector_output(self, output: KVConnectorOutput) -> None:
+        """Fold every job result of ``output.completed_jobs``, in order.
+
+        Pre: each result names a job in flight (``ConfigError`` otherwise, nothing changed for
+        that and later results). Post: a load job's keys are unpinned (success or not); a
+        failed load job's keys are remembered; a store job completes its keys (READY or
+        dropped) and a success clears their failure memory; a delayed request whose last
+        store reported is no longer delayed. The request-level sets carry nothing more.
+        """
+        for result in output.completed_jobs:
+            entry = self._jobs.pop(result.job_id, None)
+            if entry is None:
+                raise ConfigError("completed_jobs", result.job_id, "no such job", "report once")
+            job = entry[0]
+            keys = tuple(item.key for item in job.items)
+            if job.kind is TransferKind.LOAD:
+                self._load_reported(job, keys, result.success)
+            else:
+                self.store.complete_store(keys, success=result.success)
+                if result.success:
+                    for key in keys:
+                        self._failed.pop(key, None)
+                if job.request_id in self._delayed and not self._stores_of(job.request_id):
+                    self._delayed.discard(job.request_id)
+
+    def request_finished_all_groups(self, request: RequestView, block_ids: BlockTable) -> bool:
+        """True (delay the free until ``finished_sending``) iff a store of it is in flight.
+
+        Post: the request's load record and asked position are forgotten; a delayed request
+        is announced to the worker in the next metadata. A load still in flight is the
+        scheduler's own hold (vLLM frees an aborted load's blocks at its finished_recving).
+        """
+        rid = request.request_id
+        self._asked.pop(rid, None)
+        record = self._loads.get(rid)
+        if record is not None and not record.in_flight:
+            del self._loads[rid]
+        if not self._stores_of(rid):
+            return False
+        self._delayed.add(rid)
+        self._unsent_delayed.add(rid)
+        return True
+
+    # ----------------------------------------------------------------- queries
+
+    def has_transfers(self, request_id: RequestId) -> bool:
+        """Whether a load or store job of the request is in flight (or built, not yet sent)."""
+        return any(job.request_id == request_id for job, _ in self._jobs.values())
+
+    def busy_blocks(self) -> frozenset[int]:
+        """Blocks an in-flight job reads (store) or writes (load): not to be freed or reused."""
+        return frozenset(item.block_id for job, _ in self._jobs.values() for item in job.items)
+
+    def invalid_blocks(self, request_id: RequestId) -> frozenset[int]:
+        """The destination blocks of the failed jobs of the request's latest load (may be
+        empty). Pre: the request has a load record (``ConfigError`` otherwise)."""
+        return self._record(request_id).bad_blocks
+
+    def first_invalid_token(self, request: RequestView) -> int:
+        """Where the request's latest load leaves every group valid (shared truncation).
+
+        The largest aligned position at or below the claim end at which every group's needed
+        keys (mamba: the state exactly there) were loaded by successful jobs; the claim start
+        when none is. Pre: a load record exists (``ConfigError`` otherwise). Frame: nothing.
+        """
+        record = self._record(request.request_id)
+        return resume_point(self.geometry, self._hashes(request), record)
+
+    def failed_keys(self) -> frozenset[bytes]:
+        """The keys the failure memory holds now."""
+        return frozenset(self._failed)
+
+    # ----------------------------------------------------------------- seeding
+
+    def seed(self, request: RequestView, num_tokens: int, groups: Iterable[int] = ()) -> int:
+        """Make the host hold READY the units of ``request``'s first ``num_tokens`` tokens.
+
+        For a seeded start: ``groups`` limits the groups stored (empty: all), so a test can
+        seed attention KV without the mamba state. Post: the keys are READY and recorded with
+        the request's salt; returns how many were stored. Refusal NO_SPACE: ConfigError.
+        """
+        wanted = sorted(set(groups) or range(self.geometry.num_groups))
+        hashes = self._hashes(request)
+        keys = [
+            self.geometry.key(hashes, ref)
+            for g in wanted
+            for ref in self.geometry.units_ending_in(g, 0, num_tokens)
+        ]
+        prepared = self.store.prepare_store(keys)
+        if not isinstance(prepared, PrepareStoreOutput):
+            raise ConfigError("store_capacity", self.store.capacity, "too small to seed", "raise")
+        self.store.complete_store(prepared.keys_to_store, success=True)
+        for key in prepared.keys_to_store:
+            self._key_salts[key] = request.cache_salt
+        return len(prepared.keys_to_store)
+
+    # ----------------------------------------------------------------- copies and views
+
+    def clone(self) -> ReferenceConnector:
+        """An independent copy (same class, the store copied too). Values are frozen, so
+        copying the containers suffices."""
+        twin = type(self).__new__(type(self))
+        twin.__dict__.update(self.__dict__)
+        twin.store = self.store.copy()
+        twin._jobs = dict(self._jobs)
+        twin._unsent_loads = list(self._unsent_loads)
+        twin._loads = dict(self._loads)
+        twin._failed = dict(self._failed)
+        twin._key_salts = dict(self._key_salts)
+        twin._delayed = set(self._delayed)
+        twin._unsent_delayed = set(self._unsent_delayed)
+        twin._asked = dict(self._asked)
+        return twin
+
+    def snapshot(self) -> dict[str, Any]:
+        """The plain dict of the module docstring's schema. Frame: nothing changes."""
+        return {
+            "kinds": tuple(kind.value for kind in self.geometry.kinds),
+            "units": self.geometry.planner.units,
+            "align": self.geometry.align,
+            "next_job_id": self._next_job,
+            "jobs": tuple(_plain_job(job, salt) for _, (job, salt) in sorted(self._jobs.items())),
+            "loads": tuple(_plain_load(rid, rec) for rid, rec in sorted(self._loads.items())),
+            "failed_keys": tuple(sorted((k.hex(), since) for k, since in self._failed.items())),
+            "key_salts": tuple(sorted((k.hex(), s) for k, s in self._key_salts.items())),
+            "delayed": tuple(sorted(self._delayed)),
+            "store": self.store.snapshot(),
+        }
+
+    def freeze(self) -> Hashable:
+        """A hashable key of everything that decides the future (store counters excluded)."""
+        snap = self.snapshot()
+        store = snap.pop("store")
+        return (
+            _hashable(snap),
+            store["entries"],
+            _hashable(store["policy"]),
+            tuple(sorted(self._unsent_delayed)),
+            tuple(self._unsent_loads),
+        )
+
+    # ----------------------------------------------------------------- overridable steps
+    # The mutation tests break the model by overriding exactly one of these.
+
+    def _hashes(self, request: RequestView) -> list[bytes]:
+        """The request's block hashes; the salt enters the first one (SEC-1)."""
+        return request_block_hashes(
+            request.token_ids, self.geometry.planner.hash_block_size, cache_salt=request.cache_salt
+        )
+
+    def _load_items(
+        self,
+        hashes: Sequence[bytes],
+        block_ids: BlockTable,
+        start: int,
+        end: int,
+        *,
+        loadable: Callable[[bytes], bool],
+    ) -> tuple[TransferItem, ...]:
+        """The items of a load (:func:`spec.connector.loads.load_items`; MB-1)."""
+        return load_items(self.geometry, hashes, block_ids, start, end, loadable=loadable)
+
+    def _store_items(
+        self, hashes: Sequence[bytes], block_ids: BlockTable, start: int, end: int
+    ) -> tuple[TransferItem, ...]:
+        """The items a step stores (:func:`spec.connector.stores.store_items`; MB-2)."""
+        return store_items(self.geometry, hashes, block_ids, start, end)
+
+    def _remembered_failures(self) -> Mapping[bytes, int]:
+        """The failure memory the claim rule and loads consult."""
+        return self._failed
+
+    # ----------------------------------------------------------------- helpers
+
+    def _checked_start(self, num_computed_tokens: int) -> int:
+        block = self.geometry.scheduler_block
+        value = num_computed_tokens
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0 or value % block:
+            raise ConfigError(
+                "num_computed_tokens", value, f"not a multiple of {block} >= 0", "align it"
+            )
+        return value
+
+    def _loadable(self, key: bytes) -> bool:
+        """READY in the host and not remembered as failed."""
+        failed = self._remembered_failures()
+        return key not in failed and self.store.status(key) is LookupResult.HIT
+
+    def _store_job(
+        self, request: RequestView, block_ids: BlockTable, start: int, end: int
+    ) -> TransferJob | None:
+        hashes = self._hashes(request)
+        taken: list[TransferItem] = []
+        for part in items_by_end(self._store_items(hashes, block_ids, start, end)):
+            prepared = self.store.prepare_store([item.key for item in part])
+            if not isinstance(prepared, PrepareStoreOutput):
+                break  # NO_SPACE: later ends would leave a hole in the stored prefix
+            fresh = set(prepared.keys_to_store)
+            taken.extend(item for item in part if item.key in fresh)
+        if not taken:
+            return None
+        for item in taken:
+            self._key_salts.setdefault(item.key, request.cache_salt)
+        job = TransferJob(self._new_job_id(), TransferKind.STORE, request.request_id, tuple(taken))
+        self._jobs[job.job_id] = (job, request.cache_salt)
+        return job
+
+    def _load_reported(self, job: TransferJob, keys: tuple[bytes, ...], success: bool) -> None:
+        self.store.complete_load(keys)
+        if not success:
+            for key in keys:
+                self._failed.setdefault(key, self._next_job)
+        record = self._loads.get(job.request_id)
+        if record is not None and job.job_id in record.jobs:
+            self._loads[job.request_id] = record.with_result(job.job_id, job.items, success=success)
+
+    def _forget_absent_keys(self) -> None:
+        for table in (self._failed, self._key_salts):
+            for key in [k for k in table if self.store.status(k) is LookupResult.MISS]:
+                del table[key]
+
+    def _stores_of(self, request_id: RequestId) -> int:
+        return sum(
+            1
+            for job, _ in self._jobs.values()
+            if job.request_id == request_id and job.kind is TransferKind.STORE
+        )
+
+    def _record(self, request_id: RequestId) -> LoadRecord:
+        record = self._loads.get(request_id)
+        if record is None:
+            raise ConfigError("request_id", request_id, "has no load recorded", "ask after a load")
+        return record
+
+    def _new_job_id(self) -> JobId:
+        job_id = JobId(self._next_job)
+        self._next_job += 1
+        return job_id
+
+
+def _plain_item(item: TransferItem) -> tuple[int, int, str, int]:
+    return (item.group_idx, item.block_id, item.key.hex(), item.end_token)
+
+
+def _plain_job(job: TransferJob, salt: str | None) -> tuple[Any, ...]:
+    items = tuple(_plain_item(item) for item in job.items)
+    return (int(job.job_id), job.kind.value, job.request_id, salt, job.sync, items)
+
+
+def _plain_load(rid: RequestId, rec: LoadRecord) -> tuple[Any, ...]:
+    return (
+        rid,
+        rec.start,
+        rec.end,
+        rec.num_tokens,
+        rec.sync,
+        rec.cache_salt,
+        tuple(int(j) for j in rec.jobs),
+        tuple(sorted(int(j) for j in rec.reported)),
+        tuple(sorted(int(j) for j in rec.failed)),
+        tuple(_plain_item(item) for item in rec.items),
+    )
+
+
+def _hashable(value: Any) -> Hashable:
+    if isinstance(value, Mapping):
+        return tuple(sorted((k, _hashable(v)) for k, v in value.items()))
+    if isinstance(value, (list, tuple)):
+        return tuple(_hashable(v) for v in value)
+    if isinstance(value, (set, frozenset)):
+        return tuple(sorted(_hashable(v) for v in value))  # type: ignore[type-var]
+    return value  # type: ignore[no-any-return]

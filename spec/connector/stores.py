@@ -1,0 +1,65 @@
+"""Which units a step stores: those its forward completes, prompt and decode tokens alike.
+
+A scheduled request computes tokens ``[c, c + n)``. Every group stores each unit whose end lies
+in ``(c, c + n]``, from the block that holds it after this step's forward:
+
+- an attention unit from the block at its table slot (never the null block: a sliding window
+  nulls only blocks it no longer reads, which a unit ending at or after ``c`` never is);
+- a mamba unit only if the table still holds a real state block at exactly the unit end (slot
+  ``end // block - 1``). In align mode a step's forward writes the state at its own end only,
+  so a unit end inside a long prefill step meets a null slot and is not stored.
+
+Decode-phase tokens count: a follow-up turn that extends the conversation can hit them. (vLLM
+0.33's native connector stores the prompt only by default and mamba states only at prefill
+boundaries, so such continuations miss; field note #56972.)
+
+Pure functions.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from itertools import groupby
+
+from spec.block_pool import NULL_BLOCK
+from spec.connector.geometry import Geometry, UnitRef
+from spec.connector_api import BlockTable, TransferItem
+
+__all__ = ["items_by_end", "store_items", "store_units"]
+
+
+def store_units(
+    geometry: Geometry, block_ids: BlockTable, start: int, end: int
+) -> tuple[tuple[UnitRef, int], ...]:
+    """``(unit, block_id)`` for every unit completed in ``(start, end]`` that has a real block.
+
+    Pre: ``block_ids`` is the request's table after this step's allocation. Post: pairs sorted
+    by unit end, then group index; no null block.
+    """
+    found: list[tuple[UnitRef, int]] = []
+    for g in range(geometry.num_groups):
+        table = block_ids[g] if g < len(block_ids) else ()
+        for ref in geometry.units_ending_in(g, start, end):
+            if ref.block_index < len(table) and table[ref.block_index] != NULL_BLOCK:
+                found.append((ref, table[ref.block_index]))
+    found.sort(key=lambda pair: (pair[0].end, pair[0].group_idx))
+    return tuple(found)
+
+
+def store_items(
+    geometry: Geometry,
+    block_hashes: Sequence[bytes],
+    block_ids: BlockTable,
+    start: int,
+    end: int,
+) -> tuple[TransferItem, ...]:
+    """:func:`store_units` as transfer items keyed by the request's salted hashes."""
+    return tuple(
+        TransferItem(ref.group_idx, block, geometry.key(block_hashes, ref), ref.end)
+        for ref, block in store_units(geometry, block_ids, start, end)
+    )
+
+
+def items_by_end(items: Sequence[TransferItem]) -> list[tuple[TransferItem, ...]]:
+    """Items grouped by ``end_token``, ascending (input sorted by end): one prefix step each."""
+    return [tuple(group) for _, group in groupby(items, key=lambda item: item.end_token)]
