@@ -1,0 +1,251 @@
+"""Mutation evidence for MB-* and SEC-*: each broken connector is caught, naming its id.
+
+Each test runs one deliberately broken variant (a subclass overriding one step) through a short
+scenario and asserts the connector snapshot fails exactly the expected invariant id, while the
+correct connector on the same scenario fails none. Geometry: FULL block 2 + MAMBA block 2,
+hash block 2, chunk 2.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import pytest
+from connector_harness import Harness, make, view
+
+from spec.connector import ReferenceConnector
+from spec.connector.stores import store_items
+from spec.connector_api import (
+    BlockTable,
+    Claim,
+    ClaimKind,
+    RequestView,
+    TransferItem,
+    TransferJob,
+    TransferKind,
+)
+from spec.hashing import request_block_hashes
+from spec.invariants import ALL_INVARIANTS, check_all
+from spec.kinds import GroupKind
+from spec.store import PrepareStoreOutput
+
+A6 = (1, 2, 3, 4, 5, 6)
+A8 = (1, 2, 3, 4, 5, 6, 7, 8)
+A_ROW = (view("A", A6), ((1, 2), (0, 3)), 0, 4)  # stores attention 2, 4 and the state at 4
+
+
+def _failing(h: Harness) -> dict[str, list[str]]:
+    return check_all("connector", h.connector.snapshot())
+
+
+def _claim_and_load(h: Harness, b: RequestView, table: BlockTable) -> None:
+    claim = h.connector.get_num_new_matched_tokens(b, 0)
+    h.connector.update_state_after_alloc(b, table, claim.num_tokens)
+    h.step()
+
+
+def _load_scenario(cls: type[ReferenceConnector], salt_b: str | None = None) -> Harness:
+    h = Harness(*make(cls=cls))
+    h.store_all([(view("A", A6, salt="a" if salt_b else None), ((1, 2), (0, 3)), 0, 4)])
+    _claim_and_load(h, view("B", A6, salt=salt_b), ((11, 12), (0, 14)))
+    return h
+
+
+# ----------------------------------------------------------------- MB-1
+
+
+class AttentionOnlyLoad(ReferenceConnector):
+    """LMCache #2863: restores attention KV and leaves the mamba state behind."""
+
+    def _load_items(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+        items = super()._load_items(*args, **kwargs)
+        return tuple(i for i in items if self.geometry.kinds[i.group_idx] is not GroupKind.MAMBA)
+
+
+def test_mb1_attention_loaded_without_mamba_state() -> None:
+    assert _failing(_load_scenario(ReferenceConnector)) == {}
+    assert set(_failing(_load_scenario(AttentionOnlyLoad))) == {"MB-1"}
+
+
+# ----------------------------------------------------------------- MB-2
+
+
+class StateAtStepEnd(ReferenceConnector):
+    """Stores the latest state block under the last boundary key, wherever the step ended."""
+
+    def _store_items(self, hashes, block_ids, start, end):  # type: ignore[no-untyped-def]
+        items = super()._store_items(hashes, block_ids, start, end)
+        if end % 2 and block_ids[1][-1]:
+            boundary = store_items(self.geometry, hashes, ((1,) * 8, (1,) * 8), 0, end - 1)
+            last_key = [i.key for i in boundary if i.group_idx == 1][-1]
+            items += (TransferItem(1, block_ids[1][-1], last_key, end),)
+        return items
+
+
+def _odd_step(cls: type[ReferenceConnector]) -> Harness:
+    h = Harness(*make(cls=cls))
+    # Prefill [0, 3): the state block holds the state after 3 tokens, not after 2.
+    h.step([(view("A", (1, 2, 3)), ((1, 2), (0, 3)), 0, 3)])
+    return h
+
+
+def test_mb2_mamba_state_stored_off_its_boundary() -> None:
+    assert _failing(_odd_step(ReferenceConnector)) == {}
+    assert set(_failing(_odd_step(StateAtStepEnd))) == {"MB-2"}
+
+
+# ----------------------------------------------------------------- MB-3
+
+
+class OneTokenMore(ReferenceConnector):
+    """Claims one token past the aligned claim (an unaligned claim)."""
+
+    def get_num_new_matched_tokens(self, request: RequestView, num_computed_tokens: int) -> Claim:
+        claim = super().get_num_new_matched_tokens(request, num_computed_tokens)
+        if claim.kind is ClaimKind.ASYNC:
+            return Claim(ClaimKind.ASYNC, claim.num_tokens + 1)
+        return claim
+
+
+def test_mb3_unaligned_claim() -> None:
+    assert _failing(_load_scenario(ReferenceConnector)) == {}
+    assert "MB-3" in _failing(_load_scenario(OneTokenMore))
+
+
+# ----------------------------------------------------------------- MB-4
+
+
+class NeverUnpins(ReferenceConnector):
+    """Forgets complete_load: finished loads keep their host entries pinned forever."""
+
+    def _load_reported(self, job: TransferJob, keys: tuple[bytes, ...], success: bool) -> None:
+        record = self._loads[job.request_id]
+        self._loads[job.request_id] = record.with_result(job.job_id, job.items, success=success)
+
+
+def _completed_load(cls: type[ReferenceConnector]) -> Harness:
+    h = _load_scenario(cls)
+    h.step(results=[(j.job_id, True) for j in h.meta.load_jobs])
+    return h
+
+
+def test_mb4_pins_outlive_the_load() -> None:
+    assert _failing(_completed_load(ReferenceConnector)) == {}
+    assert set(_failing(_completed_load(NeverUnpins))) == {"MB-4"}
+
+
+# ----------------------------------------------------------------- MB-5
+
+
+class ForgetsFailures(ReferenceConnector):
+    """Ignores the failure memory: the re-ask claims the failing prefix again."""
+
+    def _remembered_failures(self) -> Mapping[bytes, int]:
+        return {}
+
+
+def _fail_then_reask(cls: type[ReferenceConnector]) -> tuple[Harness, int]:
+    h = Harness(*make(cls=cls))
+    a = view("A", A8)
+    for start, table in ((0, ((1,), (2,))), (2, ((1, 3), (0, 4))), (4, ((1, 3, 5), (0, 0, 6)))):
+        h.store_all([(a, table, start, 2)])
+    b = view("B", A8)
+    _claim_and_load(h, b, ((11, 12, 13), (0, 0, 14)))
+    last = h.meta.load_jobs[-1].job_id
+    h.step(results=[(j.job_id, j.job_id != last) for j in h.meta.load_jobs])
+    claim = h.connector.get_num_new_matched_tokens(b, 0)
+    blocks = claim.num_tokens // 2  # the scheduler's tables: attention blocks, one state block
+    table = (tuple(range(21, 21 + blocks)), (0,) * (blocks - 1) + (30,))
+    h.connector.update_state_after_alloc(b, table, claim.num_tokens)
+    h.step()
+    return h, claim.num_tokens
+
+
+def test_mb5_failed_prefix_claimed_again() -> None:
+    h, claimed = _fail_then_reask(ReferenceConnector)
+    assert (claimed, _failing(h)) == (4, {})
+    h, claimed = _fail_then_reask(ForgetsFailures)
+    assert (claimed, set(_failing(h))) == (6, {"MB-5"})
+
+
+# ----------------------------------------------------------------- MB-6
+
+
+class StoresOverPresentKeys(ReferenceConnector):
+    """Writes every completed unit, even those the host already holds (skipped by prepare)."""
+
+    def _store_job(self, request, block_ids, start, end):  # type: ignore[no-untyped-def]
+        items = self._store_items(self._hashes(request), block_ids, start, end)
+        prepared = self.store.prepare_store([i.key for i in items])
+        if not isinstance(prepared, PrepareStoreOutput) or not items:
+            return None
+        job = TransferJob(self._new_job_id(), TransferKind.STORE, request.request_id, items)
+        self._jobs[job.job_id] = (job, request.cache_salt)
+        return job
+
+
+def _second_writer(cls: type[ReferenceConnector]) -> Harness:
+    h = Harness(*make(cls=cls))
+    h.store_all([A_ROW])
+    h.step([(view("A2", A6), ((5, 6), (0, 7)), 0, 4)])
+    return h
+
+
+def test_mb6_store_job_over_ready_keys() -> None:
+    assert _failing(_second_writer(ReferenceConnector)) == {}
+    assert set(_failing(_second_writer(StoresOverPresentKeys))) == {"MB-6"}
+
+
+# ----------------------------------------------------------------- MB-7
+
+
+class AlwaysDelays(ReferenceConnector):
+    """Delays every free, stores or not (the request's blocks wait on nothing)."""
+
+    def request_finished_all_groups(self, request: RequestView, block_ids: BlockTable) -> bool:
+        super().request_finished_all_groups(request, block_ids)
+        self._delayed.add(request.request_id)
+        return True
+
+
+def _finish_after_stores(cls: type[ReferenceConnector]) -> Harness:
+    h = Harness(*make(cls=cls))
+    h.store_all([A_ROW])
+    h.connector.request_finished_all_groups(A_ROW[0], A_ROW[1])
+    return h
+
+
+def test_mb7_free_delayed_without_a_store() -> None:
+    assert _failing(_finish_after_stores(ReferenceConnector)) == {}
+    assert set(_failing(_finish_after_stores(AlwaysDelays))) == {"MB-7"}
+
+
+# ----------------------------------------------------------------- SEC-1
+
+
+class SaltBlind(ReferenceConnector):
+    """Hashes without the cache_salt: tenants share keys."""
+
+    def _hashes(self, request: RequestView) -> list[bytes]:
+        return request_block_hashes(request.token_ids, self.geometry.planner.hash_block_size)
+
+
+def test_sec1_hit_across_salts() -> None:
+    h = _load_scenario(ReferenceConnector, salt_b="b")
+    assert h.meta.load_jobs == ()
+    assert _failing(h) == {}
+    h = _load_scenario(SaltBlind, salt_b="b")
+    assert h.meta.load_jobs != ()
+    assert set(_failing(h)) == {"SEC-1"}
+
+
+# ----------------------------------------------------------------- coverage of ids
+
+
+@pytest.mark.parametrize(
+    "inv_id", sorted(i for i in ALL_INVARIANTS if i.split("-")[0] in ("MB", "SEC"))
+)
+def test_every_connector_id_has_a_mutation_test(inv_id: str) -> None:
+    family, number = inv_id.split("-")
+    names: Sequence[str] = list(globals())
+    assert any(name.startswith(f"test_{family.lower()}{number}_") for name in names)
