@@ -31,7 +31,7 @@ def _stored(kinds: tuple = (FULL, MAMBA), capacity: int = 32) -> Harness:
     a = view("A", A8)
     mamba = len(kinds) > 1
     tables = [((1,), (2,)), ((1, 3), (0, 4)), ((1, 3, 5), (0, 0, 6))]
-    for start, table in zip((0, 2, 4), tables):
+    for start, table in zip((0, 2, 4), tables, strict=True):
         h.store_all([(a, table if mamba else table[:1], start, 2)])
         _ok(h)
     return h
