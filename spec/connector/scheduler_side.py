@@ -66,6 +66,7 @@ from spec.connector_api import (
 from spec.errors import ConfigError
 from spec.hashing import request_block_hashes
 from spec.kinds import GroupKind
+from spec.managers.group_spec import GroupSpec
 from spec.planner import HybridOffloadPlanner
 from spec.store import HostStore, LookupResult, PrepareLoadOutput, PrepareStoreOutput
 
@@ -120,6 +121,30 @@ class ReferenceConnector:
         self._delayed: set[RequestId] = set()
         self._unsent_delayed: set[RequestId] = set()
         self._asked: dict[RequestId, int] = {}
+
+    @classmethod
+    def from_groups(
+        cls,
+        planner: HybridOffloadPlanner,
+        store: HostStore,
+        groups: Sequence[GroupSpec],
+        *,
+        load_mode: LoadMode = LoadMode.ASYNC,
+    ) -> ReferenceConnector:
+        """The constructor with kinds and sliding-window reaches read off ``groups``.
+
+        Pre/post/refusal: those of ``__init__`` (a SLIDING group then needs only its window).
+        """
+        reaches = Geometry.from_groups(planner, groups).reaches
+        return cls(
+            planner,
+            store,
+            tuple(g.kind for g in groups),
+            planner.hash_block_size,
+            planner.chunk_size,
+            sliding_windows=reaches,
+            load_mode=load_mode,
+        )
 
     # ----------------------------------------------------------------- claims
 

@@ -140,3 +140,16 @@ def test_sliding_load_fills_only_the_window_blocks() -> None:
     items = [(i.group_idx, i.block_id, i.end_token) for j in h.meta.load_jobs for i in j.items]
     assert items == [(0, 1, 2), (0, 2, 4), (0, 3, 6), (1, 4, 6)]
     assert check_all("connector", h.connector.snapshot()) == {}
+
+
+def test_from_groups_reads_the_window_reach() -> None:
+    from spec.connector import ReferenceConnector
+    from spec.managers.group_spec import GroupSpec
+    from spec.planner import HybridOffloadPlanner
+    from spec.store import HostStore
+
+    groups = (GroupSpec(FULL, 2), GroupSpec(SLIDING, 2, sliding_window=2, extra_retained_tokens=1))
+    planner = HybridOffloadPlanner(tuple((g.kind, g.block_size) for g in groups), 2, 2, 64)
+    connector = ReferenceConnector.from_groups(planner, HostStore(8), groups)
+    # reach = sliding_window - 1 + extra_retained_tokens = 2 (full attention: unused 0)
+    assert connector.geometry.reaches == (0, 2)
