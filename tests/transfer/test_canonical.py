@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from layout_oracle import block_parts, read_block, storages
 
 from hybridkv.cache_layouts import LayoutCase, all_layout_cases, mamba_states
 from hybridkv.canonical import (
@@ -22,18 +23,6 @@ from hybridkv.kinds import GroupKind
 
 NUM_BLOCKS = 5
 CASES = all_layout_cases(NUM_BLOCKS)
-RATIO = {"kernel_split_kv_first": 4, "kernel_split_block_first_hnd": 2, "kernel_split_mla": 2}
-
-
-def block_parts(case: LayoutCase, layer: str, b: int) -> list[torch.Tensor]:
-    """The logical pieces of block ``b`` of ``layer``, in the order a host slot holds them."""
-    cache = case.kv_caches[layer]
-    if isinstance(cache, tuple):
-        return [cache[0][b], cache[1][b]]  # conv state, then ssm state
-    r = RATIO.get(case.name, 1)
-    if "kv_first" in case.name or layer.startswith("attn."):
-        return [cache[0, b * r : (b + 1) * r], cache[1, b * r : (b + 1) * r]]
-    return [cache[b * r : (b + 1) * r]]
 
 
 def fill_background(case: LayoutCase) -> None:
@@ -62,15 +51,6 @@ def expected_bytes(case: LayoutCase, group: int, b: int) -> bytes:
     return out
 
 
-def read_block(cc: CanonicalCaches, group: int, b: int) -> bytes:
-    out = b""
-    for ref in cc.group_refs[group]:
-        row = cc.tensors[ref.tensor_index].view[b]
-        for off, n in ref.runs:
-            out += bytes(row[off : off + n].view(torch.uint8).tolist())
-    return out
-
-
 def write_block(cc: CanonicalCaches, group: int, b: int, data: bytes) -> None:
     pos = 0
     src = torch.tensor(list(data), dtype=torch.uint8).view(torch.int8)
@@ -80,15 +60,6 @@ def write_block(cc: CanonicalCaches, group: int, b: int, data: bytes) -> None:
             row[off : off + n].copy_(src[pos : pos + n])
             pos += n
     assert pos == len(data)
-
-
-def storages(case: LayoutCase) -> list[torch.Tensor]:
-    out = []
-    for cache in case.kv_caches.values():
-        t = cache[0] if isinstance(cache, tuple) else cache
-        s = t.untyped_storage()
-        out.append(torch.empty(0, dtype=torch.uint8).set_(s, 0, (s.nbytes(),), (1,)))
-    return out
 
 
 @pytest.mark.parametrize("case", CASES, ids=[c.name for c in CASES])

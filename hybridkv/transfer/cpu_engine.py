@@ -1,0 +1,96 @@
+"""The CPU transfer engine: torch copies on one worker thread (CI, simulate, the reference).
+
+It implements :class:`~hybridkv.transfer.api.TransferEngine` over canonical caches that live in
+CPU memory (or any device torch can copy from a worker thread). Jobs run in submission order,
+both directions on one thread, which is one legal order of the contract.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from collections.abc import Callable, Iterable, Sequence
+
+import torch
+
+from hybridkv.canonical import CanonicalCaches
+from hybridkv.errors import HybridKVConfigError
+from hybridkv.hostmem import HostMemory
+from hybridkv.transfer._jobs import JobBook
+from hybridkv.transfer.api import Direction, FinishedJob, JobId, TransferEngine, TransferPair
+from hybridkv.transfer.plan import CopyRun, check_fits, plan_copies
+
+__all__ = ["CpuTransferEngine", "FaultHook"]
+
+# Called before each copy run of a job with (job id, direction, run index); raising fails the
+# job. Used for fault injection by tests and `hybridkv simulate --faults`.
+FaultHook = Callable[[JobId, Direction, int], None]
+
+_Job = tuple[JobId, Direction, list[CopyRun]]
+
+
+class CpuTransferEngine(TransferEngine):
+    """Copies with ``Tensor.copy_`` on a daemon worker thread."""
+
+    def __init__(
+        self, caches: CanonicalCaches, host: HostMemory, fault_hook: FaultHook | None = None
+    ) -> None:
+        """Pre: every group's block fits one host slot. Frame: refusals start no thread."""
+        check_fits(caches, host.slot_bytes)
+        self._caches = caches
+        self._host = host
+        self._host_i8 = host.tensor.view(torch.int8)  # same dtype as the canonical views
+        self._device_flat = [t.flat for t in caches.tensors]
+        self._fault_hook = fault_hook
+        self._book = JobBook()
+        self._queue: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
+        self._closed = False
+        self._thread = threading.Thread(target=self._run, name="hybridkv-cpu-transfer", daemon=True)
+        self._thread.start()
+
+    def submit(self, direction: Direction, pairs: Sequence[TransferPair]) -> JobId:
+        if self._closed:
+            raise HybridKVConfigError("engine", "closed", "submit after close", "open a new engine")
+        runs = plan_copies(
+            self._caches, self._host.num_slots, self._host.slot_bytes, direction, pairs
+        )
+        job = self._book.new_id()
+        self._queue.put((job, direction, runs))
+        return job
+
+    def poll(self) -> list[FinishedJob]:
+        return self._book.take_finished()
+
+    def wait(self, job_ids: Iterable[JobId]) -> None:
+        self._book.wait_done(job_ids)
+
+    def close(self) -> None:
+        if not self._closed:
+            self._closed = True
+            self._queue.put(None)
+            self._thread.join()
+
+    def _run(self) -> None:
+        while True:
+            item = self._queue.get()
+            if item is None:
+                return
+            job, direction, runs = item
+            try:
+                self._copy(job, direction, runs)
+            except Exception:  # any failure fails the job; the worker keeps serving
+                self._book.finish(job, False)
+            else:
+                self._book.finish(job, True)
+
+    def _copy(self, job: JobId, direction: Direction, runs: list[CopyRun]) -> None:
+        host = self._host_i8
+        for i, run in enumerate(runs):
+            if self._fault_hook is not None:
+                self._fault_hook(job, direction, i)
+            dev = self._device_flat[run.tensor][run.device_offset : run.device_offset + run.nbytes]
+            hst = host[run.host_offset : run.host_offset + run.nbytes]
+            if direction is Direction.STORE:
+                hst.copy_(dev)
+            else:
+                dev.copy_(hst)
