@@ -14,7 +14,8 @@ from hybridkv.hostmem import HostMemory, PinMode
 def test_allocation_is_exactly_whole_slots() -> None:
     mem = HostMemory(10_000, 3_000, PinMode.OFF)
     assert (mem.num_slots, mem.slot_bytes, mem.nbytes) == (3, 3000, 9000)
-    assert mem.tensor.numel() == 9000 and mem.tensor.dtype == torch.uint8
+    assert mem.tensor.numel() == 9000
+    assert mem.tensor.dtype == torch.uint8
     assert not mem.pinned
 
 
@@ -23,7 +24,8 @@ def test_slots_are_disjoint_fixed_chunks() -> None:
     mem.tensor.zero_()
     mem.slot(2).fill_(7)
     assert mem.tensor[128:192].eq(7).all()
-    assert mem.tensor[:128].eq(0).all() and mem.tensor[192:].eq(0).all()
+    assert mem.tensor[:128].eq(0).all()
+    assert mem.tensor[192:].eq(0).all()
     for bad in (-1, 4, True):
         with pytest.raises(HybridKVConfigError) as err:
             mem.slot(bad)
