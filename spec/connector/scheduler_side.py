@@ -23,6 +23,16 @@ Design decisions:
 - ``get_num_new_matched_tokens`` writes nothing but the asked position of the request (its
   ``num_computed_tokens``), which ``update_state_after_alloc`` needs to recompute the claim and
   which ``build_connector_meta`` clears: between two ``schedule()`` calls it is empty.
+- Store sources are pinned (``TR-1``): once bound to the GPU block pool
+  (``bind_gpu_block_pool``, vLLM's hook of the same name), the connector takes one pool
+  reference on every block a store job reads when it emits the job and drops it when the job
+  reports. The managers free blocks of RUNNING requests too (a mamba state once the next one is
+  written, a block that slides out of a window), and a store of such a block may still be
+  reading it: without the pin the block could be reallocated and overwritten mid-copy. vLLM's
+  native connector fences such blocks and flushes the store when one is reused
+  (``offloading/scheduler.py:2136-2164``); a pin costs a block for the store's duration and
+  never stalls the forward. The scheduler counts the pins as references held outside a table
+  (``GR-1``) through :meth:`ReferenceConnector.held_blocks`.
 
 Snapshot schema (subject ``"connector"``, read by :mod:`spec.invariants.connector`)::
 
@@ -45,6 +55,7 @@ from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from enum import Enum
 from typing import Any
 
+from spec.block_pool import BlockId, BlockPool
 from spec.connector.claims import decide_claim
 from spec.connector.geometry import Geometry
 from spec.connector.loads import LoadRecord, load_items, resume_point, segments
@@ -121,6 +132,27 @@ class ReferenceConnector:
         self._delayed: set[RequestId] = set()
         self._unsent_delayed: set[RequestId] = set()
         self._asked: dict[RequestId, int] = {}
+        self._pool: BlockPool | None = None
+
+    def bind_gpu_block_pool(self, pool: BlockPool) -> None:
+        """Pin store sources in ``pool`` from now on (vLLM ``bind_gpu_block_pool``).
+
+        Pre: no store job is in flight (its blocks would be released without being pinned:
+        ``ConfigError``), or ``pool`` is the clone of the pool the connector was bound to (the
+        explorer's copies rebind after cloning). Post: only the binding changes.
+        """
+        if self._pool is None and any(j.kind is TransferKind.STORE for j, _ in self._jobs.values()):
+            raise ConfigError("pool", pool, "bound while stores are in flight", "bind first")
+        self._pool = pool
+
+    def held_blocks(self) -> tuple[BlockId, ...]:
+        """The pool references the connector holds: one per block of each in-flight store.
+
+        Empty when no pool is bound. Frame: nothing changes.
+        """
+        if self._pool is None:
+            return ()
+        return tuple(BlockId(b) for b in self._store_sources())
 
     @classmethod
     def from_groups(
@@ -265,6 +297,8 @@ class ReferenceConnector:
                 self._load_reported(job, keys, result.success)
             else:
                 self.store.complete_store(keys, success=result.success)
+                if self._pool is not None:
+                    self._pool.free_blocks(BlockId(item.block_id) for item in job.items)
                 if result.success:
                     for key in keys:
                         self._failed.pop(key, None)
@@ -376,15 +410,23 @@ class ReferenceConnector:
         }
 
     def freeze(self) -> Hashable:
-        """A hashable key of everything that decides the future (store counters excluded)."""
-        snap = self.snapshot()
-        store = snap.pop("store")
+        """A hashable key of everything that decides the future (store counters excluded).
+
+        Built from the frozen values the connector keeps (jobs, load records), not from
+        :meth:`snapshot`: the explorer calls it for every state it reaches. The asked
+        positions are left out: ``build_connector_meta`` clears them at the end of every
+        ``schedule()``, so between two events they are always empty.
+        """
         return (
-            _hashable(snap),
-            store["entries"],
-            _hashable(store["policy"]),
+            self._next_job,
+            tuple(sorted(self._jobs.items())),
+            tuple(sorted(self._loads.items())),
+            tuple(sorted(self._failed.items())),
+            tuple(sorted(self._key_salts.items(), key=lambda kv: kv[0])),
+            tuple(sorted(self._delayed)),
             tuple(sorted(self._unsent_delayed)),
             tuple(self._unsent_loads),
+            self.store.freeze(),
         )
 
     # ----------------------------------------------------------------- overridable steps
@@ -451,6 +493,8 @@ class ReferenceConnector:
             self._key_salts.setdefault(item.key, request.cache_salt)
         job = TransferJob(self._new_job_id(), TransferKind.STORE, request.request_id, tuple(taken))
         self._jobs[job.job_id] = (job, request.cache_salt)
+        if self._pool is not None:
+            self._pool.touch(BlockId(item.block_id) for item in job.items)
         return job
 
     def _load_reported(self, job: TransferJob, keys: tuple[bytes, ...], success: bool) -> None:
@@ -466,6 +510,14 @@ class ReferenceConnector:
         for table in (self._failed, self._key_salts):
             for key in [k for k in table if self.store.status(k) is LookupResult.MISS]:
                 del table[key]
+
+    def _store_sources(self) -> list[int]:
+        return [
+            item.block_id
+            for _, (job, _) in sorted(self._jobs.items())
+            if job.kind is TransferKind.STORE
+            for item in job.items
+        ]
 
     def _stores_of(self, request_id: RequestId) -> int:
         return sum(
@@ -508,13 +560,3 @@ def _plain_load(rid: RequestId, rec: LoadRecord) -> tuple[Any, ...]:
         tuple(sorted(int(j) for j in rec.failed)),
         tuple(_plain_item(item) for item in rec.items),
     )
-
-
-def _hashable(value: Any) -> Hashable:
-    if isinstance(value, Mapping):
-        return tuple(sorted((k, _hashable(v)) for k, v in value.items()))
-    if isinstance(value, (list, tuple)):
-        return tuple(_hashable(v) for v in value)
-    if isinstance(value, (set, frozenset)):
-        return tuple(sorted(_hashable(v) for v in value))  # type: ignore[type-var]
-    return value  # type: ignore[no-any-return]

@@ -72,8 +72,9 @@ class SchedulerState:
     def __init__(self, config: SchedulerConfig, connector: SchedulerConnector | None) -> None:
         """Pre: a valid config. Post: empty queues, an empty pool, step 0."""
         self.config = config
-        self.connector = connector
         self.kv = _MANAGER_TYPES[config.vllm_exact](config.groups, config.num_blocks)
+        self.connector = connector
+        _bind_pool(connector, self)
         self.requests: dict[RequestId, Request] = {}
         self.waiting: list[RequestId] = []
         self.kv_holding: list[RequestId] = []
@@ -103,6 +104,7 @@ class SchedulerState:
         twin = copy.copy(self)
         twin.kv = self.kv.clone()
         twin.connector = connector
+        _bind_pool(connector, twin)
         for name in _LISTS:
             setattr(twin, name, list(getattr(self, name)))
         for name in _DICTS:
@@ -112,13 +114,18 @@ class SchedulerState:
         return twin
 
     def bind_connector(self, connector: SchedulerConnector | None) -> None:
-        """Drive ``connector`` from now on. Post: only the binding changes."""
+        """Drive ``connector`` from now on (bound to this pool, as vLLM's
+        ``bind_kv_cache_manager``). Post: only the bindings change."""
         self.connector = connector
+        _bind_pool(connector, self)
 
     # ------------------------------------------------------------ observations
     def held_outside(self) -> tuple[BlockId, ...]:
-        """Block references held by parked loads, not by a table (``GR-1``'s outside holds)."""
-        return tuple(b for p in self.parked.values() for b in p.blocks)
+        """Block references not held by a table (``GR-1``'s outside holds): those of parked
+        loads and those the connector holds (its pinned store sources)."""
+        parked = tuple(b for p in self.parked.values() for b in p.blocks)
+        held = getattr(self.connector, "held_blocks", None)
+        return parked + (tuple(held()) if held is not None else ())
 
     def age(self, request: Request) -> int:
         """Steps since the request arrived."""
@@ -247,6 +254,14 @@ class SchedulerState:
     def managers(self) -> tuple[SingleTypeManager, ...]:
         """The coordinator's per-group managers."""
         return self.kv.managers
+
+
+def _bind_pool(connector: SchedulerConnector | None, state: SchedulerState) -> None:
+    """Hand the connector the GPU block pool if it asks for it (vLLM's optional
+    ``bind_gpu_block_pool``, called from ``bind_kv_cache_manager``, ``scheduler.py:382-384``)."""
+    bind = getattr(connector, "bind_gpu_block_pool", None)
+    if bind is not None:
+        bind(state.kv.pool)
 
 
 _LISTS = ("waiting", "kv_holding", "running")
