@@ -42,7 +42,7 @@ re-reserved before the drain).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Hashable, Iterable, Sequence
 from dataclasses import dataclass
 from enum import Enum
 from typing import Any, NamedTuple
@@ -360,6 +360,13 @@ class HostStore:
             ),
             "taken": dict(self._taken),
         }
+
+    def freeze(self) -> Hashable:
+        """A hashable value of everything that decides the store's future: entries (state and
+        pins) and the policy's order. Counters and undelivered events are left out: no
+        operation reads them. Frame: nothing changes."""
+        entries = tuple(sorted((key, e.state.value, e.pins) for key, e in self._entries.items()))
+        return (self._capacity, entries, self._policy.freeze())
 
     def copy(self) -> HostStore:
         """An independent copy (same class): mutating one never changes the other."""

@@ -82,8 +82,17 @@ def invariant(subject: str) -> Callable[[Predicate], Predicate]:
 
 def invariants_for(subject: str) -> list[Invariant]:
     """The registered invariants that read snapshots of ``subject``, in id order."""
+    # Memoized on the registry's size: registering an invariant later refreshes the answer.
+    cached = _BY_SUBJECT.get(subject)
+    if cached is not None and cached[0] == len(ALL_INVARIANTS):
+        return list(cached[1])
     found = [inv for inv in ALL_INVARIANTS.values() if inv.subject == subject]
-    return sorted(found, key=lambda inv: _sort_key(inv.id))
+    ordered = tuple(sorted(found, key=lambda inv: _sort_key(inv.id)))
+    _BY_SUBJECT[subject] = (len(ALL_INVARIANTS), ordered)
+    return list(ordered)
+
+
+_BY_SUBJECT: dict[str, tuple[int, tuple[Invariant, ...]]] = {}
 
 
 def check(invariant_id: str, snapshot: Snapshot) -> None:

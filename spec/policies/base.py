@@ -17,7 +17,7 @@ Order within one call is the store's business too: it calls ``on_insert`` / ``on
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from typing import Any
 
 __all__ = ["Evictable", "EvictionPolicy"]
@@ -111,3 +111,9 @@ class EvictionPolicy(ABC):
     def extra(self) -> dict[str, Any]:
         """Policy-specific plain state for :meth:`snapshot` (none by default)."""
         return {}
+
+    def freeze(self) -> Hashable:
+        """A hashable value equal for policies that will pick the same victims (the order of
+        residents and ghosts is the state). Frame: nothing changes."""
+        extra = tuple(sorted(self.extra().items()))
+        return (self.name, self.resident(), self.ghosts(), extra)
