@@ -11,6 +11,7 @@ import sys
 from collections.abc import Sequence
 
 from hybridkv import __version__
+from hybridkv.cli.check import add_parser as add_check_parser
 from hybridkv.cli.plan import add_parser as add_plan_parser
 from hybridkv.errors import HybridKVConfigError
 from spec.errors import ConfigError
@@ -30,6 +31,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
     add_plan_parser(sub)
+    add_check_parser(sub)
     return parser
 
 

@@ -1,0 +1,233 @@
+"""``hybridkv check``: explore every interleaving of a small engine and check every invariant.
+
+The model is the formal one (:mod:`spec.system`: scheduler, reference connector, worker, host
+store and content); the search is :func:`spec.explorer.explore`. The command prints a progress
+bar, then the states explored, states per second, the depth reached, whether the search was
+exhaustive, the coverage and the verdict. Exit codes: 0 when no invariant broke, every required
+event kind and status was reached and no state budget cut the search; 1 otherwise; 2 for bad
+arguments.
+
+"Exhaustive" here is the bounded form: every state reachable within ``--depth`` actions was
+checked (no ``--max-states`` cut). ``complete`` additionally says that no state at the last
+depth could act, i.e. the whole reachable space fits within the depth.
+
+JSON (``--json``) keys: ``scenario``, ``exhaustive``, ``complete``, ``states``,
+``transitions``, ``states_per_second``, ``seconds``, ``depth``, ``max_depth``, ``violations``
+(each ``{"invariant", "messages", "trace"}``, the trace as readable steps), ``coverage``
+(``events``, ``statuses``, ``recovery``, ``claims``: label -> count), ``uncovered`` (required
+labels never reached) and ``verdict`` (``pass``, ``violation``, ``uncovered`` or ``cut``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any
+
+from spec.errors import ConfigError
+from spec.explorer import ExploreResult, explore
+
+if TYPE_CHECKING:
+    from spec.system.scenarios import Scenario
+
+__all__ = ["add_parser", "required_labels", "run", "run_check"]
+
+_REQUIRED_EVENTS = (
+    "step",
+    "load_ok",
+    "load_fail",
+    "load_timeout",
+    "store_ok",
+    "store_fail",
+    "abort",
+    "abort_during_transfer",
+    "preempt",
+    "preempt_during_transfer",
+    "finish",
+)
+
+
+def add_parser(sub: Any) -> None:
+    """Register ``check`` on the subcommand set of the top-level parser."""
+    p = sub.add_parser(
+        "check",
+        help="exhaustively explore a small engine and check every invariant",
+        description="Bounded exhaustive exploration of the formal model (spec.system).",
+    )
+    p.add_argument("--requests", type=int, default=2, help="requests in the scenario (1-3)")
+    p.add_argument("--groups", default="full,mamba", help="group kinds, e.g. full,sliding")
+    p.add_argument("--depth", type=int, default=10, help="actions per explored path")
+    p.add_argument("--start", choices=["empty", "seeded"], default="seeded")
+    p.add_argument("--recovery", choices=["vllm", "shared"], default="vllm")
+    p.add_argument("--max-states", type=int, help="stop after this many states (not exhaustive)")
+    p.add_argument("--json", action="store_true", help="print the result as JSON")
+    p.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Execute ``hybridkv check``; returns the exit code (config errors propagate to main)."""
+    # The model loads on use, so ``hybridkv plan`` never pays for importing it.
+    from spec.system.scenarios import Recovery, Scenario, Start, parse_groups
+
+    scenario = Scenario(
+        num_requests=args.requests,
+        groups=parse_groups(args.groups),
+        start=Start(args.start),
+        recovery=Recovery(args.recovery),
+    )
+    if isinstance(args.depth, bool) or args.depth < 0:
+        raise ConfigError("depth", args.depth, "must be an int >= 0", "pass --depth 10")
+    if args.max_states is not None and args.max_states < 1:
+        raise ConfigError("max_states", args.max_states, "must be >= 1", "omit it or pass >= 1")
+    if args.json:
+        report = run_check(scenario, args.depth, args.max_states)
+        print(json.dumps(report, indent=2))
+    else:
+        report = _run_with_progress(scenario, args.depth, args.max_states)
+        _render(report)
+    return 0 if report["verdict"] == "pass" else 1
+
+
+def run_check(
+    scenario: Scenario,
+    depth: int,
+    max_states: int | None = None,
+    progress: Callable[[int, int], None] | None = None,
+) -> dict[str, Any]:
+    """Explore ``scenario`` to ``depth`` and return the JSON-ready report (module docstring)."""
+    from spec.system.model import EngineModel
+    from spec.system.scenarios import build_engines
+
+    engines = build_engines(scenario)
+    model = EngineModel(engines)
+    result = explore(model, depth, max_states=max_states, stop_at_first=True, progress=progress)
+    coverage: dict[str, int] = dict(result.coverage)
+    for engine in engines:
+        for status in engine.statuses().values():
+            coverage[f"status:{status}"] = coverage.get(f"status:{status}", 0) + 1
+    uncovered = [label for label in required_labels(scenario) if not coverage.get(label)]
+    return _report(scenario, depth, result, coverage, uncovered)
+
+
+def required_labels(scenario: Scenario) -> list[str]:
+    """The labels a check of ``scenario`` must reach, or it proves nothing about them."""
+    from spec.system.scenarios import Start
+
+    events = list(_REQUIRED_EVENTS)
+    if scenario.start is Start.EMPTY:
+        events.insert(0, "arrive")
+    statuses = ["WAITING", "WAITING_FOR_REMOTE_KVS", "RUNNING", "PREEMPTED", "FINISHED_LENGTH"]
+    statuses.append("FINISHED_ABORTED")
+    if scenario.num_requests >= 2:
+        statuses.append("FINISHED_STOPPED")
+    modes = scenario.recovery.modes()
+    if any(m.value == "vllm_fail" for m in modes):
+        statuses.append("FINISHED_ERROR")
+    labels = [f"event:{e}" for e in events] + [f"status:{s}" for s in statuses]
+    return labels + [f"recovery:{m.value}" for m in modes]
+
+
+def _report(
+    scenario: Scenario,
+    depth: int,
+    result: ExploreResult[Any],
+    coverage: Mapping[str, int],
+    uncovered: list[str],
+) -> dict[str, Any]:
+    violations = [
+        {
+            "invariant": v.invariant_id,
+            "messages": list(v.messages),
+            "trace": [str(action) for action in v.trace],
+        }
+        for v in result.violations
+    ]
+    if violations:
+        verdict = "violation"
+    elif result.budget_cut:
+        verdict = "cut"
+    elif uncovered:
+        verdict = "uncovered"
+    else:
+        verdict = "pass"
+    return {
+        "scenario": {
+            "requests": scenario.num_requests,
+            "groups": ",".join(kind.value for kind in scenario.groups),
+            "start": scenario.start.value,
+            "recovery": scenario.recovery.value,
+        },
+        "exhaustive": not result.budget_cut and not violations,
+        "complete": result.exhaustive,
+        "states": result.states,
+        "transitions": result.transitions,
+        "states_per_second": round(result.states_per_second, 1),
+        "seconds": round(result.seconds, 3),
+        "depth": result.depth_reached,
+        "max_depth": depth,
+        "violations": violations,
+        "coverage": _grouped(coverage),
+        "uncovered": uncovered,
+        "verdict": verdict,
+    }
+
+
+def _grouped(coverage: Mapping[str, int]) -> dict[str, dict[str, int]]:
+    groups: dict[str, dict[str, int]] = {"events": {}, "statuses": {}, "recovery": {}, "claims": {}}
+    names = {"event": "events", "status": "statuses", "recovery": "recovery", "claim": "claims"}
+    for label in sorted(coverage):
+        family, _, name = label.partition(":")
+        groups.setdefault(names.get(family, family), {})[name] = coverage[label]
+    return groups
+
+
+def _run_with_progress(scenario: Scenario, depth: int, max_states: int | None) -> dict[str, Any]:
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    columns = (
+        TextColumn("[bold]depth {task.completed}/{task.total}"),
+        BarColumn(),
+        TextColumn("{task.fields[states]} states"),
+        TimeElapsedColumn(),
+    )
+    with Progress(*columns, transient=True) as bar:
+        task = bar.add_task("explore", total=depth, states=0)
+
+        def advance(states: int, reached: int) -> None:
+            bar.update(task, completed=reached, states=states)
+
+        return run_check(scenario, depth, max_states, advance)
+
+
+def _render(report: Mapping[str, Any]) -> None:
+    from rich.console import Console
+
+    console = Console()
+    sc = report["scenario"]
+    console.print(
+        f"[bold]hybridkv check[/]: {sc['requests']} request(s), groups {sc['groups']}, "
+        f"start {sc['start']}, recovery {sc['recovery']}"
+    )
+    console.print(
+        f"states explored: {report['states']}  transitions: {report['transitions']}  "
+        f"states/s: {report['states_per_second']:.0f}  time: {report['seconds']:.2f}s"
+    )
+    console.print(
+        f"depth reached: {report['depth']} of {report['max_depth']}  "
+        f"exhaustive: {'yes' if report['exhaustive'] else 'no'}  "
+        f"complete: {'yes' if report['complete'] else 'no'}"
+    )
+    for family, counts in report["coverage"].items():
+        listed = ", ".join(f"{name} {n}" for name, n in counts.items())
+        console.print(f"coverage {family}: {listed or '-'}")
+    if report["uncovered"]:
+        console.print(f"[yellow]uncovered:[/] {', '.join(report['uncovered'])}")
+    for v in report["violations"]:
+        console.print(f"[red]violation {v['invariant']}[/]: {'; '.join(v['messages'])}")
+        for i, step in enumerate(v["trace"], 1):
+            console.print(f"  {i:2}. {step}")
+    colour = "green" if report["verdict"] == "pass" else "red"
+    console.print(f"verdict: [{colour}]{report['verdict']}[/]")
+    sys.stdout.flush()
