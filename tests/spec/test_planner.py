@@ -262,6 +262,7 @@ def _valid_snapshot() -> dict[str, object]:
     return planner.snapshot()
 
 
+@pytest.mark.mutation("PL-1", "PL-2", "PL-3", "PL-4", "PL-5", "PL-6", "PL-7", "PL-8")
 @pytest.mark.parametrize(
     ("inv_id", "edits"),
     [(inv_id, edits) for inv_id, _, edits in _CORRUPTIONS],
