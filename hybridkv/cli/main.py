@@ -13,6 +13,7 @@ from collections.abc import Sequence
 from hybridkv import __version__
 from hybridkv.cli.check import add_parser as add_check_parser
 from hybridkv.cli.plan import add_parser as add_plan_parser
+from hybridkv.cli.simulate import add_parser as add_simulate_parser
 from hybridkv.errors import HybridKVConfigError
 from spec.errors import ConfigError
 
@@ -32,6 +33,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub.required = True
     add_plan_parser(sub)
     add_check_parser(sub)
+    add_simulate_parser(sub)
     return parser
 
 

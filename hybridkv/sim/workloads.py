@@ -46,6 +46,8 @@ class MultiTurn:
         message_tokens: (low, high) tokens of a user message, drawn uniformly.
         max_tokens: output tokens per turn.
         stagger_steps: steps between the first turns of consecutive conversations.
+        think_steps: steps between consecutive turns of one conversation (the user reading
+            and typing); other conversations run meanwhile and push its KV out of the GPU.
         isolate_tenants: give each tenant its own ``cache_salt``.
         seed: the generator's seed.
     """
@@ -55,8 +57,9 @@ class MultiTurn:
     system_prompts: int = 2
     system_tokens: int = 2048
     message_tokens: tuple[int, int] = (256, 768)
-    max_tokens: int = 32
+    max_tokens: int = 128
     stagger_steps: int = 3
+    think_steps: int = 50
     isolate_tenants: bool = False
     seed: int = 0
 
@@ -64,6 +67,7 @@ class MultiTurn:
         for name in ("num_requests", "turns", "system_prompts", "system_tokens", "max_tokens"):
             _positive(name, getattr(self, name))
         _positive("stagger_steps", self.stagger_steps, 0)
+        _positive("think_steps", self.think_steps, 0)
         low, high = self.message_tokens
         _positive("message_tokens", low)
         if high < low:
@@ -86,7 +90,7 @@ class MultiTurn:
                     break
                 message = _tokens(rng, rng.randint(*self.message_tokens))
                 prompt = systems[tenant] + message if turn == 0 else message
-                step = conversation * self.stagger_steps
+                step = conversation * self.stagger_steps + turn * self.think_steps
                 out.append(TraceRequest(step, prompt, self.max_tokens, salt, name))
             conversation += 1
         return tuple(out)

@@ -1,0 +1,351 @@
+"""Assemble and run one simulation: options -> setup -> caches, store, connector, plane -> report.
+
+The report is a JSON-ready dict (``hybridkv simulate --json``, schema
+:data:`hybridkv.cli.simulate.SCHEMA_VERSION`); :mod:`hybridkv.cli.sim_report` renders it as a
+table and :mod:`hybridkv.cli.sim_plot` draws its timeline.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from hybridkv.canonical import build_canonical_caches
+from hybridkv.cli.sim_engine import DataPlane, SimResult, Simulation
+from hybridkv.cli.sim_setup import SimSetup, derive_setup
+from hybridkv.errors import HybridKVConfigError
+from hybridkv.sim.caches import build_sim_caches
+from hybridkv.sim.content import ContentCodec
+from hybridkv.sim.faults import FaultPlan
+from hybridkv.sim.trace import TraceRequest, load_trace
+from hybridkv.sim.workloads import builtin_workload
+from spec.connector_api import SchedulerConnector
+
+__all__ = ["SimOptions", "simulate"]
+
+DEFAULT_REQUESTS = 32
+
+
+@dataclass(frozen=True, slots=True)
+class SimOptions:
+    """Everything ``hybridkv simulate`` was asked for (flags of the same names)."""
+
+    preset: str | None = None
+    config: str | None = None
+    trace: str = "multi-turn"
+    requests: int | None = None
+    device: str = "cpu"
+    host_bytes: int = 2**30
+    policy: str = "lru"
+    faults: float = 0.0
+    check: bool = False
+    seed: int = 0
+    connector: str = "optimized"
+    gpu_blocks: int | None = None
+    layers_per_group: int = 1
+    max_num_batched_tokens: int = 2048
+    max_num_running: int = 8
+    max_model_len: int = 32768
+    load_deadline_steps: int | None = 64
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> SimOptions:
+        """The options of a parsed command line."""
+        from hybridkv.cli.simulate import parse_bytes
+
+        return cls(
+            preset=args.preset,
+            config=args.config,
+            trace=args.trace,
+            requests=args.requests,
+            device=args.device,
+            host_bytes=parse_bytes(args.host_bytes),
+            policy=args.policy,
+            faults=args.faults,
+            check=args.check,
+            seed=args.seed,
+            connector=args.connector,
+            gpu_blocks=args.gpu_blocks,
+            layers_per_group=args.layers_per_group,
+            max_num_batched_tokens=args.max_num_batched_tokens,
+            max_num_running=args.max_num_running,
+            max_model_len=args.max_model_len,
+            load_deadline_steps=args.load_deadline_steps,
+        )
+
+
+def _model_config(options: SimOptions) -> tuple[str, Mapping[str, Any]]:
+    from spec.presets import DEFAULT_PRESET, preset_config
+
+    if options.config is None:
+        name = options.preset or DEFAULT_PRESET
+        return f"preset:{name}", preset_config(name)
+    path = Path(options.config)
+    if path.is_dir():
+        path = path / "config.json"
+    try:
+        config = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError) as err:
+        raise HybridKVConfigError(
+            "--config", str(path), f"cannot be read as JSON ({err})", "give a config.json"
+        ) from None
+    if not isinstance(config, dict):
+        raise HybridKVConfigError("--config", str(path), "is not a JSON object", "fix it")
+    return str(path), config
+
+
+def _trace(options: SimOptions) -> tuple[TraceRequest, ...]:
+    if options.trace.endswith(".jsonl"):
+        trace = load_trace(options.trace)
+        if options.requests is not None:
+            if options.requests < 1:
+                raise HybridKVConfigError("--requests", options.requests, "must be >= 1", "fix")
+            trace = trace[: options.requests]
+        return trace
+    count = DEFAULT_REQUESTS if options.requests is None else options.requests
+    return builtin_workload(options.trace, count)
+
+
+def _device(options: SimOptions) -> torch.device:
+    if options.device == "cuda" and not torch.cuda.is_available():
+        raise HybridKVConfigError(
+            "--device",
+            "cuda",
+            "no CUDA device is visible to torch",
+            "install the CUDA build of torch on a GPU machine, or pass --device cpu",
+        )
+    return torch.device(options.device)
+
+
+def _check_trace_fits(trace: tuple[TraceRequest, ...], setup: SimSetup) -> None:
+    longest = _longest_sequence(trace)
+    if longest > setup.planner.max_model_len:
+        raise HybridKVConfigError(
+            "--max-model-len",
+            setup.planner.max_model_len,
+            f"is shorter than the trace's longest sequence ({longest} tokens)",
+            f"pass --max-model-len {longest}",
+        )
+    needed = _blocks_for(setup, longest)
+    if needed > setup.scheduler.num_blocks - 1:
+        # A request that cannot fit alone would preempt itself forever (vLLM refuses it too).
+        raise HybridKVConfigError(
+            "--gpu-blocks",
+            setup.scheduler.num_blocks - 1,
+            f"cannot hold the trace's longest sequence ({longest} tokens needs {needed} blocks)",
+            f"pass --gpu-blocks {needed} or more",
+        )
+
+
+def _blocks_for(setup: SimSetup, tokens: int) -> int:
+    """Blocks one request of ``tokens`` tokens holds at most, over every group."""
+    from spec.kinds import GroupKind
+
+    total = 0
+    for g in setup.scheduler.groups:
+        if g.kind is GroupKind.FULL:
+            total += -(-tokens // g.block_size)
+        elif g.kind is GroupKind.SLIDING:
+            total += min(-(-tokens // g.block_size), -(-g.sliding_window // g.block_size) + 1)
+        else:
+            total += 2  # align mode: the latest state and the one before it (GR-5)
+    return total
+
+
+def _longest_sequence(trace: tuple[TraceRequest, ...]) -> int:
+    context: dict[str, int] = {}
+    longest = 0
+    for r in trace:
+        base = context.get(r.conversation, 0) if r.conversation else 0
+        total = base + len(r.prompt) + r.max_tokens
+        if r.conversation:
+            context[r.conversation] = total
+        longest = max(longest, total)
+    return longest
+
+
+def simulate(options: SimOptions, *, progress: bool = False) -> dict[str, Any]:
+    """Run ``options`` and return the report (module docstring).
+
+    Refusal: bad options raise :class:`HybridKVConfigError` (or the spec's ConfigError) naming
+    the flag, before anything is allocated.
+    """
+    source, config = _model_config(options)
+    trace = _trace(options)
+    setup = _setup(options, config, options.gpu_blocks or 1)
+    if options.gpu_blocks is None:
+        # Room for three of the longest sequences: the GPU prefix cache is under pressure, as
+        # on a busy server, so what the host tier brings back shows.
+        setup = _setup(options, config, 3 * _blocks_for(setup, _longest_sequence(trace)))
+    _check_trace_fits(trace, setup)
+    faults = FaultPlan(options.faults, options.seed)
+    device = _device(options)
+    num_blocks = setup.scheduler.num_blocks
+    caches = build_sim_caches(setup.sim_groups, num_blocks, options.layers_per_group, device)
+    canonical = build_canonical_caches(caches.kv_caches, caches.groups, num_blocks)
+    slot_bytes = max(canonical.group_bytes(g) for g in range(len(canonical.group_refs)))
+    entries = options.host_bytes // slot_bytes
+    if entries < 1:
+        raise HybridKVConfigError(
+            "--host-bytes",
+            options.host_bytes,
+            f"holds no entry: one block of the largest group takes {slot_bytes} bytes",
+            f"pass at least {slot_bytes}",
+        )
+    connector, plane, snapshot = _build_connector(options, setup, canonical, entries, faults)
+    try:
+        sim = Simulation(
+            setup.scheduler,
+            connector,
+            plane,
+            ContentCodec(caches),
+            trace,
+            units=setup.planner.units,
+            check=options.check,
+            connector_snapshot=snapshot,
+        )
+        result = _run_with_progress(sim, len(trace)) if progress else sim.run()
+    finally:
+        plane.close()
+    return _report(options, source, setup, entries, slot_bytes, result)
+
+
+def _setup(options: SimOptions, config: Mapping[str, Any], gpu_blocks: int) -> SimSetup:
+    return derive_setup(
+        config,
+        max_model_len=options.max_model_len,
+        gpu_blocks=gpu_blocks,
+        max_num_batched_tokens=options.max_num_batched_tokens,
+        max_num_running=options.max_num_running,
+        layers_per_group=options.layers_per_group,
+        load_deadline_steps=options.load_deadline_steps,
+    )
+
+
+def _build_connector(
+    options: SimOptions, setup: SimSetup, canonical: Any, entries: int, faults: FaultPlan
+) -> tuple[SchedulerConnector, DataPlane, Callable[[], Mapping[str, Any]] | None]:
+    if options.connector == "reference":
+        from hybridkv.cli.sim_reference import ReferencePlane
+        from spec.connector import ReferenceConnector
+        from spec.planner import HybridOffloadPlanner
+        from spec.store import HostStore
+
+        planner = HybridOffloadPlanner(
+            tuple((g.kind, g.block_size) for g in setup.scheduler.groups),
+            setup.scheduler.hash_block_size,
+            setup.chunk_size,
+            setup.planner.max_model_len,
+        )
+        store = HostStore(entries, options.policy)
+        connector = ReferenceConnector.from_groups(planner, store, setup.scheduler.groups)
+        return connector, ReferencePlane(connector, canonical, faults), connector.snapshot
+    raise HybridKVConfigError(
+        "--connector",
+        options.connector,
+        "the optimized connector core is not wired into simulate yet",
+        "pass --connector reference",
+    )
+
+
+def _run_with_progress(sim: Simulation, total: int) -> SimResult:
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    columns = (
+        TextColumn("[bold]serving"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("requests"),
+        TimeElapsedColumn(),
+    )
+    with Progress(*columns, transient=True) as bar:
+        task = bar.add_task("simulate", total=total)
+
+        def advance(done: int, _total: int) -> None:
+            bar.update(task, completed=done)
+
+        sim.progress = advance
+        return sim.run()
+
+
+def _gbps(nbytes: int, seconds: float) -> float:
+    return round(nbytes / seconds / 1e9, 3) if seconds > 0 else 0.0
+
+
+def _report(  # noqa: PLR0917 - the report reads every part of the run
+    options: SimOptions,
+    source: str,
+    setup: SimSetup,
+    entries: int,
+    slot_bytes: int,
+    r: SimResult,
+) -> dict[str, Any]:
+    wrong = r.wrong_content_loads + r.wrong_content_reads
+    verdict = "pass" if wrong == 0 and r.invariant_violations == 0 else "fail"
+    return {
+        "schema_version": 1,
+        "setup": {
+            "model": source,
+            "groups": list(setup.group_kinds),
+            "block_size": setup.layout.block_size,
+            "chunk_size": setup.chunk_size,
+            "claim_unit": setup.planner.claim_unit,
+            "layers_per_group": setup.layers_per_group,
+            "model_layers_per_group": setup.layout_layers,
+            "gpu_blocks": setup.scheduler.num_blocks - 1,
+            "host_entries": entries,
+            "host_bytes": entries * slot_bytes,
+            "policy": options.policy,
+            "device": options.device,
+            "connector": options.connector,
+            "trace": options.trace,
+            "faults": options.faults,
+            "seed": options.seed,
+            "check": options.check,
+        },
+        "requests": r.requests,
+        "finished": dict(sorted(r.finished.items())),
+        "steps": r.steps,
+        "seconds": round(r.seconds, 3),
+        "prompt_tokens": r.prompt_tokens,
+        "prefill_tokens_computed": r.prefill_tokens_computed,
+        "prefill_tokens_loaded": r.prefill_tokens_loaded,
+        "local_hit_tokens": r.local_hit_tokens,
+        "hit_rate": round(r.hit_rate, 4),
+        "continuation_turns": r.continuation_turns,
+        "continuation_hits": r.continuation_hits,
+        "continuation_hit_tokens": r.continuation_hit_tokens,
+        "load_jobs": r.load_jobs,
+        "store_jobs": r.store_jobs,
+        "bytes_loaded": r.bytes_loaded,
+        "bytes_stored": r.bytes_stored,
+        "load_gbps": _gbps(r.bytes_loaded, r.load_seconds),
+        "store_gbps": _gbps(r.bytes_stored, r.store_seconds),
+        "failures_injected": r.failures_injected,
+        "failures_recovered": r.failures_recovered,
+        "tokens_discarded_by_recovery": r.tokens_discarded_by_recovery,
+        "blocks_verified": r.blocks_verified,
+        "wrong_content_loads": r.wrong_content_loads,
+        "wrong_content_reads": r.wrong_content_reads,
+        "invariant_checks": r.invariant_checks,
+        "invariant_violations": r.invariant_violations,
+        "violations": r.violations[:20],
+        "verdict": verdict,
+        "timeline": [
+            {
+                "step": s.step,
+                "hit_tokens": s.hit_tokens,
+                "loaded_tokens": s.loaded_tokens,
+                "bytes_loaded": s.bytes_loaded,
+                "host_used": s.host_used,
+                "host_capacity": s.host_capacity,
+            }
+            for s in r.timeline
+        ],
+    }

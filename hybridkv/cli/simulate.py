@@ -1,0 +1,141 @@
+"""``hybridkv simulate``: serve a workload on a hybrid model's KV-cache layout, verify every byte.
+
+The spec scheduler (vLLM 0.33's, with our contract's departures) drives the connector; the
+connector claims, loads and stores through a host store and a transfer engine on real tensors,
+laid out as vLLM lays out the model's caches. Every block a forward writes holds content that is
+a function of its exact token prefix, so every loaded block (and every block a request reads
+from a cache) is checked against what recomputation would write: ``wrong_content_loads`` must
+be 0. ``--check`` also checks every registered invariant of the scheduler, block pool, groups,
+host store and connector after every step.
+
+Exit codes: 0 when no content was wrong and no invariant broke; 1 otherwise; 2 for bad input.
+The JSON form (``--json``) is a stable schema (``schema_version``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+from collections.abc import Mapping
+from typing import Any
+
+from hybridkv.errors import HybridKVConfigError
+
+__all__ = ["SCHEMA_VERSION", "add_parser", "parse_bytes", "run"]
+
+SCHEMA_VERSION = 1
+
+_UNITS = {
+    "": 1,
+    "b": 1,
+    "k": 10**3,
+    "kb": 10**3,
+    "kib": 2**10,
+    "m": 10**6,
+    "mb": 10**6,
+    "mib": 2**20,
+    "g": 10**9,
+    "gb": 10**9,
+    "gib": 2**30,
+    "t": 10**12,
+    "tb": 10**12,
+    "tib": 2**40,
+}
+
+
+def parse_bytes(text: str) -> int:
+    """``"1GiB"`` -> 1073741824. Accepts an int with an optional unit (k, M, G, T; KiB...).
+
+    Refusal: :class:`HybridKVConfigError` (field ``--host-bytes``).
+    """
+    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([a-zA-Z]*)\s*", text)
+    unit = match.group(2).lower() if match else ""
+    if match is None or unit not in _UNITS:
+        raise HybridKVConfigError(
+            "--host-bytes", text, "is not a byte size", "pass e.g. 1GiB, 512MiB or 2000000000"
+        )
+    value = int(float(match.group(1)) * _UNITS[unit])
+    if value < 1:
+        raise HybridKVConfigError("--host-bytes", text, "must be positive", "pass e.g. 1GiB")
+    return value
+
+
+def add_parser(sub: Any) -> None:
+    """Register ``simulate`` on the subcommand set of the top-level parser."""
+    from spec.presets import DEFAULT_PRESET
+
+    p = sub.add_parser(
+        "simulate",
+        help="serve a workload through the offload connector and verify every loaded byte",
+        description="Simulate KV-cache offload for a hybrid model on real tensors.",
+    )
+    src = p.add_mutually_exclusive_group()
+    src.add_argument(
+        "--preset", metavar="NAME", help=f"a built-in model (default {DEFAULT_PRESET})"
+    )
+    src.add_argument("--config", metavar="PATH", help="a Hugging Face config.json (or its folder)")
+    p.add_argument(
+        "--trace",
+        default="multi-turn",
+        help="multi-turn (default), shared-prefix, or a FILE.jsonl trace",
+    )
+    p.add_argument("--requests", type=int, help="requests to serve (default 32; a file: all)")
+    p.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="where the KV lives")
+    p.add_argument("--host-bytes", default="1GiB", help="host store size (default 1GiB)")
+    p.add_argument("--policy", choices=["lru", "arc"], default="lru", help="host eviction policy")
+    p.add_argument("--faults", type=float, default=0.0, help="probability a transfer job fails")
+    p.add_argument("--check", action="store_true", help="check every invariant every step")
+    p.add_argument("--json", action="store_true", help="print the report as JSON")
+    p.add_argument("--plot", metavar="FILE.png", help="draw hits, loads and host occupancy")
+    p.add_argument("--seed", type=int, default=0, help="seed of the faults (default 0)")
+    p.add_argument(
+        "--connector",
+        choices=["optimized", "reference"],
+        default="optimized",
+        help="the optimized core (default) or the spec's reference connector",
+    )
+    p.add_argument(
+        "--gpu-blocks",
+        type=int,
+        help="GPU KV blocks (default: room for three of the trace's longest sequences)",
+    )
+    p.add_argument(
+        "--layers-per-group", type=int, default=1, help="layers simulated per group (default 1)"
+    )
+    p.add_argument("--max-num-batched-tokens", type=int, default=2048, help="token budget")
+    p.add_argument("--max-num-running", type=int, default=8, help="running requests at most")
+    p.add_argument("--max-model-len", type=int, default=32768, help="longest sequence")
+    p.add_argument(
+        "--load-deadline-steps", type=int, default=64, help="steps a load may pend (default 64)"
+    )
+    p.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Execute ``hybridkv simulate``; returns the exit code (config errors propagate to main)."""
+    from hybridkv.cli.sim_run import SimOptions, simulate
+
+    options = SimOptions.from_args(args)
+    if args.plot:
+        from hybridkv.cli.sim_plot import require_matplotlib
+
+        require_matplotlib(args.plot)  # refuse before a long run, not after
+    report = simulate(options, progress=not args.json)
+    if args.plot:
+        from hybridkv.cli.sim_plot import plot
+
+        plot(report, args.plot)
+    if args.json:
+        print(json.dumps(_without_timeline(report), indent=2))
+    else:
+        from hybridkv.cli.sim_report import render
+
+        render(report)
+    sys.stdout.flush()
+    return 0 if report["verdict"] == "pass" else 1
+
+
+def _without_timeline(report: Mapping[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in report.items() if k != "timeline"}
