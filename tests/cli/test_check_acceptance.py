@@ -33,9 +33,7 @@ CONFIGS = [
 def test_check_passes_exhaustively_with_everything_covered(
     groups: str, start: Start, depth: int, recovery: Recovery
 ) -> None:
-    scenario = Scenario(
-        num_requests=2, groups=parse_groups(groups), start=start, recovery=recovery
-    )
+    scenario = Scenario(num_requests=2, groups=parse_groups(groups), start=start, recovery=recovery)
     report = run_check(scenario, depth)
     assert report["violations"] == []
     assert report["uncovered"] == []
