@@ -109,6 +109,7 @@ def _unaligned(*, vllm_exact: bool) -> Script:
     return s
 
 
+@pytest.mark.mutation("MB-3", "MB-1", "DATA-1")
 def test_sc1_unaligned_external_claim_is_floored_to_the_claim_unit() -> None:
     """Scenario (#42554, the alignment contract): a connector answers 5 where the state exists
     only at 4. The scheduler must take only the aligned part (4, divergence D2); vLLM 0.33
@@ -214,6 +215,7 @@ def test_vllm_033_refuses_block_level_reports_on_two_groups(
         _third_segment_fails(groups, recovery=RecoveryMode.VLLM_RECOMPUTE)
 
 
+@pytest.mark.mutation("DATA-1")
 def test_sc4_per_group_truncation_must_agree_on_the_state() -> None:
     """Scenario (#50687 class, the per-group proposal done wrong): full attention + mamba, the
     third segment fails. Full attention alone could keep [0, 4), but the only mamba state r0

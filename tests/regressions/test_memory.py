@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import ClassVar
 
+import pytest
 from regression_script import LOAD, Script, config, expected_token, full, request, sliding
 
 from spec.block_pool import BlockId, BlockPool
@@ -109,6 +110,7 @@ def _claim_then_abort(scheduler: type[Scheduler] | None) -> Script:
     return s
 
 
+@pytest.mark.mutation("TR-1", "DATA-1")
 def test_gr4_external_claim_allocates_the_sliding_window_only() -> None:
     """Scenario (#30166): r0 claims 8 host tokens on full attention + a sliding window of 4
     (it reads the 3 tokens before a position). At 8 the window needs tokens 5..7: blocks 2

@@ -50,6 +50,7 @@ def _async_claim(scheduler: type[Scheduler] | None) -> Script:
     return s
 
 
+@pytest.mark.mutation("SC-3")
 def test_sc2_async_claim_waits_for_remote_kvs_in_its_step() -> None:
     """Scenario (the field's async-claim wedge): r0's 8 host tokens are claimed asynchronously,
     so the step schedules 0 new tokens for it. The request must enter WAITING_FOR_REMOTE_KVS in
@@ -166,9 +167,10 @@ def test_plain_admission_leaves_the_async_reserve_alone() -> None:
     """Scenario (#48433): r0's async load of 8 tokens is in flight (it will need 2 more blocks);
     r1 has no host hit. vLLM 0.33 subtracts the reserve only when admitting ANOTHER async load,
     so r1 is admitted with r0's 2 blocks; when r1 needs its next block it is preempted and its
-    work is lost (in vLLM, where a connector with pending frees stops preemption, this was a
-    deadlock). Reserving for every admission (D4) keeps r1 waiting until r0 is done: no
-    preemption. No safety invariant is at stake; the outcome is the evidence."""
+    work is lost (in vLLM a connector with pending block frees stops preemption, which can turn
+    this into a deadlock; not modelled). Reserving for every admission (D4) keeps r1 waiting
+    until r0 is done: no preemption. No safety invariant is at stake; the outcome is the
+    evidence."""
     s = _load_then_plain()
     assert s.broken() == set()
     assert [c.outcome.value for c in s.claims("r1")][:2] == ["no_space", "no_space"]

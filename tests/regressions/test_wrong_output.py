@@ -21,6 +21,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import replace
 
+import pytest
 from regression_script import (
     MAMBA,
     STORE,
@@ -103,6 +104,7 @@ def _attention_without_state(connector: type[ReferenceConnector] | None) -> Scri
     return s
 
 
+@pytest.mark.mutation("MB-1", "DATA-1")
 def test_attention_kv_is_never_restored_without_its_mamba_state() -> None:
     """Scenario (LMCache #2863/#2845): the host holds a prompt's attention KV to token 8 and its
     mamba state at 4 only. The claim must stop at 4, where every group, the state included,
@@ -156,6 +158,7 @@ def _prompt_on_a_boundary(connector: type[ReferenceConnector] | None) -> Script:
     return s
 
 
+@pytest.mark.mutation("MB-3", "DATA-1")
 def test_full_prompt_hit_on_a_chunk_boundary_leaves_the_last_token_to_compute() -> None:
     """Scenario (#51094): an 8-token prompt ends exactly on a chunk boundary and the host holds
     all of it. A claim of all 8 tokens leaves nothing to compute; the scheduler then recomputes
@@ -224,6 +227,7 @@ def _donor_then_reader(
     return s, stored
 
 
+@pytest.mark.mutation("DATA-1")
 def test_mamba_state_is_stored_from_the_block_of_its_own_position() -> None:
     """Scenario (#49964): r0's steps end at 2 and 4, leaving the state after 2 in slot 0 and
     after 4 in slot 1 of its mamba table. The state stored under the key of position 4 must come
@@ -272,6 +276,7 @@ class ScratchAsState(ReferenceConnector):
         return replace(item, block_id=last)
 
 
+@pytest.mark.mutation("DATA-1")
 def test_speculative_scratch_block_is_never_stored_as_a_state() -> None:
     """Scenario (LMCache #4984/#5004): the mamba group keeps one speculative scratch block after
     its state (``num_speculative_blocks=1``). r0's states after 2 and 4 tokens must be stored
@@ -327,6 +332,7 @@ def _slow_store(connector: type[ReferenceConnector] | None) -> Script:
     return s
 
 
+@pytest.mark.mutation("TR-1", "DATA-1")
 def test_host_hit_reads_what_the_store_copied_before_its_block_was_reused() -> None:
     """Scenario (SGLang #39830): r0's store of its state after 2 tokens is slow. Align mode keeps
     only the latest states, so two steps later r0 drops that state block; with the pool tight,
@@ -383,6 +389,7 @@ def _unaligned_prefill(
     return s, stored
 
 
+@pytest.mark.mutation("DATA-1")
 def test_prefill_chunks_end_where_a_state_can_be_stored() -> None:
     """Scenario (LMCache align-mode rule; vLLM's ``_mamba_block_aligned_split``): with a budget
     of 5, r0's 9-token prefill must run as [0, 4), [4, 8), [8, 9), so the states after 4 and 8
