@@ -3,7 +3,10 @@
 :class:`ReferenceWorker` implements :class:`spec.connector_api.WorkerConnector`:
 
 - an ASYNC load of a request is finished (``finished_recving``) when every load job of that
-  request has reported, and failed (``failed_recving``) if any of them failed;
+  request has reported, and failed (``failed_recving``) if any of them failed; the destination
+  blocks of its failed jobs are then handed out once by :meth:`get_block_ids_with_load_errors`
+  (the block-level report shared truncation reads; vLLM's hook of the same name, reported no
+  later than the pass in which the request is in ``finished_recving``);
 - a SYNC load (``TransferJob.sync``) never reports at the request level: its request already
   runs (vLLM's worker, ``start_kv_transfers``); its outcome reaches the scheduler-side
   connector through ``completed_jobs`` only;
@@ -13,7 +16,9 @@
 
 Snapshot schema: ``jobs`` ((job_id, kind, request_id, sync), ...) in flight by id;
 ``load_failed`` (request ids whose in-flight async load already had a failed job);
-``delayed`` (request ids awaiting ``finished_sending``).
+``invalid_blocks`` ((request_id, (block ids...)), ...): the failed jobs' destination blocks of
+loads still in flight; ``load_errors`` (the same shape): those of finished failed loads not yet
+handed out; ``delayed`` (request ids awaiting ``finished_sending``).
 """
 
 from __future__ import annotations
@@ -41,7 +46,8 @@ class ReferenceWorker:
     def __init__(self) -> None:
         """A worker with nothing in flight."""
         self._jobs: dict[JobId, TransferJob] = {}
-        self._load_failed: set[RequestId] = set()
+        self._load_failed: dict[RequestId, frozenset[int]] = {}
+        self._errors: dict[RequestId, frozenset[int]] = {}
         self._delayed: set[RequestId] = set()
 
     def bind_connector_metadata(self, meta: ConnectorMeta) -> None:
@@ -64,7 +70,8 @@ class ReferenceWorker:
         Pre: each result names a job in flight, once (``ConfigError`` otherwise, nothing
         changed). Post: the reported jobs left flight; the output names the requests whose
         async load completed (and failed), the delayed requests with no store left, and
-        carries ``results`` as ``completed_jobs``.
+        carries ``results`` as ``completed_jobs``; the invalid blocks of every failed request
+        await :meth:`get_block_ids_with_load_errors`.
         """
         ids = [result.job_id for result in results]
         if len(set(ids)) != len(ids) or any(job_id not in self._jobs for job_id in ids):
@@ -75,13 +82,28 @@ class ReferenceWorker:
             if job.kind is TransferKind.LOAD and not job.sync:
                 touched.add(job.request_id)
                 if not result.success:
-                    self._load_failed.add(job.request_id)
+                    blocks = self._load_failed.get(job.request_id, frozenset())
+                    blocks |= {item.block_id for item in job.items}
+                    self._load_failed[job.request_id] = blocks
         finished = frozenset(rid for rid in touched if not self._loads_of(rid))
         failed = frozenset(rid for rid in finished if rid in self._load_failed)
-        self._load_failed -= finished
+        for rid in failed:
+            self._errors[rid] = self._errors.get(rid, frozenset()) | self._load_failed.pop(rid)
         sent = frozenset(rid for rid in self._delayed if not self._stores_of(rid))
         self._delayed -= sent
         return KVConnectorOutput(finished, failed, sent, tuple(results))
+
+    def get_block_ids_with_load_errors(self) -> dict[RequestId, frozenset[int]]:
+        """The blocks failed load jobs left invalid, per request whose load failed; handed once.
+
+        vLLM's hook returns the flat union of block ids, which it refuses on a layout with several
+        KV cache groups (``scheduler.py:3712-3721``); here the ids come per request (the shape
+        of :class:`spec.scheduler.FailureReport`), and block ids name blocks of the one shared
+        pool. Post: every request failed since the last call, with its failed jobs' destination
+        blocks; the next call returns nothing new until another load fails.
+        """
+        errors, self._errors = self._errors, {}
+        return errors
 
     # ----------------------------------------------------------------- copies and views
 
@@ -89,7 +111,8 @@ class ReferenceWorker:
         """An independent copy (jobs are frozen values)."""
         twin = type(self).__new__(type(self))
         twin._jobs = dict(self._jobs)
-        twin._load_failed = set(self._load_failed)
+        twin._load_failed = dict(self._load_failed)
+        twin._errors = dict(self._errors)
         twin._delayed = set(self._delayed)
         return twin
 
@@ -101,19 +124,30 @@ class ReferenceWorker:
                 for j, job in sorted(self._jobs.items())
             ),
             "load_failed": tuple(sorted(self._load_failed)),
+            "invalid_blocks": _plain_blocks(self._load_failed),
+            "load_errors": _plain_blocks(self._errors),
             "delayed": tuple(sorted(self._delayed)),
         }
 
     def freeze(self) -> Hashable:
         """A hashable key of the worker's state."""
         snap = self.snapshot()
-        return (snap["jobs"], snap["load_failed"], snap["delayed"])
+        return tuple(snap[name] for name in _SNAPSHOT_KEYS)
 
     def _loads_of(self, rid: RequestId) -> int:
         return sum(1 for j in self._jobs.values() if j.request_id == rid and not _is_store(j))
 
     def _stores_of(self, rid: RequestId) -> int:
         return sum(1 for j in self._jobs.values() if j.request_id == rid and _is_store(j))
+
+
+_SNAPSHOT_KEYS = ("jobs", "load_failed", "invalid_blocks", "load_errors", "delayed")
+
+
+def _plain_blocks(
+    blocks: dict[RequestId, frozenset[int]],
+) -> tuple[tuple[RequestId, tuple[int, ...]], ...]:
+    return tuple((rid, tuple(sorted(ids))) for rid, ids in sorted(blocks.items()))
 
 
 def _is_store(job: TransferJob) -> bool:

@@ -9,7 +9,9 @@ The engine is the composition the explorer walks. Its events are the actions of
   (DATA-1 judges them) and each block it writes gets the TRUE content; the step's jobs are now
   in flight (a store's source is taken after the forward, since vLLM saves after it); finally
   ``update_from_output`` with the sampled tokens and the job results gathered since the last
-  step, folded by the worker.
+  step, folded by the worker. Under shared truncation the worker's block-level report (the
+  destination blocks of the failed load jobs) goes with them; under vLLM's recovery models the
+  connector reports failed requests only, as vLLM 0.33 requires on a multi-group layout.
 - ``Complete(job, ok)``: the transfer finished. A load writes the host entry's content into its
   GPU blocks (a failed load leaves garbage there); a store copies its GPU blocks' content into the
   host entries (a failed store writes nothing). The result waits for the next step.
@@ -147,9 +149,21 @@ class Engine:
 
     # ----------------------------------------------------------------- construction
     @classmethod
-    def create(cls, config: EngineConfig) -> Engine:
-        """A fresh engine: empty pool, empty store, nothing arrived. Pre: a valid config."""
-        scheduler, worker = parts.build(config)
+    def create(
+        cls,
+        config: EngineConfig,
+        *,
+        connector_cls: type[Any] | None = None,
+        scheduler_cls: type[Any] | None = None,
+    ) -> Engine:
+        """A fresh engine: empty pool, empty store, nothing arrived. Pre: a valid config.
+
+        ``connector_cls`` / ``scheduler_cls`` swap in a subclass of the reference connector or
+        scheduler (a deliberately broken variant in a test); ``None`` keeps the reference.
+        """
+        scheduler, worker = parts.build(
+            config, connector_cls=connector_cls, scheduler_cls=scheduler_cls
+        )
         return cls(config, scheduler, worker)
 
     def clone(self) -> Engine:
@@ -201,11 +215,35 @@ class Engine:
         self.reads = ()
         self._launch(output)
         kv_output = self.worker.get_transfer_results(self.pending)
+        failures = parts.failure_reports(
+            self.scheduler, self.worker.get_block_ids_with_load_errors()
+        )
         self.pending = ()
         sampled = self._sampled(output.scheduled)
-        self.scheduler.update_from_output(output, sampled, kv_output)
+        self.scheduler.update_from_output(output, sampled, kv_output, failures)
         self.last_output = output
         self.last_kv_output = kv_output
+
+    def seed_host(
+        self, request_id: RequestId, num_tokens: int, groups: tuple[int, ...] = ()
+    ) -> None:
+        """The host holds READY, with their true content, the units of the first ``num_tokens``
+        tokens of request ``request_id``'s prompt (its salt included), as if an earlier request
+        with that prompt had stored them. ``groups`` limits the groups (empty: all).
+
+        Pre: ``request_id`` is one of the config's requests; the store has room.
+        """
+        spec = next(r for r in self.config.requests if r.request_id == request_id)
+        for group_idx, key, end in parts.seed_host(self.scheduler, spec, num_tokens, groups):
+            self.host[key] = Content(group_idx, spec.prompt[:end])
+
+    def reset_prefix_cache(self) -> bool:
+        """vLLM ``reset_prefix_cache`` on the GPU pool: every GPU cache entry dropped.
+
+        Returns whether it happened: refused (nothing changes) while any block is in use, as
+        vLLM refuses; the host tier is kept (:func:`spec.system.parts.reset_prefix_cache`).
+        """
+        return parts.reset_prefix_cache(self.scheduler)
 
     # ----------------------------------------------------------------- the forward
     def _launch(self, output: Any) -> None:
@@ -268,7 +306,7 @@ class Engine:
             "tables": parts.tables(self.scheduler),
             "in_flight": tuple(_plain_job(f) for _, f in sorted(self.in_flight.items())),
             "gpu": tuple((b, encode(v)) for b, v in sorted(self.gpu.items())),
-            "reads": tuple(r.plain() for r in (*self.reads, *self.bad_reads)),
+            "reads": tuple(r.plain() for r in dict.fromkeys((*self.reads, *self.bad_reads))),
         }
 
     def freeze(self) -> Hashable:

@@ -16,7 +16,10 @@ from spec.connector.scheduler_side import ReferenceConnector
 from spec.connector.worker_side import ReferenceWorker
 from spec.connector_api import RequestId
 from spec.errors import ConfigError
+from spec.hashing import request_block_hashes
 from spec.planner import HybridOffloadPlanner
+from spec.scheduler.config import RecoveryMode
+from spec.scheduler.recovery import FailureReport
 from spec.scheduler.request import Request
 from spec.scheduler.scheduler import Scheduler
 from spec.store import HostStore, PrepareStoreOutput
@@ -29,9 +32,12 @@ __all__ = [
     "build",
     "clone",
     "connector_of",
+    "failure_reports",
     "freeze",
     "has_work",
     "ref_counts",
+    "reset_prefix_cache",
+    "seed_host",
     "seed_store",
     "statuses",
     "step_labels",
@@ -40,8 +46,19 @@ __all__ = [
 ]
 
 
-def build(config: EngineConfig) -> tuple[Scheduler, ReferenceWorker]:
-    """A fresh scheduler (with its connector and an empty store) and a fresh worker."""
+def build(
+    config: EngineConfig,
+    *,
+    connector_cls: type[ReferenceConnector] | None = None,
+    scheduler_cls: type[Scheduler] | None = None,
+) -> tuple[Scheduler, ReferenceWorker]:
+    """A fresh scheduler (with its connector and an empty store) and a fresh worker.
+
+    ``connector_cls`` and ``scheduler_cls`` (default: the reference classes) let a test build
+    one deliberately broken variant; copies keep the classes (:func:`clone`).
+    """
+    connector_cls = connector_cls or ReferenceConnector
+    scheduler_cls = scheduler_cls or Scheduler
     groups = config.groups
     planner = HybridOffloadPlanner(
         tuple((g.kind, g.block_size) for g in groups),
@@ -49,14 +66,14 @@ def build(config: EngineConfig) -> tuple[Scheduler, ReferenceWorker]:
         config.chunk_size,
         config.max_model_len,
     )
-    connector = ReferenceConnector(
+    connector = connector_cls(
         planner,
         HostStore(config.store_capacity),
         tuple(g.kind for g in groups),
         config.scheduler.hash_block_size,
         config.chunk_size,
     )
-    return Scheduler(config.scheduler, connector), ReferenceWorker()
+    return scheduler_cls(config.scheduler, connector), ReferenceWorker()
 
 
 def connector_of(scheduler: Scheduler) -> ReferenceConnector:
@@ -87,6 +104,25 @@ def add_request(scheduler: Scheduler, spec: RequestSpec) -> None:
             cache_salt=spec.cache_salt,
             stop_token_ids=spec.stop_token_ids,
         )
+    )
+
+
+def failure_reports(
+    scheduler: Scheduler, errors: Mapping[RequestId, frozenset[int]]
+) -> tuple[FailureReport, ...]:
+    """The block-level reports the scheduler gets for the worker's ``errors``.
+
+    Shared truncation reads them (every group truncated at one point before the first invalid
+    block). Under vLLM's recovery models none is passed: vLLM 0.33 raises ``RuntimeError`` on a
+    block-level report with several KV cache groups (``scheduler.py:3712-3721``), so a
+    connector reports failed requests through ``failed_recving`` only (its plug-in checklist),
+    and the failed request restarts from 0 or fails.
+    """
+    if scheduler.config.recovery is not RecoveryMode.SHARED_TRUNCATION:
+        return ()
+    return tuple(
+        FailureReport(rid, frozenset(BlockId(b) for b in blocks))
+        for rid, blocks in sorted(errors.items())
     )
 
 
@@ -146,6 +182,47 @@ def seed_store(scheduler: Scheduler, keys: list[bytes]) -> None:
     if not isinstance(prepared, PrepareStoreOutput):
         raise ConfigError("store_capacity", store.capacity, "too small to seed", "raise it")
     store.complete_store(prepared.keys_to_store, success=True)
+
+
+def seed_host(
+    scheduler: Scheduler,
+    spec: RequestSpec,
+    num_tokens: int,
+    groups: tuple[int, ...] = (),
+) -> tuple[tuple[int, bytes, int], ...]:
+    """Make the host hold READY the units of ``spec``'s first ``num_tokens`` tokens.
+
+    What an earlier request with the same tokens and salt left in the host tier. ``groups``
+    limits the groups stored (empty: all). Post: the keys are READY with the salt recorded;
+    returns ``(group_idx, key, end_token)`` per unit, for the caller's content map.
+    Refusal: a store too small raises :class:`ConfigError`.
+    """
+    connector = connector_of(scheduler)
+    view = Request(spec.request_id, spec.prompt, spec.max_tokens, cache_salt=spec.cache_salt).view()
+    connector.seed(view, num_tokens, groups)
+    geometry = connector.geometry
+    hashes = request_block_hashes(
+        view.token_ids, geometry.planner.hash_block_size, cache_salt=view.cache_salt
+    )
+    return tuple(
+        (g, geometry.key(hashes, ref), ref.end)
+        for g in (sorted(groups) or range(geometry.num_groups))
+        for ref in geometry.units_ending_in(g, 0, num_tokens)
+    )
+
+
+def reset_prefix_cache(scheduler: Scheduler) -> bool:
+    """vLLM ``reset_prefix_cache``: drop every GPU cache entry, refused while a block is in use.
+
+    ``BlockPool.reset_prefix_cache`` returns False (and changes nothing) when a block other
+    than the null block is referenced; otherwise every hash goes, the host tier is untouched.
+    """
+    pool = scheduler.kv.pool
+    blocks = [BlockId(b) for b in range(1, pool.num_blocks)]
+    if any(pool.ref_count(b) for b in blocks):
+        return False
+    pool.evict_blocks(blocks)
+    return True
 
 
 def step_labels(before: Engine, after: Engine) -> list[str]:

@@ -82,6 +82,33 @@ def test_failed_segment_is_remembered_and_the_reask_claims_before_it() -> None:
     _ok(h)
 
 
+def test_worker_hands_out_the_failed_jobs_blocks_once_when_the_load_finishes() -> None:
+    h = _stored()
+    _load(h, "B", A8, ((11, 12, 13), (0, 0, 14)))
+    ids = [j.job_id for j in h.meta.load_jobs]
+    # The segment [2, 4) fails first; the load is not finished, so nothing is handed out yet.
+    out = h.step(results=[(ids[1], False)])
+    assert out.failed_recving == frozenset()
+    assert h.worker.get_block_ids_with_load_errors() == {}
+    assert h.worker.snapshot()["invalid_blocks"] == (("B", (12,)),)
+    # The other two segments succeed: B finished and failed; its one bad block (12, the
+    # attention block of tokens 2..3) is handed out once.
+    out = h.step(results=[(ids[0], True), (ids[2], True)])
+    assert out.failed_recving == {"B"}
+    assert h.worker.snapshot()["load_errors"] == (("B", (12,)),)
+    assert h.worker.get_block_ids_with_load_errors() == {"B": frozenset({12})}
+    assert h.worker.get_block_ids_with_load_errors() == {}
+    assert h.worker.snapshot()["invalid_blocks"] == ()
+
+
+def test_worker_reports_no_block_of_a_load_that_succeeded() -> None:
+    h = _stored()
+    _load(h, "B", A8, ((11, 12, 13), (0, 0, 14)))
+    out = h.step(results=[(j.job_id, True) for j in h.meta.load_jobs])
+    assert out.finished_recving == {"B"}
+    assert h.worker.get_block_ids_with_load_errors() == {}
+
+
 def test_full_attention_only_resumes_at_the_failed_segment() -> None:
     h = _stored((FULL,))
     _load(h, "B", A8, ((11, 12, 13),))
