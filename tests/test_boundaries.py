@@ -14,9 +14,12 @@ import sys
 from pathlib import Path
 
 import hybridkv
-import spec
+import spec.layout
 
-SPEC_DIR = Path(spec.__file__).parent
+# Located through a submodule: with an editable install and the bare ``pytest`` executable,
+# tests/spec/ (no __init__.py) can shadow the package name as a namespace package whose
+# ``__file__`` is None, while ``spec.layout`` still resolves to the real package.
+SPEC_DIR = Path(spec.layout.__file__).parent
 HYBRIDKV_DIR = Path(hybridkv.__file__).parent
 
 
