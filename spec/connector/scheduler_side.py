@@ -357,7 +357,10 @@ class ReferenceConnector:
         return resume_point(self.geometry, self._hashes(request), record)
 
     def failed_keys(self) -> frozenset[bytes]:
-        """The keys the failure memory holds now. Pure (a fresh frozenset)."""
+        """The keys the failure memory holds now.
+
+        Pure (a fresh frozenset).
+        """
         return frozenset(self._failed)
 
     # ----------------------------------------------------------------- seeding

@@ -149,11 +149,17 @@ class ARCPolicy(EvictionPolicy):
         return tuple(picked)
 
     def resident(self) -> tuple[bytes, ...]:
-        """T1 then T2, each least recently used first. Pure."""
+        """T1 then T2, each least recently used first.
+
+        Pure.
+        """
         return (*self._t1, *self._t2)
 
     def ghosts(self) -> tuple[bytes, ...]:
-        """B1 then B2, each least recently used first. Pure."""
+        """B1 then B2, each least recently used first.
+
+        Pure.
+        """
         return (*self._b1, *self._b2)
 
     def extra(self) -> dict[str, Any]:

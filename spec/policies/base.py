@@ -88,7 +88,10 @@ class EvictionPolicy(ABC):
 
     @abstractmethod
     def resident(self) -> tuple[bytes, ...]:
-        """Every resident key, in the policy's listing order (documented per policy). Pure."""
+        """Every resident key, in the policy's listing order (documented per policy).
+
+        Pure.
+        """
 
     @abstractmethod
     def ghosts(self) -> tuple[bytes, ...]:
@@ -116,7 +119,10 @@ class EvictionPolicy(ABC):
         }
 
     def extra(self) -> dict[str, Any]:
-        """Policy-specific plain state for :meth:`snapshot` (none by default). Pure."""
+        """Policy-specific plain state for :meth:`snapshot` (none by default).
+
+        Pure.
+        """
         return {}
 
     def freeze(self) -> Hashable:

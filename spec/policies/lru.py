@@ -77,11 +77,17 @@ class LRUPolicy(EvictionPolicy):
         return tuple(picked)
 
     def resident(self) -> tuple[bytes, ...]:
-        """Resident keys, least recently used first. Pure."""
+        """Resident keys, least recently used first.
+
+        Pure.
+        """
         return tuple(self._order)
 
     def ghosts(self) -> tuple[bytes, ...]:
-        """LRU remembers nothing: always empty. Pure."""
+        """LRU remembers nothing: always empty.
+
+        Pure.
+        """
         return ()
 
     def copy(self) -> LRUPolicy:
