@@ -310,9 +310,11 @@ class ReferenceConnector:
     def request_finished_all_groups(self, request: RequestView, block_ids: BlockTable) -> bool:
         """True (delay the free until ``finished_sending``) iff a store of it is in flight.
 
-        Post: the request's load record and asked position are forgotten; a delayed request
-        is announced to the worker in the next metadata. A load still in flight is the
+        Post: the request's asked position is forgotten, and its load record unless that load
+        is still in flight (the record then stays: its jobs still report into it); a delayed
+        request is announced to the worker in the next metadata. A load still in flight is the
         scheduler's own hold (vLLM frees an aborted load's blocks at its finished_recving).
+        Never refuses.
         """
         rid = request.request_id
         self._asked.pop(rid, None)

@@ -229,9 +229,10 @@ def seed_host(
     """Make the host hold READY the units of ``spec``'s first ``num_tokens`` tokens.
 
     What an earlier request with the same tokens and salt left in the host tier. ``groups``
-    limits the groups stored (empty: all). Post: the keys are READY with the salt recorded;
-    returns ``(group_idx, key, end_token)`` per unit, for the caller's content map.
-    Refusal: a store too small raises :class:`ConfigError`.
+    limits the groups stored (empty: all). Post: the absent keys are READY with the salt
+    recorded (a key already present is left as it is); returns ``(group_idx, key, end_token)``
+    per unit, present ones included, for the caller's content map. Refusal: a store too small
+    raises :class:`ConfigError` (field ``store_capacity``), nothing changes.
     """
     connector = connector_of(scheduler)
     view = Request(spec.request_id, spec.prompt, spec.max_tokens, cache_salt=spec.cache_salt).view()
