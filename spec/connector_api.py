@@ -96,7 +96,11 @@ class Claim:
             )
 
     def as_vllm(self) -> tuple[int | None, bool]:
-        """vLLM's tuple form."""
+        """vLLM's tuple form.
+
+        Pure: DEFER is ``(None, False)``, NONE ``(0, False)``, SYNC ``(n, False)`` and ASYNC
+        ``(n, True)``, with ``n`` = ``num_tokens``.
+        """
         if self.kind is ClaimKind.DEFER:
             return None, False
         return self.num_tokens, self.kind is ClaimKind.ASYNC
@@ -216,12 +220,26 @@ class KVConnectorOutput:
 
 
 class SchedulerConnector(Protocol):
-    """The scheduler-side connector contract (vLLM's ``KVConnectorBase_V1`` + ``SupportsHMA``)."""
+    """The scheduler-side connector contract (vLLM's ``KVConnectorBase_V1`` + ``SupportsHMA``).
+
+    The scheduler calls, per ``schedule()``: ``get_num_new_matched_tokens`` for a waiting
+    request, ``update_state_after_alloc`` after each successful allocation, then
+    ``build_connector_meta`` once; per ``update_from_output``: ``update_connector_output``;
+    and ``request_finished_all_groups`` whenever a request finishes (an abort included).
+    """
 
     def get_num_new_matched_tokens(self, request: RequestView, num_computed_tokens: int) -> Claim:
         """Claim external tokens beyond ``num_computed_tokens`` (scheduler-block aligned).
 
-        Side-effect free: it may be asked several times for the same request.
+        Pre: ``num_computed_tokens`` is the request's local hit aligned down to the scheduler
+        block (the lcm of the group block sizes), >= 0. Post: DEFER asks to be asked again next
+        step; a SYNC or ASYNC claim ends within ``request.token_ids`` (vLLM asserts it,
+        ``scheduler.py:1217-1220``: ``ConnectorContractError`` under ``vllm_exact``). Frame: no
+        observable change: the scheduler may ask again, or drop the answer (a refused
+        allocation), and asking again with no event in between gives the same claim. An
+        implementation may remember the asked position for the ``update_state_after_alloc``
+        of the same ``schedule()`` (the reference does, and clears it in
+        ``build_connector_meta``).
         """
         ...
 
@@ -231,19 +249,49 @@ class SchedulerConnector(Protocol):
         """Record the allocation; load ``num_external_tokens`` into ``block_ids`` if > 0.
 
         May be called twice for one async request (at allocation and after the transfer).
+
+        Pre: the allocation succeeded in this ``schedule()``; ``block_ids`` is the request's
+        table after it; ``num_external_tokens`` is 0 or the accepted part of the claim this
+        ``schedule()`` asked for (at most the claim). Post: the loads of those tokens into the
+        real blocks of ``block_ids`` are planned and go out in the next
+        ``build_connector_meta``; with 0, nothing needs to change. Refusal: a broken
+        pre-condition raises and changes nothing (the reference: ``ConfigError``).
         """
         ...
 
     def build_connector_meta(self, step: StepView) -> ConnectorMeta:
-        """The load and store jobs to start this step (called once per ``schedule()``)."""
+        """The load and store jobs to start this step (called once per ``schedule()``).
+
+        Pre: every ``update_state_after_alloc`` of this ``schedule()`` came first; ``step``
+        lists the step's scheduled requests with their counts before the forward. Post: the
+        loads planned since the last call and this step's stores, each with a fresh job id and
+        handed out once; the requests whose free was delayed since the last call. Never
+        refuses: a store the host has no room for is left out, not refused.
+        """
         ...
 
     def update_connector_output(self, output: KVConnectorOutput) -> None:
-        """Learn which loads finished or failed and which delayed frees may proceed."""
+        """Learn which loads finished or failed and which delayed frees may proceed.
+
+        Pre: ``output`` is the worker's fold of results of jobs this connector handed out,
+        each job reported once. Post: every reported job is finished for the connector (its
+        host keys released; a failed load's keys counted as absent if the implementation
+        remembers failures); an unreported job stays in flight. Refusal: a result naming no
+        job in flight raises (the reference: ``ConfigError``; results before it are folded).
+        """
         ...
 
     def request_finished_all_groups(self, request: RequestView, block_ids: BlockTable) -> bool:
-        """Called once when a request finishes; True keeps its blocks until finished_sending."""
+        """Called once when a request finishes; True keeps its blocks until finished_sending.
+
+        Pre: ``request`` just finished (stopped, aborted or failed), reported once;
+        ``block_ids`` are its blocks of the computed tokens (vLLM's
+        ``get_block_ids_for_computed_tokens``). Post: True when a store still reads the
+        blocks (vLLM: the request is saved asynchronously): the scheduler frees them only once
+        ``finished_sending`` names the request; False lets it free them now (a load still in
+        flight is the scheduler's own hold). The connector may forget the request's other
+        state. Never refuses.
+        """
         ...
 
 
@@ -251,9 +299,23 @@ class WorkerConnector(Protocol):
     """The worker-side contract: run the jobs, report request-level outcomes."""
 
     def bind_connector_metadata(self, meta: ConnectorMeta) -> None:
-        """Accept this step's jobs (they are now in flight)."""
+        """Accept this step's jobs (they are now in flight).
+
+        Pre: ``meta`` came from this step's ``build_connector_meta``; no job id in it is in
+        flight. Post: its jobs are in flight; its delayed requests await
+        ``finished_sending``. Refusal: a job id already in flight raises and changes nothing
+        (the reference: ``ConfigError``).
+        """
         ...
 
     def get_transfer_results(self, results: tuple[JobResult, ...]) -> KVConnectorOutput:
-        """Fold job results into request-level finished/failed receives and finished sends."""
+        """Fold job results into request-level finished/failed receives and finished sends.
+
+        Pre: each result names a job in flight, once. Post: the reported jobs left flight;
+        ``finished_recving`` names each request whose last async load job reported
+        (``failed_recving``: those with a failed job; a sync load never appears);
+        ``finished_sending`` names each delayed request with no store left in flight;
+        ``completed_jobs`` carries ``results`` in order. Refusal: a result naming no job in
+        flight raises and changes nothing (the reference: ``ConfigError``).
+        """
         ...

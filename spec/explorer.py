@@ -32,31 +32,59 @@ class Model(Protocol[S, A]):
     stuck_invariant_id: str
 
     def initial_states(self) -> Iterable[S]:
-        """The states the search starts from (depth 0)."""
+        """The states the search starts from (depth 0).
+
+        Frame: nothing observable changes; the explorer calls it once and checks each state.
+        """
         ...
 
     def enabled(self, state: S) -> Iterable[A]:
-        """Every action that may happen next in ``state`` (empty when nothing can)."""
+        """Every action that may happen next in ``state`` (empty when nothing can).
+
+        Pure: the explorer asks more than once per state (the wedge check, the expansion) and
+        needs the same actions each time. A state that is not final and enables nothing is
+        reported under ``stuck_invariant_id``.
+        """
         ...
 
     def step(self, state: S, action: A) -> S:
-        """The successor of ``state`` under ``action``; ``state`` itself is left unchanged."""
+        """The successor of ``state`` under ``action``; ``state`` itself is left unchanged.
+
+        Pre: ``action`` is one of ``enabled(state)``. Post: the successor, sharing nothing
+        mutable with ``state``. Frame: ``state`` is unchanged (the explorer steps it under
+        every enabled action); a model may keep a private memo (:meth:`labels` may read it).
+        """
         ...
 
     def key(self, state: S) -> Hashable:
-        """A hashable value equal for states the search may merge."""
+        """A hashable value equal for states the search may merge.
+
+        Pure. Post: equal keys promise equal futures (the same actions enabled, successors of
+        equal keys, the same violations and finality): the explorer keeps the first state of a
+        key and drops the others.
+        """
         ...
 
     def violations(self, state: S) -> Mapping[str, list[str]]:
-        """Invariant id -> messages, for every invariant ``state`` breaks (empty when sound)."""
+        """Invariant id -> messages, for every invariant ``state`` breaks (empty when sound).
+
+        Pure.
+        """
         ...
 
     def is_final(self, state: S) -> bool:
-        """True when the state has finished its work (no further action is required)."""
+        """True when the state has finished its work (no further action is required).
+
+        Pure.
+        """
         ...
 
     def labels(self, state: S, action: A) -> Iterable[str]:
-        """Coverage labels of taking ``action`` in ``state`` (called right after ``step``)."""
+        """Coverage labels of taking ``action`` in ``state`` (called right after ``step``).
+
+        Pre: ``action`` is enabled in ``state``. Frame: ``state`` is unchanged; nothing
+        observable changes. Post: the labels, counted into ``ExploreResult.coverage``.
+        """
         ...
 
 

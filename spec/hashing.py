@@ -88,7 +88,11 @@ def _require_positive(field: str, value: object) -> int:
 
 
 def check_hash_algo(hash_algo: object) -> None:
-    """Accept ``"sha256"`` only; refuse the others with the reason and the fix."""
+    """Accept ``"sha256"`` only; refuse the others with the reason and the fix.
+
+    Pure. Refusal: :class:`ConfigError` (field ``hash_algo``): a known algorithm that needs a
+    package outside the standard library, or a name vLLM 0.33 does not know.
+    """
     if hash_algo == SUPPORTED_HASH_ALGO:
         return
     if hash_algo in _KNOWN_OTHER_ALGOS:
@@ -158,20 +162,27 @@ def _check_group_idx(group_idx: object) -> int:
 
 
 def sha256_pickle(obj: object) -> bytes:
-    """vLLM's ``sha256``: SHA-256 of the object pickled at the highest protocol."""
+    """vLLM's ``sha256``: SHA-256 of the object pickled at the highest protocol.
+
+    Pure. Pre: ``obj`` pickles (``pickle`` raises otherwise). Post: a 32-byte digest.
+    """
     return hashlib.sha256(pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)).digest()
 
 
 def resolve_none_hash_seed(pythonhashseed: str | None) -> str:
     """The seed of NONE_HASH: the ``PYTHONHASHSEED`` value when it is set, else the default.
 
-    The caller reads the environment; the model never does.
+    The caller reads the environment; the model never does. Pure.
     """
     return DEFAULT_NONE_HASH_SEED if pythonhashseed is None else pythonhashseed
 
 
 def none_hash(seed: str = DEFAULT_NONE_HASH_SEED, hash_algo: str = SUPPORTED_HASH_ALGO) -> bytes:
-    """The stand-in parent of a request's first block: ``H(seed)``."""
+    """The stand-in parent of a request's first block: ``H(seed)``.
+
+    Pure. Pre: ``hash_algo`` is ``"sha256"`` (:class:`ConfigError`, field ``hash_algo``), then
+    ``seed`` a str (field ``seed``).
+    """
     check_hash_algo(hash_algo)
     if not isinstance(seed, str):
         raise ConfigError("seed", seed, "must be a str", "pass the PYTHONHASHSEED string")
@@ -187,6 +198,7 @@ def block_extra_keys(
     """The extra keys of the block that starts at ``start_token_idx``; None when there are none.
 
     Order: LoRA (every block), then the cache salt (first block only, and only when non-empty).
+    Pure; nothing is validated (:func:`request_block_hashes` checks the salt and the LoRA key).
     """
     keys: list[tuple[str, ...]] = []
     if lora:
@@ -203,7 +215,11 @@ def hash_block_tokens(
     *,
     none_hash: bytes = NONE_HASH,
 ) -> bytes:
-    """``H((parent or none_hash, tuple(tokens), extra_keys))``: one block's chained hash."""
+    """``H((parent or none_hash, tuple(tokens), extra_keys))``: one block's chained hash.
+
+    Pure; nothing is validated (:func:`request_block_hashes` checks its inputs): a falsy
+    ``parent`` (``None`` or ``b""``) chains on ``none_hash``.
+    """
     return sha256_pickle((parent or none_hash, tuple(tokens), extra_keys))
 
 
@@ -243,14 +259,19 @@ def request_block_hashes(
 def coarse_block_hashes(block_hashes: Sequence[bytes], scale: int) -> list[bytes]:
     """The hashes at ``scale`` fine blocks per coarse block: the last fine hash of each.
 
-    Only coarse blocks whose every fine block is hashed appear.
+    Only coarse blocks whose every fine block is hashed appear. Pure. Pre: ``scale`` a positive
+    int (:class:`ConfigError`, field ``scale``). Post: ``len(block_hashes) // scale`` hashes.
     """
     s = _require_positive("scale", scale)
     return [block_hashes[(i + 1) * s - 1] for i in range(len(block_hashes) // s)]
 
 
 def offload_key(block_hash: bytes, group_idx: int) -> bytes:
-    """vLLM's ``make_offload_key``: the hash, then the group index as 4 big-endian bytes."""
+    """vLLM's ``make_offload_key``: the hash, then the group index as 4 big-endian bytes.
+
+    Pure. Pre: ``group_idx`` an int in ``[0, 2**32)`` (:class:`ConfigError`, field
+    ``group_idx``); ``block_hash`` bytes (not checked).
+    """
     g = _check_group_idx(group_idx)
     return bytes(block_hash) + g.to_bytes(4, "big")
 
@@ -306,7 +327,13 @@ def chunk_keys(
 def complete_chunk_keys(
     block_hashes: Sequence[bytes], hash_block_size: int, chunk_size: int, units: Sequence[int]
 ) -> list[tuple[GroupKey, ...]]:
-    """``chunk_keys`` of every complete chunk, in order."""
+    """``chunk_keys`` of every complete chunk, in order.
+
+    Pure. Pre: ``hash_block_size`` and ``chunk_size`` positive ints, ``chunk_size`` a multiple
+    of ``hash_block_size``, ``units`` a non-empty sequence of positive multiples of
+    ``hash_block_size`` (:class:`ConfigError` naming the field). Post: one entry per chunk the
+    hashes cover, ``len(block_hashes) * hash_block_size // chunk_size`` of them.
+    """
     _check_chunk_geometry(hash_block_size, chunk_size, units)
     num_chunks = len(block_hashes) * hash_block_size // chunk_size
     return [

@@ -41,10 +41,17 @@ class GdnDims:
     variant = MambaVariant.GDN
 
     def split_sizes(self) -> tuple[int, ...]:
-        """Sizes that tensor parallelism must divide."""
+        """Sizes that tensor parallelism must divide.
+
+        Pure: ``(conv_dim(), num_v_heads)``.
+        """
         return (self.conv_dim(), self.num_v_heads)
 
     def conv_dim(self) -> int:
+        """Channels of the convolution state, all ranks together.
+
+        Pure: ``2 * num_k_heads * head_k_dim + num_v_heads * head_v_dim`` (q, k and v).
+        """
         return 2 * self.num_k_heads * self.head_k_dim + self.num_v_heads * self.head_v_dim
 
     def shapes(self, tp: int) -> tuple[Shape, Shape]:
@@ -69,6 +76,10 @@ class Mamba2Dims:
     variant = MambaVariant.MAMBA2
 
     def split_sizes(self) -> tuple[int, ...]:
+        """Sizes that tensor parallelism must divide.
+
+        Pure: ``(intermediate_size, num_heads)``.
+        """
         return (self.intermediate_size, self.num_heads)
 
     def shapes(self, tp: int) -> tuple[Shape, Shape]:
@@ -93,6 +104,10 @@ class Mamba1Dims:
     variant = MambaVariant.MAMBA1
 
     def split_sizes(self) -> tuple[int, ...]:
+        """Sizes that tensor parallelism must divide.
+
+        Pure: ``(intermediate_size,)``.
+        """
         return (self.intermediate_size,)
 
     def shapes(self, tp: int) -> tuple[Shape, Shape]:

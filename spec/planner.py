@@ -263,7 +263,9 @@ def make_planner(
 ) -> HybridOffloadPlanner:
     """Build a checked planner from any sequence of groups (see :class:`HybridOffloadPlanner`).
 
-    Pre/post/frame: those of the constructor; ``groups`` is copied into a tuple.
+    Pre: none (any input is accepted or refused, in the module contract's order). Post: a
+    planner of ``groups`` copied into a tuple of pairs. Refusal: :class:`ConfigError` naming
+    the field, nothing built. Pure.
     """
     return HybridOffloadPlanner(_checked_groups(groups), hash_block_size, chunk_size, max_model_len)
 

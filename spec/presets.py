@@ -332,7 +332,8 @@ def _lookup(name: str) -> Preset:
 def preset_config(name: str) -> dict[str, Any]:
     """A fresh, mutable copy of preset ``name``'s config.json dict.
 
-    Raises ConfigError (field ``preset``) for an unknown name; nothing else changes.
+    Pure: a deep copy, so mutating it never changes the preset. Refusal: :class:`ConfigError`
+    (field ``preset``) for an unknown name.
     """
     return copy.deepcopy(dict(_lookup(name).config))
 
@@ -360,8 +361,10 @@ def tiny_config(name: str, num_layers: int | None = None) -> dict[str, Any]:
     """Preset ``name`` cut to its first ``num_layers`` layers (default: one pattern period).
 
     Per-layer dims, dtype and the layer pattern's prefix are kept; MoE expert counts are cut to
-    a few experts, which no KV cache depends on, so vLLM builds the model quickly.
-    Raises ConfigError (field ``preset`` or ``num_layers``); nothing else changes.
+    a few experts, which no KV cache depends on, and a vision tower to one block, so vLLM builds
+    the model quickly. Pure: a fresh dict, the preset never changes. Refusal:
+    :class:`ConfigError`, field ``preset`` (unknown name) or ``num_layers`` (not an int from 1
+    to the preset's layer count).
     """
     cfg = preset_config(name)
     n = _TINY_LAYERS[name] if num_layers is None else num_layers

@@ -185,7 +185,10 @@ class HostStore:
     # --- queries (frame: nothing changes) ---
 
     def status(self, key: bytes) -> LookupResult:
-        """vLLM's per-key ``lookup``: HIT (READY), HIT_PENDING (STORING) or MISS (absent)."""
+        """vLLM's per-key ``lookup``: HIT (READY), HIT_PENDING (STORING) or MISS (absent).
+
+        Pure. Pre: ``key`` is non-empty bytes (:class:`ConfigError`, field ``key``, otherwise).
+        """
         entry = self._entries.get(_checked_key("key", key))
         if entry is None:
             return LookupResult.MISS
@@ -369,7 +372,11 @@ class HostStore:
         return (self._capacity, entries, self._policy.freeze())
 
     def copy(self) -> HostStore:
-        """An independent copy (same class): mutating one never changes the other."""
+        """An independent copy (same class): mutating one never changes the other.
+
+        Frame: nothing changes in ``self``. Post: the copy's :meth:`snapshot` and :meth:`freeze`
+        equal ``self``'s (the policy is copied too, pending events and counters included).
+        """
         twin = type(self).__new__(type(self))
         twin._capacity = self._capacity
         twin._policy = self._policy.copy()

@@ -36,7 +36,13 @@ class ClaimDecision(NamedTuple):
 
 
 def claim_candidates(geometry: Geometry, start: int, num_tokens: int) -> range:
-    """Claim ends to try, largest first: aligned, above ``start``, within the claimable prefix."""
+    """Claim ends to try, largest first: aligned, above ``start``, within the claimable prefix.
+
+    Pure. Pre: ``start >= 0``; ``num_tokens`` an int >= 0 (the planner raises
+    :class:`~spec.errors.ConfigError`, field ``num_tokens``, otherwise). Post: the multiples of
+    :attr:`Geometry.align` in ``(start, claimable_prefix_tokens(num_tokens)]``, descending;
+    empty when there is none.
+    """
     align = geometry.align
     limit = geometry.planner.claimable_prefix_tokens(num_tokens)
     limit -= limit % align
@@ -47,7 +53,11 @@ def claim_candidates(geometry: Geometry, start: int, num_tokens: int) -> range:
 def needed_keys(
     geometry: Geometry, block_hashes: Sequence[bytes], start: int, end: int
 ) -> tuple[bytes, ...]:
-    """Every group's needed keys for a claim from ``start`` to ``end``, in group order."""
+    """Every group's needed keys for a claim from ``start`` to ``end``, in group order.
+
+    Pure. Pre: ``start`` and ``end`` as :meth:`Geometry.needed_units`; ``block_hashes`` reach
+    ``end`` (``IndexError`` otherwise). Post: within a group, units in ascending order.
+    """
     return tuple(
         geometry.key(block_hashes, ref)
         for g in range(geometry.num_groups)

@@ -94,7 +94,12 @@ class Geometry:
 
     @classmethod
     def from_groups(cls, planner: HybridOffloadPlanner, groups: Sequence[GroupSpec]) -> Geometry:
-        """:meth:`build` with kinds and window reaches read off vLLM-shaped group specs."""
+        """:meth:`build` with kinds and window reaches read off vLLM-shaped group specs.
+
+        Pure. Pre: one spec per planner group, of the planner's kinds. Post: a SLIDING group's
+        reach is ``sliding_window - 1 + extra_retained_tokens``, every other group's 0.
+        Refusal: that of :meth:`build` (:class:`ConfigError`, nothing built).
+        """
         reaches = tuple(
             g.sliding_window - 1 + g.extra_retained_tokens if g.kind is GroupKind.SLIDING else 0
             for g in groups
@@ -129,7 +134,8 @@ class Geometry:
         """Unit ``index`` of group ``group_idx`` and the table slot of the block holding it.
 
         An attention unit lies in block ``index * u // block``; a mamba unit is the state block
-        at slot ``end // block - 1`` (its unit is its block).
+        at slot ``end // block - 1`` (its unit is its block). Pure. Pre: ``group_idx`` names a
+        group (``IndexError`` otherwise); ``index >= 0``.
         """
         u = self.planner.units[group_idx]
         block = self.planner.groups[group_idx][1]
@@ -153,7 +159,11 @@ class Geometry:
         return tuple(self.unit(group_idx, j) for j in range(first, end // u))
 
     def units_ending_in(self, group_idx: int, start: int, end: int) -> tuple[UnitRef, ...]:
-        """The units of the group whose end lies in ``(start, end]`` (newly completed ones)."""
+        """The units of the group whose end lies in ``(start, end]`` (newly completed ones).
+
+        Pure. Pre: ``0 <= start``; ``group_idx`` names a group (``IndexError`` otherwise).
+        Post: ascending by index; empty when ``end <= start`` or no unit ends in the span.
+        """
         u = self.planner.units[group_idx]
         return tuple(self.unit(group_idx, j) for j in range(start // u, end // u))
 

@@ -61,7 +61,13 @@ class LoadRecord:
     def with_result(
         self, job_id: JobId, items: Sequence[TransferItem], *, success: bool
     ) -> LoadRecord:
-        """The record after job ``job_id`` (with ``items``) reported ``success``."""
+        """The record after job ``job_id`` (with ``items``) reported ``success``.
+
+        Pure: a new record, ``self`` unchanged. Pre: ``job_id`` is one of ``jobs``, not yet
+        reported, and ``items`` are its items (not checked). Post: ``job_id`` is reported; on
+        success the items' keys joined ``good_keys``; on failure ``job_id`` joined ``failed``
+        and the items' blocks joined ``bad_blocks``.
+        """
         if success:
             return replace(
                 self,
@@ -110,7 +116,11 @@ def load_items(
 
 
 def segments(items: Sequence[TransferItem], align: int) -> list[tuple[TransferItem, ...]]:
-    """Items split by alignment segment (``ceil(end_token / align)``), ascending, none empty."""
+    """Items split by alignment segment (``ceil(end_token / align)``), ascending, none empty.
+
+    Pure. Pre: ``align >= 1`` (``ZeroDivisionError`` at 0). Post: every item in exactly one
+    segment, in input order within it; empty ``items`` give no segment.
+    """
     by_segment: dict[int, list[TransferItem]] = {}
     for item in items:
         by_segment.setdefault(-(-item.end_token // align), []).append(item)

@@ -165,7 +165,9 @@ class ReferenceConnector:
     ) -> ReferenceConnector:
         """The constructor with kinds and sliding-window reaches read off ``groups``.
 
-        Pre/post/refusal: those of ``__init__`` (a SLIDING group then needs only its window).
+        Pre: ``groups`` as :meth:`Geometry.from_groups` (a SLIDING group then needs only its
+        window). Post and refusal: those of ``__init__`` (:class:`ConfigError` naming the
+        field, nothing built).
         """
         reaches = Geometry.from_groups(planner, groups).reaches
         return cls(
@@ -308,9 +310,11 @@ class ReferenceConnector:
     def request_finished_all_groups(self, request: RequestView, block_ids: BlockTable) -> bool:
         """True (delay the free until ``finished_sending``) iff a store of it is in flight.
 
-        Post: the request's load record and asked position are forgotten; a delayed request
-        is announced to the worker in the next metadata. A load still in flight is the
+        Post: the request's asked position is forgotten, and its load record unless that load
+        is still in flight (the record then stays: its jobs still report into it); a delayed
+        request is announced to the worker in the next metadata. A load still in flight is the
         scheduler's own hold (vLLM frees an aborted load's blocks at its finished_recving).
+        Never refuses.
         """
         rid = request.request_id
         self._asked.pop(rid, None)
@@ -326,11 +330,17 @@ class ReferenceConnector:
     # ----------------------------------------------------------------- queries
 
     def has_transfers(self, request_id: RequestId) -> bool:
-        """Whether a load or store job of the request is in flight (or built, not yet sent)."""
+        """Whether a load or store job of the request is in flight (or built, not yet sent).
+
+        Pure: any request id may be asked (False when unknown).
+        """
         return any(job.request_id == request_id for job, _ in self._jobs.values())
 
     def busy_blocks(self) -> frozenset[int]:
-        """Blocks an in-flight job reads (store) or writes (load): not to be freed or reused."""
+        """Blocks an in-flight job reads (store) or writes (load): not to be freed or reused.
+
+        Pure: the blocks of every job built and not yet reported, sent or not.
+        """
         return frozenset(item.block_id for job, _ in self._jobs.values() for item in job.items)
 
     def invalid_blocks(self, request_id: RequestId) -> frozenset[int]:
@@ -349,7 +359,10 @@ class ReferenceConnector:
         return resume_point(self.geometry, self._hashes(request), record)
 
     def failed_keys(self) -> frozenset[bytes]:
-        """The keys the failure memory holds now."""
+        """The keys the failure memory holds now.
+
+        Pure (a fresh frozenset).
+        """
         return frozenset(self._failed)
 
     # ----------------------------------------------------------------- seeding
@@ -358,8 +371,10 @@ class ReferenceConnector:
         """Make the host hold READY the units of ``request``'s first ``num_tokens`` tokens.
 
         For a seeded start: ``groups`` limits the groups stored (empty: all), so a test can
-        seed attention KV without the mamba state. Post: the keys are READY and recorded with
-        the request's salt; returns how many were stored. Refusal NO_SPACE: ConfigError.
+        seed attention KV without the mamba state. Post: the absent keys are READY and
+        recorded with the request's salt (a key already present is left as it is, STORING
+        included); returns how many were stored. Refusal NO_SPACE: :class:`ConfigError`
+        (field ``store_capacity``), nothing changes.
         """
         wanted = sorted(set(groups) or range(self.geometry.num_groups))
         hashes = self._hashes(request)
@@ -380,7 +395,14 @@ class ReferenceConnector:
 
     def clone(self) -> ReferenceConnector:
         """An independent copy (same class, the store copied too). Values are frozen, so
-        copying the containers suffices."""
+        copying the containers suffices.
+
+        Frame: nothing changes in ``self``. Post: the copy's :meth:`snapshot` and
+        :meth:`freeze` equal ``self``'s, and mutating one never changes the other, except
+        through the GPU pool binding, which is shared: bind the copy to the pool's clone
+        (:meth:`bind_gpu_block_pool`, as the scheduler's ``clone`` does) before it emits or
+        completes a store.
+        """
         twin = type(self).__new__(type(self))
         twin.__dict__.update(self.__dict__)
         twin.store = self.store.copy()
@@ -415,7 +437,8 @@ class ReferenceConnector:
         Built from the frozen values the connector keeps (jobs, load records), not from
         :meth:`snapshot`: the explorer calls it for every state it reaches. The asked
         positions are left out: ``build_connector_meta`` clears them at the end of every
-        ``schedule()``, so between two events they are always empty.
+        ``schedule()``, so between two events they are always empty. The pool binding is left
+        out too. Frame: nothing changes.
         """
         return (
             self._next_job,

@@ -53,7 +53,11 @@ def store_items(
     start: int,
     end: int,
 ) -> tuple[TransferItem, ...]:
-    """:func:`store_units` as transfer items keyed by the request's salted hashes."""
+    """:func:`store_units` as transfer items keyed by the request's salted hashes.
+
+    Pure. Pre: those of :func:`store_units`; ``block_hashes`` reach every unit end
+    (``IndexError`` otherwise). Post: one item per pair, in the same order.
+    """
     return tuple(
         TransferItem(ref.group_idx, block, geometry.key(block_hashes, ref), ref.end)
         for ref, block in store_units(geometry, block_ids, start, end)
@@ -61,5 +65,9 @@ def store_items(
 
 
 def items_by_end(items: Sequence[TransferItem]) -> list[tuple[TransferItem, ...]]:
-    """Items grouped by ``end_token``, ascending (input sorted by end): one prefix step each."""
+    """Items grouped by ``end_token``, ascending (input sorted by end): one prefix step each.
+
+    Pure. Pre: ``items`` sorted by ``end_token`` (not checked: an unsorted input splits one
+    end into several groups). Post: the groups concatenate to ``items``.
+    """
     return [tuple(group) for _, group in groupby(items, key=lambda item: item.end_token)]

@@ -108,7 +108,11 @@ class ReferenceWorker:
     # ----------------------------------------------------------------- copies and views
 
     def clone(self) -> ReferenceWorker:
-        """An independent copy (jobs are frozen values)."""
+        """An independent copy (jobs are frozen values).
+
+        Frame: nothing changes in ``self``. Post: the copy's :meth:`snapshot` and :meth:`freeze`
+        equal ``self``'s; no container is shared, so mutating one never changes the other.
+        """
         twin = type(self).__new__(type(self))
         twin._jobs = dict(self._jobs)
         twin._load_failed = dict(self._load_failed)
@@ -130,7 +134,11 @@ class ReferenceWorker:
         }
 
     def freeze(self) -> Hashable:
-        """A hashable key of the worker's state."""
+        """A hashable key of the worker's state.
+
+        The values of :meth:`snapshot`, in schema order: equal exactly when the snapshots are.
+        Frame: nothing changes.
+        """
         snap = self.snapshot()
         return tuple(snap[name] for name in _SNAPSHOT_KEYS)
 

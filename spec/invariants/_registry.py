@@ -50,7 +50,10 @@ class Invariant:
     predicate: Predicate
 
     def violations(self, snapshot: Snapshot) -> list[str]:
-        """Messages for every way ``snapshot`` breaks this invariant (empty when it holds)."""
+        """Messages for every way ``snapshot`` breaks this invariant (empty when it holds).
+
+        Pure: the predicate is a function of the plain snapshot and never mutates it.
+        """
         return self.predicate(snapshot)
 
 
@@ -81,7 +84,11 @@ def invariant(subject: str) -> Callable[[Predicate], Predicate]:
 
 
 def invariants_for(subject: str) -> list[Invariant]:
-    """The registered invariants that read snapshots of ``subject``, in id order."""
+    """The registered invariants that read snapshots of ``subject``, in id order.
+
+    Frame: nothing changes but a private memo. Post: a fresh list (empty for an unknown
+    subject) that the caller may mutate.
+    """
     # Memoized on the registry's size: registering an invariant later refreshes the answer.
     cached = _BY_SUBJECT.get(subject)
     if cached is not None and cached[0] == len(ALL_INVARIANTS):
@@ -96,14 +103,22 @@ _BY_SUBJECT: dict[str, tuple[int, tuple[Invariant, ...]]] = {}
 
 
 def check(invariant_id: str, snapshot: Snapshot) -> None:
-    """Raise :class:`InvariantViolation` if the invariant ``invariant_id`` fails on ``snapshot``."""
+    """Raise :class:`InvariantViolation` if the invariant ``invariant_id`` fails on ``snapshot``.
+
+    Pure. Pre: ``invariant_id`` is registered (``KeyError`` otherwise). Post: returns when it
+    holds; else raises carrying the id and the messages joined by ``"; "``.
+    """
     messages = ALL_INVARIANTS[invariant_id].violations(snapshot)
     if messages:
         raise InvariantViolation(invariant_id, "; ".join(messages))
 
 
 def check_all(subject: str, snapshot: Snapshot) -> dict[str, list[str]]:
-    """Every failing invariant of ``subject`` on ``snapshot``: id -> messages (empty: all hold)."""
+    """Every failing invariant of ``subject`` on ``snapshot``: id -> messages (empty: all hold).
+
+    Frame: nothing changes but the memo of :func:`invariants_for`. Post: ids in id order; an
+    unknown subject has no invariant, so the answer is empty.
+    """
     failing: dict[str, list[str]] = {}
     for inv in invariants_for(subject):
         messages = inv.violations(snapshot)

@@ -56,13 +56,22 @@ class ARCPolicy(EvictionPolicy):
         self._b2: dict[bytes, None] = {}
 
     def on_insert(self, key: bytes) -> None:
-        """See :meth:`EvictionPolicy.on_insert`: ``key`` enters T1 and leaves the ghosts."""
+        """See :meth:`EvictionPolicy.on_insert`: ``key`` enters T1 and leaves the ghosts.
+
+        Pre: ``key`` is not resident (not checked). Post: ``key`` is T1's most recent; its
+        ghost, if any, is forgotten; ``target`` is unchanged. Never refuses.
+        """
         self._t1[key] = None
         self._b1.pop(key, None)
         self._b2.pop(key, None)
 
     def on_access(self, key: bytes, *, ready: bool) -> None:
-        """See :meth:`EvictionPolicy.on_access`: T1 -> T2 when READY; T2 -> its MRU end."""
+        """See :meth:`EvictionPolicy.on_access`: T1 -> T2 when READY; T2 -> its MRU end.
+
+        Pre: ``key`` is resident (``KeyError`` otherwise, nothing changed). Post: a READY key
+        of T1 or a key of T2 is T2's most recent; a STORING key of T1 is T1's most recent.
+        Ghosts and ``target`` are unchanged.
+        """
         if key in self._t1:
             del self._t1[key]
             if ready:
@@ -73,21 +82,38 @@ class ARCPolicy(EvictionPolicy):
             _to_mru(self._t2, key)
 
     def on_miss(self, key: bytes) -> None:
-        """See :meth:`EvictionPolicy.on_miss`: a ghost hit adapts ``p`` and refreshes the ghost."""
+        """See :meth:`EvictionPolicy.on_miss`: a ghost hit adapts ``p`` and refreshes the ghost.
+
+        Pre: ``key`` is not resident (not checked). Post: a key of B1 raised ``target`` by
+        ``max(1, |B2| / |B1|)`` (at most ``capacity``), a key of B2 lowered it by
+        ``max(1, |B1| / |B2|)`` (at least 0), and the ghost is its list's most recent; for any
+        other key nothing changes.
+        """
         self.target = self._adapted(self.target, key)
         for ghost in (self._b1, self._b2):
             if key in ghost:
                 _to_mru(ghost, key)
 
     def on_remove(self, key: bytes) -> None:
-        """See :meth:`EvictionPolicy.on_remove`: no ghost is left for a dropped store."""
+        """See :meth:`EvictionPolicy.on_remove`: no ghost is left for a dropped store.
+
+        Pre: ``key`` is resident (``KeyError`` otherwise, nothing changed). Post: ``key`` left
+        T1 or T2; ghosts and ``target`` are unchanged.
+        """
         if key in self._t1:
             del self._t1[key]
         else:
             del self._t2[key]
 
     def on_evict(self, keys: Sequence[bytes]) -> None:
-        """See :meth:`EvictionPolicy.on_evict`: each victim becomes a ghost; ghosts are trimmed."""
+        """See :meth:`EvictionPolicy.on_evict`: each victim becomes a ghost; ghosts are trimmed.
+
+        Pre: ``keys`` are resident and distinct. Post: a T1 victim is B1's most recent ghost, a
+        T2 victim B2's, in ``keys`` order; each ghost list is then cut to ``capacity`` from its
+        least recent end; ``target`` is unchanged. A key that is not resident raises
+        ``KeyError`` after the keys before it became ghosts, and the lists are not trimmed (the
+        store never passes one).
+        """
         for key in keys:
             if key in self._t1:
                 del self._t1[key]
@@ -100,7 +126,10 @@ class ARCPolicy(EvictionPolicy):
                 del ghost[old]
 
     def victims(self, n: int, evictable: Evictable, incoming: Sequence[bytes]) -> tuple[bytes, ...]:
-        """See :meth:`EvictionPolicy.victims`, with ``p`` adapted to ``incoming`` first."""
+        """See :meth:`EvictionPolicy.victims`, with ``p`` adapted to ``incoming`` first.
+
+        Pure: ``p`` is adapted on a local value, ``target`` is unchanged. Pre: ``n >= 0``.
+        """
         target = math.floor(self._target_after(incoming))
         t1 = (key for key in self._t1 if evictable(key))
         t2 = (key for key in self._t2 if evictable(key))
@@ -120,22 +149,35 @@ class ARCPolicy(EvictionPolicy):
         return tuple(picked)
 
     def resident(self) -> tuple[bytes, ...]:
-        """T1 then T2, each least recently used first."""
+        """T1 then T2, each least recently used first.
+
+        Pure.
+        """
         return (*self._t1, *self._t2)
 
     def ghosts(self) -> tuple[bytes, ...]:
-        """B1 then B2, each least recently used first."""
+        """B1 then B2, each least recently used first.
+
+        Pure.
+        """
         return (*self._b1, *self._b2)
 
     def extra(self) -> dict[str, Any]:
-        """The four lists (hex keys, least recent first) and ``target`` as (numer, denom)."""
+        """The four lists (hex keys, least recent first) and ``target`` as (numer, denom).
+
+        Pure.
+        """
         lists = {"t1": self._t1, "t2": self._t2, "b1": self._b1, "b2": self._b2}
         view: dict[str, Any] = {name: tuple(k.hex() for k in keys) for name, keys in lists.items()}
         view["target"] = (self.target.numerator, self.target.denominator)
         return view
 
     def copy(self) -> ARCPolicy:
-        """See :meth:`EvictionPolicy.copy`."""
+        """See :meth:`EvictionPolicy.copy`.
+
+        Frame: nothing changes in ``self``. Post: the copy has the same four lists, in order,
+        and the same ``target``.
+        """
         twin = ARCPolicy(self.capacity)
         twin.target = self.target
         twin._t1, twin._t2 = dict(self._t1), dict(self._t2)

@@ -88,19 +88,29 @@ class EvictionPolicy(ABC):
 
     @abstractmethod
     def resident(self) -> tuple[bytes, ...]:
-        """Every resident key, in the policy's listing order (documented per policy)."""
+        """Every resident key, in the policy's listing order (documented per policy).
+
+        Pure.
+        """
 
     @abstractmethod
     def ghosts(self) -> tuple[bytes, ...]:
-        """Keys the policy remembers after they left (empty for a policy without history)."""
+        """Keys the policy remembers after they left (empty for a policy without history).
+
+        Pure.
+        """
 
     @abstractmethod
     def copy(self) -> EvictionPolicy:
-        """An independent copy: mutating one never changes the other."""
+        """An independent copy: mutating one never changes the other.
+
+        Frame: nothing changes in ``self``. Post: the copy's :meth:`snapshot` and :meth:`freeze`
+        equal ``self``'s, so it picks the same victims.
+        """
 
     def snapshot(self) -> dict[str, Any]:
         """Plain view for the ST-* predicates: ``name``, ``resident``, ``ghosts`` (hex keys)
-        and ``extra`` (policy-specific, plain values)."""
+        and ``extra`` (policy-specific, plain values). Frame: nothing changes."""
         return {
             "name": self.name,
             "resident": tuple(key.hex() for key in self.resident()),
@@ -109,7 +119,10 @@ class EvictionPolicy(ABC):
         }
 
     def extra(self) -> dict[str, Any]:
-        """Policy-specific plain state for :meth:`snapshot` (none by default)."""
+        """Policy-specific plain state for :meth:`snapshot` (none by default).
+
+        Pure.
+        """
         return {}
 
     def freeze(self) -> Hashable:

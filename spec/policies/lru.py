@@ -26,11 +26,19 @@ class LRUPolicy(EvictionPolicy):
         self._order: dict[bytes, None] = {}
 
     def on_insert(self, key: bytes) -> None:
-        """See :meth:`EvictionPolicy.on_insert`: ``key`` becomes most recent."""
+        """See :meth:`EvictionPolicy.on_insert`: ``key`` becomes most recent.
+
+        Pre: ``key`` is not resident (not checked: a resident key keeps its place). Post:
+        ``key`` is resident, most recent. Never refuses.
+        """
         self._order[key] = None
 
     def on_access(self, key: bytes, *, ready: bool) -> None:
-        """See :meth:`EvictionPolicy.on_access`: ``key`` becomes most recent, ready or not."""
+        """See :meth:`EvictionPolicy.on_access`: ``key`` becomes most recent, ready or not.
+
+        Pre: ``key`` is resident (``KeyError`` otherwise, nothing changed). Post: ``key`` is
+        the most recent; the others keep their order.
+        """
         del self._order[key]
         self._order[key] = None
 
@@ -38,16 +46,28 @@ class LRUPolicy(EvictionPolicy):
         """See :meth:`EvictionPolicy.on_miss`: LRU keeps no history, so nothing changes."""
 
     def on_remove(self, key: bytes) -> None:
-        """See :meth:`EvictionPolicy.on_remove`."""
+        """See :meth:`EvictionPolicy.on_remove`.
+
+        Pre: ``key`` is resident (``KeyError`` otherwise, nothing changed). Post: ``key`` is not
+        resident; the others keep their order; no history is kept.
+        """
         del self._order[key]
 
     def on_evict(self, keys: Sequence[bytes]) -> None:
-        """See :meth:`EvictionPolicy.on_evict`."""
+        """See :meth:`EvictionPolicy.on_evict`.
+
+        Pre: ``keys`` are resident and distinct. Post: none is resident; the others keep their
+        order; no history is kept. A key that is not resident raises ``KeyError`` after the
+        keys before it left (the store never passes one).
+        """
         for key in keys:
             del self._order[key]
 
     def victims(self, n: int, evictable: Evictable, incoming: Sequence[bytes]) -> tuple[bytes, ...]:
-        """See :meth:`EvictionPolicy.victims`: the ``n`` least recent evictable keys."""
+        """See :meth:`EvictionPolicy.victims`: the ``n`` least recent evictable keys.
+
+        Pure: ``incoming`` does not matter to LRU. Pre: ``n >= 0`` (not checked).
+        """
         picked: list[bytes] = []
         for key in self._order:
             if len(picked) == n:
@@ -57,15 +77,24 @@ class LRUPolicy(EvictionPolicy):
         return tuple(picked)
 
     def resident(self) -> tuple[bytes, ...]:
-        """Resident keys, least recently used first."""
+        """Resident keys, least recently used first.
+
+        Pure.
+        """
         return tuple(self._order)
 
     def ghosts(self) -> tuple[bytes, ...]:
-        """LRU remembers nothing: always empty."""
+        """LRU remembers nothing: always empty.
+
+        Pure.
+        """
         return ()
 
     def copy(self) -> LRUPolicy:
-        """See :meth:`EvictionPolicy.copy`."""
+        """See :meth:`EvictionPolicy.copy`.
+
+        Frame: nothing changes in ``self``. Post: the copy lists the same keys in the same order.
+        """
         twin = LRUPolicy(self.capacity)
         twin._order = dict(self._order)
         return twin

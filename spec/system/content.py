@@ -123,7 +123,10 @@ def state_holds(value: Value, group_idx: int, tokens: Sequence[int], position: i
 
 
 def encode(value: Value) -> tuple[Any, ...]:
-    """The tagged plain form of a value: ``("computed", g, prefix)`` or ``("garbage", why)``."""
+    """The tagged plain form of a value: ``("computed", g, prefix)`` or ``("garbage", why)``.
+
+    Pure; :func:`decode` inverts it.
+    """
     if isinstance(value, Garbage):
         return ("garbage", value.reason)
     return ("computed", value.group_idx, value.prefix)
@@ -137,7 +140,10 @@ def decode(raw: Sequence[Any]) -> Value:
 
 
 def describe(value: Value) -> str:
-    """A short readable form for counterexample messages."""
+    """A short readable form for counterexample messages.
+
+    Pure.
+    """
     if isinstance(value, Garbage):
         return f"garbage({value.reason})"
     return f"g{value.group_idx}:{list(value.prefix)}"

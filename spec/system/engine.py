@@ -108,7 +108,10 @@ class Read:
     value: Value
 
     def plain(self) -> tuple[Any, ...]:
-        """The snapshot row of :mod:`spec.invariants.system`."""
+        """The snapshot row of :mod:`spec.invariants.system`.
+
+        Pure: the fields in declaration order, the value encoded (:func:`encode`).
+        """
         return (
             self.request_id,
             self.group_idx,
@@ -125,7 +128,8 @@ class Read:
 def sampled_token(request_id: str, position: int) -> int:
     """The token a request samples at ``position``: a fixed function, so steps are deterministic.
 
-    Tokens 100 and up never occur in scenario prompts, so generated text is told apart.
+    Tokens 100 and up never occur in scenario prompts, so generated text is told apart. Pure:
+    100 or 101.
     """
     return 100 + (position + len(request_id)) % 2
 
@@ -167,7 +171,12 @@ class Engine:
         return cls(config, scheduler, worker)
 
     def clone(self) -> Engine:
-        """An independent copy: mutating one never changes the other."""
+        """An independent copy: mutating one never changes the other.
+
+        Frame: nothing changes in ``self``. Post: the copy's :meth:`freeze` and :meth:`snapshot`
+        equal ``self``'s; the last step's outputs are not copied (``last_output`` is None,
+        ``last_kv_output`` empty), since only the step that sets them reads them.
+        """
         scheduler, worker = parts.clone(self.scheduler, self.worker)
         return type(self)(
             self.config,
@@ -209,7 +218,15 @@ class Engine:
         self.pending = (*self.pending, JobResult(job_id, ok))
 
     def step(self) -> None:
-        """One scheduler step: schedule, bind, forward, start jobs, update (module docstring)."""
+        """One scheduler step: schedule, bind, forward, start jobs, update (module docstring).
+
+        Pre: none. Post: the scheduled requests' forwards read and wrote ``gpu`` (``reads`` is
+        this forward's, a wrong read also joined ``bad_reads``); the step's jobs are in
+        flight; the pending results were folded by the worker and delivered (``pending`` is
+        empty); ``last_output`` and ``last_kv_output`` are this step's. Never refuses: an error
+        a part raises is a model bug and leaves the engine part-way (the explorer steps
+        copies only).
+        """
         output = self.scheduler.schedule()
         self.worker.bind_connector_metadata(output.meta)
         self.reads = ()
@@ -300,7 +317,12 @@ class Engine:
 
     # ----------------------------------------------------------------- observation
     def snapshot(self) -> dict[str, Any]:
-        """The plain snapshot the TR-* and DATA-* predicates read (``spec.invariants.system``)."""
+        """The plain snapshot the TR-* and DATA-* predicates read (``spec.invariants.system``).
+
+        Frame: nothing changes. Post: ``ref_counts``, ``tables``, ``in_flight`` (with the
+        stores' encoded sources), ``gpu`` (encoded) and ``reads`` (the last forward's, then
+        every wrong read, each once).
+        """
         return {
             "ref_counts": parts.ref_counts(self.scheduler),
             "tables": parts.tables(self.scheduler),
@@ -315,6 +337,7 @@ class Engine:
         The last forward's reads are left out (they are the past); wrong reads stay (sticky), so
         a merged state cannot hide a DATA-1 violation. The recovery mode is in the key: engines
         that differ only in it act alike until a load fails, and must not be merged before.
+        Frame: nothing changes.
         """
         return (
             self.config.scheduler.recovery,
@@ -328,11 +351,17 @@ class Engine:
         )
 
     def statuses(self) -> Mapping[RequestId, str]:
-        """Each arrived request's status name."""
+        """Each arrived request's status name.
+
+        Pure: a fresh dict, in arrival order.
+        """
         return parts.statuses(self.scheduler, self.arrived)
 
     def jobs_of(self, request_id: RequestId) -> tuple[JobId, ...]:
-        """The in-flight jobs of ``request_id``."""
+        """The in-flight jobs of ``request_id``.
+
+        Pure: in the order they started; empty for a request with none (or an unknown id).
+        """
         return tuple(j for j, f in self.in_flight.items() if f.job.request_id == request_id)
 
 

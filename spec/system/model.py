@@ -87,11 +87,20 @@ class EngineModel:
         self._memo: tuple[Engine, Action, Engine] | None = None
 
     def initial_states(self) -> Iterable[Engine]:
-        """The starting engines (one per recovery mode explored)."""
+        """The starting engines (one per recovery mode explored).
+
+        Frame: nothing changes; the same engines every call (:meth:`step` never mutates one).
+        """
         return self._initial
 
     def enabled(self, state: Engine) -> Iterable[Action]:
-        """Arrive the next request; step while work remains; complete or fail any job; abort."""
+        """Arrive the next request; step while work remains; complete or fail any job; abort.
+
+        Pure. Post: ``Arrive`` of the first request not arrived; ``Step`` while an arrived
+        request is unfinished, a result is undelivered or the scheduler has work; ``Complete``
+        ok and failed for every in-flight job, by id; with ``aborts``, ``Abort`` of every
+        unfinished arrived request.
+        """
         actions: list[Action] = []
         pending = [r.request_id for r in state.config.requests if r.request_id not in state.arrived]
         if pending:
@@ -109,7 +118,12 @@ class EngineModel:
         return actions
 
     def step(self, state: Engine, action: Action) -> Engine:
-        """The successor under ``action`` (``state`` is left unchanged)."""
+        """The successor under ``action`` (``state`` is left unchanged).
+
+        Pre: ``action`` is enabled in ``state`` (else the engine raises, on the copy). Post:
+        the event applied to ``state.clone()``. Frame: ``state`` is unchanged; the memo now
+        holds the transition for :meth:`labels`.
+        """
         successor = state.clone()
         if isinstance(action, Arrive):
             successor.arrive(action.request_id)
@@ -123,18 +137,28 @@ class EngineModel:
         return successor
 
     def key(self, state: Engine) -> Hashable:
-        """The engine's canonical key."""
+        """The engine's canonical key.
+
+        Pure: :meth:`Engine.freeze`.
+        """
         return state.freeze()
 
     def violations(self, state: Engine) -> Mapping[str, list[str]]:
-        """Every broken invariant: the system family and the parts' own families."""
+        """Every broken invariant: the system family and the parts' own families.
+
+        Pure: the ``system`` invariants on :meth:`Engine.snapshot`, each part's family on its
+        snapshot (:func:`spec.system.parts.subject_snapshots`); id -> messages.
+        """
         broken = dict(check_all("system", state.snapshot()))
         for subject, snapshot in parts.subject_snapshots(state.scheduler):
             broken.update(check_all(subject, snapshot))
         return broken
 
     def is_final(self, state: Engine) -> bool:
-        """Every request arrived and finished, no job in flight, no result undelivered."""
+        """Every request arrived and finished, no job in flight, no result undelivered.
+
+        Pure; also no load, parked load or held block left in the scheduler.
+        """
         statuses = state.statuses()
         return (
             len(state.arrived) == len(state.config.requests)
@@ -145,7 +169,11 @@ class EngineModel:
         )
 
     def labels(self, state: Engine, action: Action) -> Iterable[str]:
-        """Coverage labels of ``action`` in ``state`` (module docstring)."""
+        """Coverage labels of ``action`` in ``state`` (module docstring).
+
+        Pre: ``action`` is enabled in ``state``. Frame: ``state`` is unchanged; the successor
+        comes from the memo of the last :meth:`step`, or from a new step on a copy.
+        """
         memo = self._memo
         if memo is not None and memo[0] is state and memo[1] == action:
             successor = memo[2]
@@ -155,7 +183,13 @@ class EngineModel:
 
 
 def transition_labels(state: Engine, action: Action, successor: Engine) -> list[str]:
-    """What taking ``action`` from ``state`` to ``successor`` covered."""
+    """What taking ``action`` from ``state`` to ``successor`` covered.
+
+    Pure. Pre: ``successor`` is ``state`` after ``action``. Post: ``event:<action>`` first,
+    ``event:abort_during_transfer`` for an abort of a request with a job in flight,
+    ``status:<NAME>`` per request whose status changed, then a step's own labels
+    (:func:`spec.system.parts.step_labels`).
+    """
     labels = [f"event:{_event_name(action)}"]
     if isinstance(action, Abort) and state.jobs_of(action.request_id):
         labels.append("event:abort_during_transfer")

@@ -56,6 +56,11 @@ def build(
 
     ``connector_cls`` and ``scheduler_cls`` (default: the reference classes) let a test build
     one deliberately broken variant; copies keep the classes (:func:`clone`).
+
+    Pre: a valid ``config`` (else the planner, the store or the scheduler raises
+    :class:`ConfigError` naming the field). Post: the connector runs over an empty LRU host
+    store of ``store_capacity`` entries and is bound to the scheduler's pool; nothing is
+    shared between two calls but ``config``.
     """
     connector_cls = connector_cls or ReferenceConnector
     scheduler_cls = scheduler_cls or Scheduler
@@ -88,14 +93,24 @@ def connector_of(scheduler: Scheduler) -> ReferenceConnector:
 
 
 def clone(scheduler: Scheduler, worker: ReferenceWorker) -> tuple[Scheduler, ReferenceWorker]:
-    """Independent copies of the scheduler, its connector (and store) and the worker."""
+    """Independent copies of the scheduler, its connector (and store) and the worker.
+
+    Pre: the scheduler drives a :class:`ReferenceConnector` (:class:`ConfigError` otherwise,
+    nothing changes). Post: :func:`freeze` of the copies equals that of the originals; the
+    connector's copy is bound to the scheduler copy's pool. Frame: nothing changes.
+    """
     connector = connector_of(scheduler).clone()
     twin: Scheduler = scheduler.clone(connector)
     return twin, worker.clone()
 
 
 def add_request(scheduler: Scheduler, spec: RequestSpec) -> None:
-    """Hand ``spec`` to the scheduler as a new request."""
+    """Hand ``spec`` to the scheduler as a new request.
+
+    Pre: ``spec.request_id`` is new to the scheduler. Post: the request is WAITING at the
+    tail of the waiting queue, with its salt and stop tokens. Refusal: a known id raises
+    :class:`ConfigError` (field ``request_id``), nothing changes.
+    """
     scheduler.add_request(
         Request(
             spec.request_id,
@@ -116,7 +131,7 @@ def failure_reports(
     block). Under vLLM's recovery models none is passed: vLLM 0.33 raises ``RuntimeError`` on a
     block-level report with several KV cache groups (``scheduler.py:3712-3721``), so a
     connector reports failed requests through ``failed_recving`` only (its plug-in checklist),
-    and the failed request restarts from 0 or fails.
+    and the failed request restarts from 0 or fails. Pure.
     """
     if scheduler.config.recovery is not RecoveryMode.SHARED_TRUNCATION:
         return ()
@@ -127,18 +142,28 @@ def failure_reports(
 
 
 def freeze(scheduler: Scheduler, worker: ReferenceWorker) -> Hashable:
-    """The canonical key of the scheduler (connector and store included) and the worker."""
+    """The canonical key of the scheduler (connector and store included) and the worker.
+
+    Frame: nothing changes. Pre: the scheduler drives a :class:`ReferenceConnector`
+    (:class:`ConfigError` otherwise).
+    """
     return (scheduler.freeze(), connector_of(scheduler).freeze(), worker.freeze())
 
 
 def ref_counts(scheduler: Scheduler) -> tuple[int, ...]:
-    """The block pool's reference count per block id."""
+    """The block pool's reference count per block id.
+
+    Pure: the null block (0) included.
+    """
     pool = scheduler.kv.pool
     return tuple(pool.ref_count(BlockId(b)) for b in range(pool.num_blocks))
 
 
 def tables(scheduler: Scheduler) -> tuple[tuple[int, str, tuple[int, ...]], ...]:
-    """Every request's block table per group: ``(group_idx, request_id, blocks)``."""
+    """Every request's block table per group: ``(group_idx, request_id, blocks)``.
+
+    Pure: rows by group, then by request id.
+    """
     rows = []
     for group_idx, manager in enumerate(scheduler.kv.managers):
         for rid, table in sorted(manager.req_to_blocks.items()):
@@ -147,18 +172,29 @@ def tables(scheduler: Scheduler) -> tuple[tuple[int, str, tuple[int, ...]], ...]
 
 
 def statuses(scheduler: Scheduler, arrived: tuple[RequestId, ...]) -> Mapping[RequestId, str]:
-    """The status name of each arrived request."""
+    """The status name of each arrived request.
+
+    Pure. Pre: every id of ``arrived`` was added to the scheduler (``KeyError`` otherwise).
+    """
     return {rid: scheduler.requests[rid].status.name for rid in arrived}
 
 
 def has_work(scheduler: Scheduler) -> bool:
-    """Does a step still matter: an unfinished request, a load or a held block?"""
+    """Does a step still matter: an unfinished request, a load or a held block?
+
+    Pure: a load in flight or parked counts as a load.
+    """
     unfinished = any(not r.status.is_finished for r in scheduler.requests.values())
     return unfinished or bool(scheduler.loads or scheduler.parked or scheduler.holds)
 
 
 def subject_snapshots(scheduler: Scheduler) -> list[tuple[str, Mapping[str, Any]]]:
-    """The snapshots of the parts, each with the invariant subject that reads it."""
+    """The snapshots of the parts, each with the invariant subject that reads it.
+
+    Frame: nothing changes. Pre: the scheduler drives a :class:`ReferenceConnector`
+    (:class:`ConfigError` otherwise). Post: ``scheduler``, ``kv_cache_groups``,
+    ``block_pool``, ``connector`` and ``store``, in that order.
+    """
     snap = scheduler.snapshot()
     kv = snap["kv_cache_groups"]
     found: list[tuple[str, Mapping[str, Any]]] = [
@@ -193,9 +229,10 @@ def seed_host(
     """Make the host hold READY the units of ``spec``'s first ``num_tokens`` tokens.
 
     What an earlier request with the same tokens and salt left in the host tier. ``groups``
-    limits the groups stored (empty: all). Post: the keys are READY with the salt recorded;
-    returns ``(group_idx, key, end_token)`` per unit, for the caller's content map.
-    Refusal: a store too small raises :class:`ConfigError`.
+    limits the groups stored (empty: all). Post: the absent keys are READY with the salt
+    recorded (a key already present is left as it is); returns ``(group_idx, key, end_token)``
+    per unit, present ones included, for the caller's content map. Refusal: a store too small
+    raises :class:`ConfigError` (field ``store_capacity``), nothing changes.
     """
     connector = connector_of(scheduler)
     view = Request(spec.request_id, spec.prompt, spec.max_tokens, cache_salt=spec.cache_salt).view()
@@ -214,7 +251,7 @@ def seed_host(
 def reset_prefix_cache(scheduler: Scheduler) -> bool:
     """vLLM ``reset_prefix_cache``: drop every GPU cache entry, refused while a block is in use.
 
-    ``BlockPool.reset_prefix_cache`` returns False (and changes nothing) when a block other
+    As vLLM's ``BlockPool.reset_prefix_cache``: False (and nothing changes) when a block other
     than the null block is referenced; otherwise every hash goes, the host tier is untouched.
     """
     pool = scheduler.kv.pool
@@ -226,7 +263,11 @@ def reset_prefix_cache(scheduler: Scheduler) -> bool:
 
 
 def step_labels(before: Engine, after: Engine) -> list[str]:
-    """Coverage labels of what a step caused (preemptions, finishes, timeouts, recoveries)."""
+    """Coverage labels of what a step caused (preemptions, finishes, timeouts, recoveries).
+
+    Pure. Pre: ``after`` is ``before`` after one step (its ``last_output`` is set). Post: the
+    labels, then ``claim:<kind>`` per connector answer of the step.
+    """
     output = after.last_output
     labels = []
     for rid in sorted(output.preempted_ids):

@@ -71,7 +71,10 @@ class Recovery(Enum):
     SHARED = "shared"
 
     def modes(self) -> tuple[RecoveryMode, ...]:
-        """The scheduler modes explored: vLLM's recompute and fail policies, or truncation."""
+        """The scheduler modes explored: vLLM's recompute and fail policies, or truncation.
+
+        Pure.
+        """
         if self is Recovery.VLLM:
             return (RecoveryMode.VLLM_RECOMPUTE, RecoveryMode.VLLM_FAIL)
         return (RecoveryMode.SHARED_TRUNCATION,)
@@ -111,7 +114,10 @@ class Scenario:
             )
 
     def requests(self) -> tuple[RequestSpec, ...]:
-        """r0..r{n-1} with the fixed prompts."""
+        """r0..r{n-1} with the fixed prompts.
+
+        Pure. Post: ``PROMPTS[i]`` and ``max_tokens`` each, no salt; r1 and r2 stop on 101.
+        """
         return tuple(
             # r1 and r2 stop on token 101 (their first output), r0 runs to its length.
             RequestSpec(
@@ -124,7 +130,11 @@ class Scenario:
         )
 
     def configs(self) -> tuple[EngineConfig, ...]:
-        """One engine configuration per explored recovery mode."""
+        """One engine configuration per explored recovery mode.
+
+        Pure. Refusal: the scheduler configuration's :class:`ConfigError` naming the field
+        (e.g. a ``num_blocks`` too small).
+        """
         groups = tuple(_GROUPS[kind.value] for kind in self.groups)
         num_blocks = self.num_blocks or default_num_blocks(self.groups, self.start)
         chunk_size = self.chunk_size or (2 if self.start is Start.EMPTY else 1)
@@ -155,14 +165,18 @@ def default_num_blocks(groups: Sequence[GroupKind], start: Start) -> int:
     (the GPU prefix cache loses them, so the empty start reaches a load) while one request's
     whole sequence still fits. A seeded sliding layout needs one more block so the second
     request is admitted while the first runs, and preemption is reachable. A lone group gets
-    at least the four blocks a whole sequence (3 prompt tokens and one decode) needs.
+    at least the four blocks a whole sequence (3 prompt tokens and one decode) needs. Pure.
     """
     extra = 1 if start is Start.SEEDED and GroupKind.SLIDING in groups else 0
     return max(3 * len(groups) + 1 + extra, 5)
 
 
 def parse_groups(text: str) -> tuple[GroupKind, ...]:
-    """``"full,mamba"`` -> ``(FULL, MAMBA)``. Refuses unknown kinds and a non-full first group."""
+    """``"full,mamba"`` -> ``(FULL, MAMBA)``. Refuses unknown kinds and a non-full first group.
+
+    Pure. Refusal: :class:`ConfigError` (field ``groups``) for an unknown or repeated kind or
+    a first group that is not full.
+    """
     names = tuple(part.strip() for part in text.split(","))
     if not names or any(name not in _GROUPS for name in names) or len(set(names)) != len(names):
         raise ConfigError(
@@ -175,7 +189,12 @@ def parse_groups(text: str) -> tuple[GroupKind, ...]:
 
 
 def build_engines(scenario: Scenario) -> list[Engine]:
-    """The initial engines of ``scenario``: one per recovery mode."""
+    """The initial engines of ``scenario``: one per recovery mode.
+
+    Pure: fresh engines sharing nothing mutable. Post: a seeded start has every request
+    arrived and the shared prefixes READY in the host store, their content recorded. Refusal:
+    :class:`ConfigError` naming the field (from :meth:`Scenario.configs`).
+    """
     engines = []
     for config in scenario.configs():
         engine = Engine.create(config)
