@@ -62,16 +62,30 @@ class KVCacheCoordinator:
     manager_classes: ClassVar[Mapping[GroupKind, type[SingleTypeManager]]] = _MANAGERS
     """Which manager serves each kind (a broken variant in a test swaps one)."""
 
-    def __init__(self, groups: Sequence[GroupSpec], num_blocks: int) -> None:
-        """Pre: at least one group; ``num_blocks >= 2``. Post: an empty pool, empty tables."""
+    def __init__(
+        self,
+        groups: Sequence[GroupSpec],
+        num_blocks: int,
+        retention_interval: int | None = None,
+    ) -> None:
+        """Pre: at least one group; ``num_blocks >= 2``; ``retention_interval`` is vLLM's
+        ``prefix_cache_retention_interval``: ``None`` (dense) or 0 (sparse, vLLM's default).
+        Post: an empty pool, empty tables."""
         if not groups or not all(isinstance(g, GroupSpec) for g in groups):
             raise ConfigError("groups", groups, "need one GroupSpec or more", "list the groups")
+        if retention_interval not in (None, 0) or isinstance(retention_interval, bool):
+            raise ConfigError(
+                "retention_interval",
+                retention_interval,
+                "only dense (None) and sparse (0) retention are modelled",
+                "pass None or 0",
+            )
         sizes = [g.block_size for g in groups]
         self.scheduler_block_size = math.lcm(*sizes)
         self.hash_block_size = math.gcd(*sizes)
         self.pool = BlockPool(num_blocks)
         self.managers: tuple[SingleTypeManager, ...] = tuple(
-            self.manager_classes[g.kind](g, i, self.scheduler_block_size)
+            self.manager_classes[g.kind](g, i, self.scheduler_block_size, retention_interval)
             for i, g in enumerate(groups)
         )
         self.processed: dict[str, int] = {}
@@ -196,6 +210,12 @@ class KVCacheCoordinator:
                     request_id, num_local, num_external, self.pool
                 )
 
+    def new_step_starts(self) -> None:
+        """A scheduler step starts: every manager forgets what it cached in the last one
+        (``kv_cache_coordinator.py:474-477``). Never refuses."""
+        for manager in self.managers:
+            manager.new_step_starts()
+
     # ------------------------------------------------------------ release and caching
     def remove_skipped_blocks(self, request_id: str, num_processed_tokens: int) -> None:
         """Free, in every group, the blocks its window no longer reads.
@@ -210,19 +230,25 @@ class KVCacheCoordinator:
             self.processed[request_id] = num_processed_tokens
 
     def cache_blocks(
-        self, request_id: str, block_hashes: Sequence[BlockHash], num_tokens: int
+        self,
+        request_id: str,
+        block_hashes: Sequence[BlockHash],
+        num_tokens: int,
+        boundaries: Sequence[int] = (),
     ) -> None:
         """Give cache entries to the request's full blocks, in every group, up to ``num_tokens``.
 
-        ``block_hashes`` are taken every ``hash_block_size`` tokens. With several groups only
-        whole scheduler blocks count. Post: see :meth:`SingleTypeManager.cache_blocks`.
+        ``block_hashes`` are taken every ``hash_block_size`` tokens; ``boundaries`` are the
+        positions a later request can resume at (what sparse retention keeps). With several
+        groups only whole scheduler blocks count. Post: see
+        :meth:`SingleTypeManager.cache_blocks`.
         """
         _check_count("num_tokens", num_tokens)
         if len(self.managers) > 1:
             num_tokens -= num_tokens % self.scheduler_block_size
         for manager in self.managers:
             hashes = coarse_hashes(block_hashes, self.hash_block_size, manager.block_size)
-            manager.cache_blocks(request_id, hashes, num_tokens, self.pool)
+            manager.cache_blocks(request_id, hashes, num_tokens, self.pool, boundaries)
 
     def free(self, request_id: str) -> None:
         """Release every group's table of the request, group by group, each tail first.

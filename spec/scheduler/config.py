@@ -33,6 +33,17 @@ Divergences (each: what vLLM 0.33 does, what the spec does, the switch):
 - **D7 no re-claim while a load is parked.** Consequence of D3: a request with an abandoned load
   still outstanding recomputes instead of asking the connector, so a late report always matches
   the abandoned load (one outstanding load per request id).
+- **D8 the external mamba state block is reserved.** ``v1/core/single_type_kv_cache_manager.py
+  :1742-1795`` counts ``cdiv(n, bs) - hit - held`` capped at one new block, but a first
+  allocation that adopts external tokens and schedules new tokens past their block takes two per
+  mamba group (the external state, 327-368, and the new state, 1797-1923), so a sync claim
+  under-reserves one block per mamba group and ``get_new_blocks`` raises ``ValueError`` when the
+  pool has no slack (a finding of ``tests/vllm``). The spec reserves the external block on its
+  own (:meth:`spec.managers.MambaManager._adopts_external`). Switch: ``vllm_exact``.
+
+Configuration mirrored from vLLM (not divergences): ``retention_interval`` is vLLM's
+``prefix_cache_retention_interval`` (``config/cache.py:275``; vLLM's default 0 keeps sliding-window
+and mamba cache entries only at resume boundaries, ``None`` keeps them densely).
 
 Not modelled: async scheduling and deferred frees, pipeline parallelism, speculative decoding and
 lookahead slots, the priority policy, encoder inputs, ``long_prefill_token_threshold``,
@@ -82,6 +93,8 @@ class SchedulerConfig:
         vllm_exact: model vLLM 0.33 exactly (every divergence off).
         liveness_bound_steps: ``SC-3``'s bound on the age of an unfinished request (``None``:
             only the explorer's wedge check applies).
+        retention_interval: vLLM's ``prefix_cache_retention_interval`` for sliding-window and
+            mamba groups: ``None`` dense (the default here), 0 sparse (vLLM's default).
     """
 
     groups: tuple[GroupSpec, ...]
@@ -94,6 +107,7 @@ class SchedulerConfig:
     reserve_for_async_loads: bool = True
     vllm_exact: bool = False
     liveness_bound_steps: int | None = None
+    retention_interval: int | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.groups, tuple) or not self.groups:
@@ -112,6 +126,13 @@ class SchedulerConfig:
         for field in ("load_deadline_steps", "liveness_bound_steps"):
             if getattr(self, field) is not None:
                 _positive(field, getattr(self, field))
+        if self.retention_interval not in (None, 0) or isinstance(self.retention_interval, bool):
+            raise ConfigError(
+                "retention_interval",
+                self.retention_interval,
+                "only dense (None) and sparse (0) retention are modelled",
+                "pass None or 0",
+            )
         if not isinstance(self.recovery, RecoveryMode):
             raise ConfigError("recovery", self.recovery, "not a RecoveryMode", _FIX_MODE)
         self._check_exact()

@@ -103,6 +103,7 @@ class Scheduler(SchedulerCompletion):
         assert against raises :class:`ConnectorContractError` under ``vllm_exact``).
         """
         self.step += 1
+        self.kv.new_step_starts()  # scheduler.py:746
         abandoned = self._expire_loads()
         claims: list[ClaimRecord] = []
         scheduled: list[tuple[RequestId, int, int]] = []
@@ -233,6 +234,7 @@ class Scheduler(SchedulerCompletion):
                 return _Verdict.SKIP, 0
             r = self._promote(rid)
         plan = self._plan(r, claims)
+        r = self.requests[rid]  # the look-up pinned its junction
         if plan is None:
             return _Verdict.SKIP, 0
         total = r.num_computed_tokens + plan.hit.num_tokens + plan.num_external
@@ -297,6 +299,7 @@ class Scheduler(SchedulerCompletion):
             num_tokens=r.num_tokens,
             block_size=self.config.mamba_block_size,
             max_prefill_tokens=self.config.max_num_batched_tokens,
+            shared_prefix_boundary=r.shared_prefix_boundary,
         )
 
     def _outcome(self, claims: list[ClaimRecord], plan: _Plan, outcome: ClaimOutcome) -> None:
@@ -310,6 +313,9 @@ class Scheduler(SchedulerCompletion):
             return _Plan(NO_HIT, 0, False, False)
         hashes = block_hashes(r, self.config.hash_block_size)
         hit = self.kv.find_longest_cache_hit(hashes, r.num_tokens - 1)
+        # scheduler.py:1120-1126: every look-up pins the request's junction, admitted or not.
+        r = r.evolve(shared_prefix_boundary=hit.shared_prefix_boundary)
+        self.requests[r.request_id] = r
         if self.connector is None or r.request_id in self.parked:
             return _Plan(hit, 0, False, False)  # D7: no new load while one is parked
         unit = self.kv.scheduler_block_size
@@ -416,8 +422,16 @@ class Scheduler(SchedulerCompletion):
         return total
 
     def _cache(self, rid: RequestId, num_tokens: int) -> None:
+        """Cache the request's full blocks; under sparse retention the states a later request
+        can resume at are kept: its replay boundary (the prompt's last token,
+        ``kv_cache_coordinator.py:65-90``) and its junction (``single_type_kv_cache_manager.py
+        :510-520``)."""
         r = self.requests[rid]
-        self.kv.cache_blocks(rid, block_hashes(r, self.config.hash_block_size), num_tokens)
+        boundaries: tuple[int, ...] = (r.num_prompt_tokens - 1,)
+        if r.shared_prefix_boundary:
+            boundaries += (r.shared_prefix_boundary,)
+        hashes = block_hashes(r, self.config.hash_block_size)
+        self.kv.cache_blocks(rid, hashes, num_tokens, boundaries)
 
 
 _FIX_NEW = "add a fresh Request (WAITING, nothing computed) with a new id"

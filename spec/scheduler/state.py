@@ -26,10 +26,15 @@ __all__ = ["SchedulerState"]
 
 
 class _UnclampedMamba(MambaManager):
-    """vLLM 0.33's align-mode count, not clamped at 0 (divergence D1 switched off)."""
+    """vLLM 0.33's align-mode count: not clamped at 0 (D1 off), the external state block not
+    reserved on its own (D8 off)."""
 
     def _clamp(self, num_new: int) -> int:
         return num_new
+
+    def _adopts_external(self, request_id: str, total: int, num_local: int) -> bool:
+        del request_id, total, num_local
+        return False
 
 
 class _ExactCoordinator(KVCacheCoordinator):
@@ -72,7 +77,9 @@ class SchedulerState:
     def __init__(self, config: SchedulerConfig, connector: SchedulerConnector | None) -> None:
         """Pre: a valid config. Post: empty queues, an empty pool, step 0."""
         self.config = config
-        self.kv = _MANAGER_TYPES[config.vllm_exact](config.groups, config.num_blocks)
+        self.kv = _MANAGER_TYPES[config.vllm_exact](
+            config.groups, config.num_blocks, config.retention_interval
+        )
         self.connector = connector
         _bind_pool(connector, self)
         self.requests: dict[RequestId, Request] = {}
@@ -171,6 +178,7 @@ class SchedulerState:
             r.output_token_ids,
             r.num_computed_tokens,
             r.num_preemptions,
+            r.shared_prefix_boundary,
             age,
         )
 
