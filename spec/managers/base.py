@@ -120,17 +120,21 @@ class SingleTypeManager:
         total_computed_tokens: int,
         num_local_computed_tokens: int,
         pool: BlockPool,
+        admission_cap: int | None = None,
     ) -> int:
         """Blocks an allocation of ``num_tokens`` slots takes off the free queue. Pure.
 
         ``total_computed_tokens`` counts local and external tokens, ``num_local_computed_tokens``
-        the local ones (the request's own and its new hit).
+        the local ones (the request's own and its new hit); ``admission_cap`` bounds the blocks
+        the request needs in all (vLLM's ``apply_admission_cap``, 214-227).
 
         Pre: a running request (one with cache bookkeeping) brings no hit blocks.
         Post: the count is >= 0 and covers new blocks plus hit blocks that leave the queue.
         """
         del num_local_computed_tokens  # the base count needs the total only
         required = cdiv(num_tokens, self.block_size)
+        if admission_cap is not None:
+            required = min(required, admission_cap)
         held = len(self.req_to_blocks.get(request_id, ()))
         if request_id in self.num_cached_block:
             return max(required - held, 0)

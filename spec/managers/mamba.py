@@ -73,14 +73,19 @@ class MambaManager(SingleTypeManager):
         total_computed_tokens: int,
         num_local_computed_tokens: int,
         pool: BlockPool,
+        admission_cap: int | None = None,
     ) -> int:
         """Blocks an allocation takes: one new state (+ scratch on the first), never < 0.
+
+        ``admission_cap`` is ignored: a mamba group has no admission cap (vLLM gives one to
+        recycling attention specs only, ``single_type_kv_cache_manager.py:2646-2655``).
 
         Pure. Post: the count is >= 0 (see :meth:`_clamp`), includes evictable hit blocks and,
         on a first allocation that adopts external tokens, the external state block on its own
         (see :meth:`_adopts_external`). A hit on a state cached in this step counts more blocks
         than the pool has, so the allocation is refused this step (vLLM 1704-1712).
         """
+        del admission_cap
         if hit_blocks and pool.block_hash(hit_blocks[-1]) in self.cached_this_step:
             return pool.num_blocks + 1
         spec_blocks = self.spec.num_speculative_blocks

@@ -127,6 +127,7 @@ class Scheduler(SchedulerCompletion):
         self.claims = tuple(claims)
         self.recoveries = ()
         self.last_scheduled = tuple((rid, n) for rid, _, n in scheduled)
+        self.in_flight = dict(self.last_scheduled)
         self.last_budget_left = budget
         self.counters["tokens_scheduled"] += output.total_num_scheduled_tokens
         return output
@@ -406,18 +407,27 @@ class Scheduler(SchedulerCompletion):
         return plan.is_async or self.config.reserve_every_admission
 
     def _reserved_for(self, rid: RequestId) -> int:
-        """Blocks the other in-flight prefills still need (``scheduler.py:3403-3436``)."""
+        """Blocks the other in-flight prefills still need to hold their whole sequence
+        (``scheduler.py:3404-3436``): ``min(num_tokens, max_model_len)`` tokens, a sliding
+        window capped at its admission bound. Under ``vllm_exact`` the admitting request's own
+        reservation counts too when it is still in the in-flight set (D9)."""
+        inflight = (
+            self.inflight - {rid} if self.config.reserve_excludes_admitting else self.inflight
+        )
+        limit = self.config.max_model_len
         total = 0
-        for other in sorted(self.inflight - {rid}):
+        for other in sorted(inflight):
             r = self.requests[other]
+            num_tokens = r.num_tokens if limit is None else min(r.num_tokens, limit)
             for m in self.kv.managers:
                 total += m.get_num_blocks_to_allocate(
                     other,
-                    r.num_tokens,
+                    num_tokens,
                     (),
                     total_computed_tokens=r.num_computed_tokens,
                     num_local_computed_tokens=r.num_computed_tokens,
                     pool=self.kv.pool,
+                    admission_cap=self.config.admission_cap(m.spec),
                 )
         return total
 

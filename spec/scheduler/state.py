@@ -71,6 +71,8 @@ class SchedulerState:
         num_waiting_for_remote_kvs: hand-kept count (``SC-6`` recounts it).
         claims, recoveries: the last step's claim records and the last update's recoveries.
         last_scheduled, last_budget_left: the last step's schedule and unused budget.
+        in_flight: the tokens scheduled by the last ``schedule()`` whose output has not been
+            applied yet (vLLM's ``num_in_flight_tokens``; empty between steps).
         counters: cumulative observations (not part of :meth:`freeze`).
     """
 
@@ -98,6 +100,7 @@ class SchedulerState:
         self.claims: tuple[ClaimRecord, ...] = ()
         self.recoveries: tuple[RecoveryRecord, ...] = ()
         self.last_scheduled: tuple[tuple[RequestId, int], ...] = ()
+        self.in_flight: dict[RequestId, int] = {}
         self.last_budget_left = config.max_num_batched_tokens
         self.counters: dict[str, int] = dict.fromkeys(_COUNTERS, 0)
 
@@ -159,6 +162,7 @@ class SchedulerState:
             tuple(sorted((rid, _hold_names(hs)) for rid, hs in self.holds.items())),
             tuple(sorted(self.inflight)),
             tuple(sorted(self.finished_since)),
+            tuple(sorted(self.in_flight.items())),
             self.claims,
             self.recoveries,
         )
@@ -273,7 +277,7 @@ def _bind_pool(connector: SchedulerConnector | None, state: SchedulerState) -> N
 
 
 _LISTS = ("waiting", "kv_holding", "running")
-_DICTS = ("requests", "loads", "parked", "holds", "counters")
+_DICTS = ("requests", "loads", "parked", "holds", "counters", "in_flight")
 _SETS = ("recv_done", "failed", "inflight", "finished_since")
 _COUNTERS = (
     "tokens_scheduled",
