@@ -28,6 +28,7 @@ from diffharness.trace import (
     Trace,
     sample_token,
 )
+from spec.block_pool import BlockId
 from spec.connector_api import (
     BlockTable,
     Claim,
@@ -40,6 +41,7 @@ from spec.connector_api import (
 )
 from spec.scheduler import (
     ClaimOutcome,
+    FailureReport,
     RecoveryMode,
     Request,
     RequestStatus,
@@ -67,8 +69,9 @@ class TraceConnector:
     """A scheduler-side connector (:class:`spec.connector_api.SchedulerConnector`) whose answers
     come from a trace; it records every call as a :class:`~diffharness.observe.HookCall`."""
 
-    def __init__(self, player: ScriptPlayer) -> None:
+    def __init__(self, player: ScriptPlayer, block_sizes: tuple[int, ...]) -> None:
         self.player = player
+        self.block_sizes = block_sizes
         self.calls: list[HookCall] = []
 
     def drain(self) -> tuple[HookCall, ...]:
@@ -101,7 +104,9 @@ class TraceConnector:
                 tables=_tables(block_ids),
             )
         )
-        self.player.allocated(request.request_id, num_external_tokens)
+        self.player.allocated(
+            request.request_id, num_external_tokens, _tables(block_ids), self.block_sizes
+        )
 
     def build_connector_meta(self, step: StepView) -> ConnectorMeta:
         scheduled = tuple((s.request.request_id, s.num_scheduled_tokens) for s in step.scheduled)
@@ -171,7 +176,7 @@ class SpecSide:
         self.name = name
         self.trace = trace
         self.player = ScriptPlayer(trace, layout.scheduler_block_size)
-        self.connector = TraceConnector(self.player)
+        self.connector = TraceConnector(self.player, tuple(g.block_size for g in fields["groups"]))
         self.scheduler = Scheduler(SchedulerConfig(**fields), self.connector)
         self._output: SchedulerOutput | None = None
         self._sampled: dict[RequestId, int] = {}
@@ -218,7 +223,11 @@ class SpecSide:
             failed_recving=frozenset(RequestId(r) for r in report.failed_recving),
             finished_sending=frozenset(RequestId(r) for r in report.finished_sending),
         )
-        self.scheduler.update_from_output(self._output, self._sampled, kv_output)
+        failures = tuple(
+            FailureReport(RequestId(rid), frozenset(BlockId(b) for b in blocks))
+            for rid, blocks in report.invalid_blocks
+        )
+        self.scheduler.update_from_output(self._output, self._sampled, kv_output, failures)
         recoveries = tuple(
             RecoveryObs(
                 r.request_id,

@@ -98,18 +98,25 @@ class ClaimScript:
     token before it (the forward needs a token to compute), and both end on a claim unit
     because the local hit they extend is unit-aligned. A claim with no room left is answered
     ``NONE``.
+
+    Two knobs step outside that contract, for the divergence tests only (random traces keep
+    them off): ``offset_tokens`` adds tokens past the last whole unit (an unaligned claim, D2)
+    and ``capped=False`` lets a sync claim reach the last token (vLLM asserts, D2).
     """
 
     mode: ClaimMode
     num_units: int = 0
+    offset_tokens: int = 0
+    capped: bool = True
 
     def __post_init__(self) -> None:
         if not isinstance(self.mode, ClaimMode):
             raise TraceError("mode", self.mode, "not a ClaimMode", "pass ClaimMode.SYNC/...")
         loads = self.mode in (ClaimMode.SYNC, ClaimMode.ASYNC)
         _count("num_units", self.num_units, 1 if loads else 0)
-        if not loads and self.num_units:
-            raise TraceError("num_units", self.num_units, "only SYNC/ASYNC claim units", "use 0")
+        _count("offset_tokens", self.offset_tokens, 0)
+        if not loads and (self.num_units or self.offset_tokens or not self.capped):
+            raise TraceError("num_units", self.num_units, "only SYNC/ASYNC claim tokens", "use 0")
 
     def resolve(
         self, num_computed_tokens: int, num_tokens: int, unit: int
@@ -117,9 +124,10 @@ class ClaimScript:
         """The answer to a call with this local hit: ``(mode, tokens)``, tokens > 0 iff a load."""
         if self.mode not in (ClaimMode.SYNC, ClaimMode.ASYNC):
             return self.mode, 0
-        last = num_tokens if self.mode is ClaimMode.ASYNC else num_tokens - 1
-        room_units = max(last - num_computed_tokens, 0) // unit
-        tokens = min(self.num_units, room_units) * unit
+        sync_cap = self.mode is ClaimMode.SYNC and self.capped
+        room = max((num_tokens - 1 if sync_cap else num_tokens) - num_computed_tokens, 0)
+        tokens = min(self.num_units, room // unit) * unit
+        tokens = min(tokens + self.offset_tokens, room)
         return (self.mode, tokens) if tokens else (ClaimMode.NONE, 0)
 
 
@@ -134,16 +142,27 @@ class LoadScript:
             reports (vLLM waits forever, D3).
         fails: the report also names the request in ``failed_recving`` (a request-level
             failure; vLLM 0.33 emits ``failed_recving`` only with ``finished_recving``).
+        block_level: also report the failure as block ids (``invalid_block_ids``: the load's
+            real blocks past the local hit and ``valid_units`` claim units); vLLM 0.33 raises
+            on that with several groups (D6). Implies ``fails``.
+        valid_units: with ``block_level``, how many claim units at the start of the load
+            arrived intact.
     """
 
     delay: int | None = 1
     fails: bool = False
+    block_level: bool = False
+    valid_units: int = 0
 
     def __post_init__(self) -> None:
         if self.delay is not None:
             _count("delay", self.delay, 0)
-        if not isinstance(self.fails, bool):
-            raise TraceError("fails", self.fails, "must be a bool", "pass True or False")
+        for name in ("fails", "block_level"):
+            if not isinstance(getattr(self, name), bool):
+                raise TraceError(name, getattr(self, name), "must be a bool", "pass a bool")
+        _count("valid_units", self.valid_units, 0)
+        if self.valid_units and not self.block_level:
+            raise TraceError("valid_units", self.valid_units, "needs block_level", "set it")
 
 
 def prompt_repr(prompt: tuple[int, ...]) -> str:
@@ -175,6 +194,8 @@ class RequestScript:
             step it finished in; the connector never holds while its own load for the request
             is outstanding (vLLM 0.33 frees at the first of the two reports, D5).
         abort_step, abort_phase: when it is aborted (never, if ``abort_step`` is None).
+        hold_during_load: the connector holds the blocks for a store even while its own load
+            of the request is outstanding (the D5 test; random traces never do).
     """
 
     request_id: str
@@ -187,6 +208,7 @@ class RequestScript:
     store_hold: int | None = None
     abort_step: int | None = None
     abort_phase: AbortPhase = AbortPhase.BEFORE_SCHEDULE
+    hold_during_load: bool = False
 
     def __post_init__(self) -> None:
         if not isinstance(self.request_id, str) or not self.request_id:
@@ -220,7 +242,8 @@ class RequestScript:
             f"RequestScript({self.request_id!r}, {self.arrival_step}, "
             f"{prompt_repr(self.prompt)}, {self.max_tokens}, cache_salt={self.cache_salt!r}, "
             f"claims={self.claims!r}, loads={self.loads!r}, store_hold={self.store_hold!r}, "
-            f"abort_step={self.abort_step!r}, abort_phase={self.abort_phase})"
+            f"abort_step={self.abort_step!r}, abort_phase={self.abort_phase}, "
+            f"hold_during_load={self.hold_during_load})"
         )
 
 
@@ -309,17 +332,25 @@ class Trace:
         ]
         for r in self.requests:
             claims = ", ".join(
-                c.mode.value + (f" {c.num_units}u" if c.num_units else "") for c in r.claims
+                c.mode.value
+                + (f" {c.num_units}u" if c.num_units else "")
+                + (f"+{c.offset_tokens}" if c.offset_tokens else "")
+                + ("" if c.capped else " uncapped")
+                for c in r.claims
             )
             loads = ", ".join(
-                ("never" if ld.delay is None else f"+{ld.delay}") + (" fails" if ld.fails else "")
+                ("never" if ld.delay is None else f"+{ld.delay}")
+                + (" fails" if ld.fails else "")
+                + (" blocks" if ld.block_level else "")
                 for ld in r.loads
             )
             extra = []
             if r.cache_salt is not None:
                 extra.append(f"salt {r.cache_salt!r}")
             if r.store_hold is not None:
-                extra.append(f"hold {r.store_hold}")
+                extra.append(
+                    f"hold {r.store_hold}" + (" during load" if r.hold_during_load else "")
+                )
             if r.abort_step is not None:
                 extra.append(f"abort @{r.abort_step} {r.abort_phase.value}")
             lines.append(
@@ -342,11 +373,17 @@ class KVReport:
     finished_recving: frozenset[str] = frozenset()
     failed_recving: frozenset[str] = frozenset()
     finished_sending: frozenset[str] = frozenset()
+    invalid_blocks: tuple[tuple[str, frozenset[int]], ...] = ()
 
     @property
     def empty(self) -> bool:
         """True when nothing is reported."""
-        return not (self.finished_recving or self.finished_sending)
+        return not (self.finished_recving or self.finished_sending or self.invalid_blocks)
+
+    @property
+    def invalid_block_ids(self) -> frozenset[int]:
+        """Every invalid block id, as vLLM's flat ``invalid_block_ids`` carries them."""
+        return frozenset(b for _, blocks in self.invalid_blocks for b in blocks)
 
 
 @dataclass
@@ -354,6 +391,7 @@ class _Load:
     request_id: str
     started: int
     script: LoadScript
+    blocks: frozenset[int] = frozenset()  # its real blocks past the local hit
     reported: bool = False
     seen: bool = False  # the connector saw its finished_recving (update_connector_output)
 
@@ -372,6 +410,7 @@ class ScriptPlayer:
     step: int = 0
     _asks: dict[str, int] = field(default_factory=dict)
     _last_mode: dict[str, ClaimMode] = field(default_factory=dict)
+    _last_local: dict[str, int] = field(default_factory=dict)
     _loads: list[_Load] = field(default_factory=list)
     _holds: dict[str, int] = field(default_factory=dict)  # request -> step finished_sending due
     _sent: set[str] = field(default_factory=set)
@@ -393,23 +432,42 @@ class ScriptPlayer:
         claim = script.claims[index] if index < len(script.claims) else ClaimScript(ClaimMode.NONE)
         mode, tokens = claim.resolve(num_computed_tokens, num_tokens, self.unit)
         self._last_mode[request_id] = mode
+        self._last_local[request_id] = num_computed_tokens
         return mode, tokens
 
-    def allocated(self, request_id: str, num_external_tokens: int) -> None:
-        """``update_state_after_alloc``: an async claim's external tokens start a load now."""
+    def allocated(
+        self,
+        request_id: str,
+        num_external_tokens: int,
+        tables: tuple[tuple[int, ...], ...] = (),
+        block_sizes: tuple[int, ...] = (),
+    ) -> None:
+        """``update_state_after_alloc``: an async claim's external tokens start a load now.
+
+        ``tables`` and ``block_sizes`` (per group) name the blocks the load writes, for a
+        block-level failure report.
+        """
         if num_external_tokens <= 0 or self._last_mode.get(request_id) is not ClaimMode.ASYNC:
             return  # nothing to load, the second call after a load, or a sync load
         script = self._script(request_id)
         index = sum(1 for ld in self._loads if ld.request_id == request_id)
         load = script.loads[index] if index < len(script.loads) else LoadScript()
-        self._loads.append(_Load(request_id, self.step, load))
+        first = self._last_local.get(request_id, 0) + load.valid_units * self.unit
+        blocks = frozenset(
+            b
+            for table, size in zip(tables, block_sizes, strict=True)
+            for b in table[first // size :]
+            if b != 0
+        )
+        self._loads.append(_Load(request_id, self.step, load, blocks))
         self._last_mode[request_id] = ClaimMode.NONE  # one load per answer
 
     def finished(self, request_id: str) -> bool:
         """``request_finished_all_groups``: whether the connector keeps the blocks (a store)."""
-        hold = self._script(request_id).store_hold
+        script = self._script(request_id)
+        hold = script.store_hold
         outstanding = any(ld.request_id == request_id and not ld.seen for ld in self._loads)
-        if hold is None or outstanding:
+        if hold is None or (outstanding and not script.hold_during_load):
             return False
         self._holds[request_id] = self.step + hold
         return True
@@ -422,17 +480,21 @@ class ScriptPlayer:
 
     def report(self) -> KVReport:
         """The worker's report for the current step (each load and hold reported once)."""
-        recv, failed = set(), set()
+        recv, failed, invalid = set(), set(), []
         for load in self._loads:
             due = load.script.delay is not None and load.started + load.script.delay <= self.step
             if due and not load.reported:
                 load.reported = True
                 recv.add(load.request_id)
-                if load.script.fails:
+                if load.script.block_level:
+                    invalid.append((load.request_id, load.blocks))
+                if load.script.fails or load.script.block_level:
                     failed.add(load.request_id)
         sending = {r for r, due in self._holds.items() if due <= self.step and r not in self._sent}
         self._sent |= sending
-        return KVReport(frozenset(recv), frozenset(failed), frozenset(sending))
+        return KVReport(
+            frozenset(recv), frozenset(failed), frozenset(sending), tuple(sorted(invalid))
+        )
 
     def pending(self) -> bool:
         """Whether a load or a hold has yet to report (a report is still to come)."""

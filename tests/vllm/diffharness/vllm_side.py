@@ -116,6 +116,9 @@ class TraceHMAConnector(KVConnectorBase_V1, SupportsHMA):
     def __init__(self, vllm_config: Any, role: Any, kv_cache_config: Any) -> None:
         super().__init__(vllm_config, role, kv_cache_config)
         self.player: ScriptPlayer | None = None
+        self.block_sizes = tuple(
+            g.kv_cache_spec.block_size for g in kv_cache_config.kv_cache_groups
+        )
         self.calls: list[HookCall] = []
 
     def bind(self, player: ScriptPlayer) -> None:
@@ -152,15 +155,16 @@ class TraceHMAConnector(KVConnectorBase_V1, SupportsHMA):
     def update_state_after_alloc(
         self, request: Request, blocks: Any, num_external_tokens: int
     ) -> None:
+        tables = _tables(blocks.get_block_ids())
         self.calls.append(
             HookCall(
                 Hook.UPDATE_STATE_AFTER_ALLOC,
                 request.request_id,
                 (num_external_tokens,),
-                tables=_tables(blocks.get_block_ids()),
+                tables=tables,
             )
         )
-        self._play().allocated(request.request_id, num_external_tokens)
+        self._play().allocated(request.request_id, num_external_tokens, tables, self.block_sizes)
 
     def build_connector_meta(self, scheduler_output: Any) -> KVConnectorMetadata:
         self.calls.append(
@@ -469,6 +473,7 @@ class VllmSide:
                 finished_recving=_IdOrderSet(report.finished_recving),
                 failed_recving=_IdOrderSet(report.failed_recving),
                 finished_sending=_IdOrderSet(report.finished_sending),
+                invalid_block_ids=set(report.invalid_block_ids),
             ),
         )
         self.scheduler.update_from_output(self._output, runner_output)
