@@ -34,6 +34,9 @@ class Layout(Enum):
     """The layouts the issue asks for: (a) mamba align + full, (b) sliding + full, (c) three
     groups (two windows + full), (d) one full-attention group as the control."""
 
+    def __repr__(self) -> str:
+        return f"Layout.{self.name}"
+
     MAMBA_FULL = "mamba+full"
     SLIDING_FULL = "sliding+full"
     THREE_GROUPS = "2sliding+full"

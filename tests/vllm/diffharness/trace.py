@@ -48,14 +48,21 @@ class TraceError(ValueError):
         super().__init__(f"{field_name}={value!r}: {problem}; {fix}")
 
 
-class FailurePolicy(Enum):
+class _Named(Enum):
+    """An enum whose repr is the expression that names it (traces print as code)."""
+
+    def __repr__(self) -> str:
+        return f"{type(self).__name__}.{self.name}"
+
+
+class FailurePolicy(_Named):
     """vLLM's ``KVTransferConfig.kv_load_failure_policy`` (``config/kv_transfer.py:81-91``)."""
 
     RECOMPUTE = "recompute"
     FAIL = "fail"
 
 
-class ClaimMode(Enum):
+class ClaimMode(_Named):
     """What the scripted connector answers to one ``get_num_new_matched_tokens`` call.
 
     - ``DEFER``: ``(None, False)``: ask again next step.
@@ -70,7 +77,7 @@ class ClaimMode(Enum):
     ASYNC = "async"
 
 
-class AbortPhase(Enum):
+class AbortPhase(_Named):
     """When an abort reaches the scheduler.
 
     - ``BEFORE_SCHEDULE``: between steps (the engine core's input queue, before ``schedule()``).
@@ -242,7 +249,7 @@ class RequestScript:
             f"RequestScript({self.request_id!r}, {self.arrival_step}, "
             f"{prompt_repr(self.prompt)}, {self.max_tokens}, cache_salt={self.cache_salt!r}, "
             f"claims={self.claims!r}, loads={self.loads!r}, store_hold={self.store_hold!r}, "
-            f"abort_step={self.abort_step!r}, abort_phase={self.abort_phase}, "
+            f"abort_step={self.abort_step!r}, abort_phase={self.abort_phase!r}, "
             f"hold_during_load={self.hold_during_load})"
         )
 
