@@ -123,19 +123,26 @@ class KVCacheCoordinator:
         num_external_computed_tokens: int = 0,
         num_in_flight_tokens: int = 0,
         reserved_blocks: int = 0,
+        full_sequence_tokens: int | None = None,
+        admission_caps: Sequence[int | None] = (),
     ) -> tuple[tuple[BlockId, ...], ...] | Refused:
         """Give the request slots for ``num_new_tokens`` after its computed, hit and external ones.
 
         ``num_computed_tokens`` is what the request had before; ``hit`` is a new local prefix hit
         (first allocation only); ``num_external_computed_tokens`` are claimed by a connector.
+        ``full_sequence_tokens`` (vLLM's ``full_sequence_must_fit``): first check that the whole
+        sequence of that many tokens fits the free blocks, each group's count capped by its
+        ``admission_caps`` entry (``kv_cache_manager.py:535-552``).
 
         Pre: at least one of new tokens, hit tokens or external tokens is positive.
         Post: every group's table covers ``computed + hit + external + new`` tokens (mamba: its
         state and scratch positions), windows trimmed to the processed tokens; returns the new
         blocks per group. ``last_allocation`` holds each group's (reserved, taken).
-        Refusal: the reservation exceeds ``free - reserved_blocks`` -> :class:`Refused`; the only
-        change is step 1, the release of blocks the windows no longer read (as in vLLM, which
-        frees them "even if we cannot schedule this request", ``kv_cache_manager.py:556-568``).
+        Refusal: the whole sequence does not fit the free blocks -> :class:`Refused`, nothing
+        changes; the reservation exceeds ``free - reserved_blocks`` -> :class:`Refused`, the
+        only change is step 1, the release of blocks the windows no longer read (as in vLLM,
+        which frees them "even if we cannot schedule this request", ``kv_cache_manager.py
+        :556-568``).
         """
         for field, value in (
             ("num_new_tokens", num_new_tokens),
@@ -153,6 +160,22 @@ class KVCacheCoordinator:
         num_local = num_computed_tokens + hit.num_tokens
         total = num_local + num_external_computed_tokens
         num_tokens = total + num_new_tokens
+        if full_sequence_tokens is not None:
+            caps = tuple(admission_caps) or (None,) * len(self.managers)
+            whole = sum(
+                m.get_num_blocks_to_allocate(
+                    request_id,
+                    full_sequence_tokens,
+                    hit_blocks[i],
+                    total_computed_tokens=total,
+                    num_local_computed_tokens=num_local,
+                    pool=self.pool,
+                    admission_cap=caps[i],
+                )
+                for i, m in enumerate(self.managers)
+            )
+            if whole > self.pool.get_num_free_blocks():
+                return Refused(needed=whole, available=self.pool.get_num_free_blocks())
         self.remove_skipped_blocks(request_id, max(0, total - num_in_flight_tokens))
         counts = tuple(
             m.get_num_blocks_to_allocate(

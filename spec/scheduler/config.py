@@ -52,7 +52,9 @@ Divergences (each: what vLLM 0.33 does, what the spec does, the switch):
 
 Configuration mirrored from vLLM (not divergences): ``retention_interval`` is vLLM's
 ``prefix_cache_retention_interval`` (``config/cache.py:275``; vLLM's default 0 keeps sliding-window
-and mamba cache entries only at resume boundaries, ``None`` keeps them densely).
+and mamba cache entries only at resume boundaries, ``None`` keeps them densely);
+``full_sequence_must_fit`` is ``scheduler_reserve_full_isl`` (default True in vLLM) and
+``max_model_len`` bounds reservations.
 
 Not modelled: async scheduling and deferred frees, pipeline parallelism, speculative decoding and
 lookahead slots, the priority policy, encoder inputs, ``long_prefill_token_threshold``,
@@ -106,6 +108,10 @@ class SchedulerConfig:
             mamba groups: ``None`` dense (the default here), 0 sparse (vLLM's default).
         max_model_len: vLLM's ``max_model_len`` (``None``: unbounded); it bounds the blocks
             reserved for an in-flight prefill (``scheduler.py:3404-3420``).
+        full_sequence_must_fit: vLLM's ``scheduler_reserve_full_isl`` (``config/scheduler.py
+            :190``, vLLM's default True; False here, as before): a waiting request is admitted
+            only if its whole sequence fits the free blocks (``scheduler.py:1448``,
+            ``kv_cache_manager.py:535-552``).
     """
 
     groups: tuple[GroupSpec, ...]
@@ -120,6 +126,7 @@ class SchedulerConfig:
     liveness_bound_steps: int | None = None
     retention_interval: int | None = None
     max_model_len: int | None = None
+    full_sequence_must_fit: bool = False
 
     def __post_init__(self) -> None:
         if not isinstance(self.groups, tuple) or not self.groups:

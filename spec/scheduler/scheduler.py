@@ -251,6 +251,8 @@ class Scheduler(SchedulerCompletion):
             hit=plan.hit,
             num_external_computed_tokens=plan.num_external,
             reserved_blocks=reserved,
+            full_sequence_tokens=self._full_sequence(r),
+            admission_caps=tuple(self.config.admission_cap(g) for g in self.config.groups),
         )
         if isinstance(got, Refused):
             self._outcome(claims, plan, ClaimOutcome.NO_SPACE)
@@ -269,6 +271,13 @@ class Scheduler(SchedulerCompletion):
             self.inflight.add(rid)
         self._outcome(claims, plan, ClaimOutcome.SCHEDULED)
         return _Verdict.ADMIT, n
+
+    def _full_sequence(self, r: Request) -> int | None:
+        """The tokens a waiting admission must fit whole (``scheduler_reserve_full_isl``)."""
+        if not self.config.full_sequence_must_fit:
+            return None
+        limit = self.config.max_model_len
+        return r.num_tokens if limit is None else min(r.num_tokens, limit)
 
     def _stops_on_empty_chunk(self, plan: _Plan) -> bool:
         """An empty chunk ends admissions (FCFS), except an async load's, which by design
