@@ -195,9 +195,10 @@ def test_shared_prefix_hits_locally_but_not_across_salts(layout: Layout) -> None
 
 @LAYOUTS
 def test_block_pressure_preempts_the_last_running_request(layout: Layout) -> None:
-    """Three half-``max_model_len`` prompts on the smallest pool vLLM accepts: a prefills, b is
-    admitted beside a's first decode, and when the two outgrow the pool the last running
-    request is preempted; it resumes later and everything finishes."""
+    """Three half-``max_model_len`` prompts on the smallest pool vLLM accepts, admitted by their
+    first chunk (``scheduler_reserve_full_isl`` off): a prefills, b is admitted beside a's first
+    decode, and when the two outgrow the pool the last running request is preempted; it
+    resumes later and everything finishes."""
     recipe = RECIPES[layout]
     length = recipe.max_model_len // 2
     trace = Trace(
@@ -207,6 +208,7 @@ def test_block_pressure_preempts_the_last_running_request(layout: Layout) -> Non
             num_blocks=recipe.min_num_blocks,
             max_num_batched_tokens=min(length, 4 * recipe.unit),
             max_num_seqs=3,
+            reserve_full_sequence=False,
         ),
         tuple(
             RequestScript(rid, 1, _tokens(base, length), 4)
@@ -216,4 +218,37 @@ def test_block_pressure_preempts_the_last_running_request(layout: Layout) -> Non
     )
     result = _run(trace)
     assert result.counts["preemptions"] >= 1
+    assert {r.status for r in result.history[-1].requests} == {"finished_length"}
+
+
+@LAYOUTS
+def test_whole_sequence_reservation_admits_one_at_a_time(layout: Layout) -> None:
+    """The same three prompts with ``scheduler_reserve_full_isl`` on (vLLM's default): a
+    request is admitted only if its whole sequence fits the free blocks. With attention groups
+    alone nothing is preempted; on the mamba layout the gate counts one state block per mamba
+    group (the align-mode count is capped at one new block, ``single_type_kv_cache_manager.py
+    :1779-1790``) while a chunked prefill holds two (the last state and the new one), so the
+    requests still outgrow the pool and one is preempted."""
+    recipe = RECIPES[layout]
+    length = recipe.max_model_len // 2
+    trace = Trace(
+        layout,
+        _settings(
+            layout,
+            num_blocks=recipe.min_num_blocks,
+            max_num_batched_tokens=min(length, 4 * recipe.unit),
+            max_num_seqs=3,
+            reserve_full_sequence=True,
+        ),
+        tuple(
+            RequestScript(rid, 1, _tokens(base, length), 4)
+            for rid, base in (("a", 0), ("b", 50_000), ("c", 90_000))
+        ),
+        max_steps=200,
+    )
+    result = _run(trace)
+    if layout is Layout.MAMBA_FULL:
+        assert result.counts["preemptions"] >= 1
+    else:
+        assert result.counts["preemptions"] == 0
     assert {r.status for r in result.history[-1].requests} == {"finished_length"}

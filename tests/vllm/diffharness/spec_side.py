@@ -170,6 +170,7 @@ class SpecSide:
             "recovery": recovery,
             "retention_interval": settings.retention_interval,
             "max_model_len": recipe.max_model_len,
+            "full_sequence_must_fit": settings.reserve_full_sequence,
             "vllm_exact": True,
         }
         fields.update(config_changes)

@@ -104,6 +104,7 @@ def traces(draw: st.DrawFn, layout: Layout) -> Trace:
         max_num_seqs=draw(st.integers(1, 4)),
         failure_policy=draw(st.sampled_from(FailurePolicy)),
         retention_interval=draw(st.sampled_from((0, None))),
+        reserve_full_sequence=draw(st.booleans()),
     )
     longest = recipe.max_model_len
     prefixes = tuple(tuple(1000 * (p + 1) + j for j in range(longest)) for p in range(NUM_PREFIXES))

@@ -265,6 +265,8 @@ class EngineSettings:
         failure_policy: ``kv_load_failure_policy``.
         retention_interval: ``prefix_cache_retention_interval``: 0 (vLLM's default, sparse
             sliding-window and mamba cache entries) or ``None`` (dense).
+        reserve_full_sequence: ``scheduler_reserve_full_isl`` (vLLM's default True): admit a
+            waiting request only if its whole sequence fits the free blocks.
     """
 
     num_blocks: int
@@ -272,6 +274,7 @@ class EngineSettings:
     max_num_seqs: int
     failure_policy: FailurePolicy = FailurePolicy.RECOMPUTE
     retention_interval: int | None = 0
+    reserve_full_sequence: bool = True
 
     def __post_init__(self) -> None:
         _count("num_blocks", self.num_blocks, 2)
@@ -282,6 +285,10 @@ class EngineSettings:
         if self.retention_interval not in (None, 0) or isinstance(self.retention_interval, bool):
             raise TraceError(
                 "retention_interval", self.retention_interval, "not modelled", "pass 0 or None"
+            )
+        if not isinstance(self.reserve_full_sequence, bool):
+            raise TraceError(
+                "reserve_full_sequence", self.reserve_full_sequence, "must be a bool", "pass one"
             )
 
 
@@ -334,7 +341,8 @@ class Trace:
         lines = [
             f"layout {self.layout.value}: {s.num_blocks} blocks, budget "
             f"{s.max_num_batched_tokens}, {s.max_num_seqs} running, policy "
-            f"{s.failure_policy.value}, retention {s.retention_interval}, at most "
+            f"{s.failure_policy.value}, retention {s.retention_interval}, full sequence "
+            f"{'reserved' if s.reserve_full_sequence else 'not reserved'}, at most "
             f"{self.max_steps} steps"
         ]
         for r in self.requests:

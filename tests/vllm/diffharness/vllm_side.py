@@ -324,8 +324,7 @@ class BuiltEngine:
                 enable_chunked_prefill=True,
                 is_encoder_decoder=False,
                 async_scheduling=False,
-                # Not modelled by the spec: admission gated on the whole sequence fitting.
-                scheduler_reserve_full_isl=False,
+                scheduler_reserve_full_isl=settings.reserve_full_sequence,
             ),
             kv_transfer_config=KVTransferConfig(
                 kv_connector=TraceHMAConnector.__name__,
