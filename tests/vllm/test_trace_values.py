@@ -191,3 +191,11 @@ def test_finish_calls_of_failed_loads_compare_in_id_order() -> None:
     one = _obs(phase=Phase.UPDATE, requests=done, hooks=(finish("b"), finish("a")))
     two = _obs(phase=Phase.UPDATE, requests=done, hooks=(finish("a"), finish("b")))
     assert [f.split(":")[0] for f in differences(one, two)] == ["hook_shapes", "ordered_hooks"]
+
+
+def test_min_blocks_matches_the_recipes() -> None:
+    """The formula gives the smallest pool recorded per layout (the largest budget's)."""
+    from diffharness.strategies import BUDGETS
+
+    for layout, recipe in RECIPES.items():
+        assert max(recipe.min_blocks(b) for b in BUDGETS[layout]) == recipe.min_num_blocks

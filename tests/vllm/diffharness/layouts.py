@@ -55,9 +55,7 @@ class LayoutRecipe:
         block_size: the user's ``--block-size`` (``None``: the platform's choice).
         max_model_len: ``--max-model-len``; small, so a handful of blocks serves a request.
         min_num_blocks: the smallest pool vLLM accepts for it with any budget up to 4 claim
-            units (its start-up check that one ``max_model_len`` request fits,
-            ``v1/core/kv_cache_planning.py:60-80``; a sliding window's share grows with the
-            budget).
+            units (see :meth:`min_blocks`).
         description: one line for reports.
     """
 
@@ -99,6 +97,27 @@ class LayoutRecipe:
                 )
             )
         return tuple(groups)
+
+    def min_blocks(self, max_num_batched_tokens: int) -> int:
+        """The smallest pool vLLM's start-up check accepts with this budget.
+
+        ``_check_enough_kv_cache_memory`` (``v1/core/kv_cache_planning.py:60-80``) asks for one
+        ``max_model_len`` request's worth of every group (``max_memory_usage_bytes``,
+        ``v1/kv_cache_interface.py``): full attention ``cdiv(max_model_len, block)``; a sliding
+        window its admission cap ``cdiv(min(window - 1 + budget, max_model_len), block) + 1``
+        (918-944; the in-flight tokens are one step's budget); a mamba group in align mode two
+        states (1135-1153); plus the null block.
+        """
+        total = 1
+        for g in self.spec_groups():
+            if g.kind is GroupKind.FULL:
+                total += -(-self.max_model_len // g.block_size)
+            elif g.kind is GroupKind.SLIDING:
+                tokens = min(g.sliding_window - 1 + max_num_batched_tokens, self.max_model_len)
+                total += -(-tokens // g.block_size) + 1
+            else:
+                total += 2
+        return total
 
     @property
     def unit(self) -> int:

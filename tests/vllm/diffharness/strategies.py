@@ -1,13 +1,14 @@
 """Hypothesis strategies for random traces over one layout.
 
-A trace draws the engine settings (a pool a little above the smallest vLLM accepts, so
-requests preempt each other; a token budget from under one block to a few blocks, so prefills
-are chunked; the running cap; the failure policy; dense or sparse retention) and one to six
-requests. Prompts are cut around block boundaries (k blocks, minus one, plus one, or a random
-tail) from a few shared prefixes, with or without a cache salt, so local prefix hits, full-prompt
-hits and salted misses all occur. Each request scripts up to three connector answers (defer,
-none, sync or async claims of a few units), how each async load ends (after 0-3 steps, failing
-or not), an optional store hold and, one request in four, an abort between or during steps.
+A trace draws the engine settings: a token budget from under one block to a few blocks (so
+prefills are chunked), a pool at most 8 blocks above the smallest vLLM accepts for that budget
+(so requests preempt each other), the running cap, the failure policy, dense or sparse
+retention, and whether an admission must fit the whole sequence. Then one to six requests.
+Prompts are cut around block boundaries (k blocks, minus one, plus one, or a random tail) from
+a few shared prefixes, with or without a cache salt, so local prefix hits, full-prompt hits and
+salted misses all occur. Each request scripts up to three connector answers (defer, none, sync
+or async claims of a few units), how each async load ends (after 0-3 steps, failing or not), an
+optional store hold and, one request in four, an abort between or during steps.
 """
 
 from __future__ import annotations
@@ -98,9 +99,11 @@ def _request(
 def traces(draw: st.DrawFn, layout: Layout) -> Trace:
     """A random trace over ``layout`` (see the module docstring)."""
     recipe = RECIPES[layout]
+    budget = draw(st.sampled_from(BUDGETS[layout]))
+    smallest = recipe.min_blocks(budget)
     settings = EngineSettings(
-        num_blocks=draw(st.integers(recipe.min_num_blocks, recipe.min_num_blocks + 8)),
-        max_num_batched_tokens=draw(st.sampled_from(BUDGETS[layout])),
+        num_blocks=draw(st.integers(smallest, smallest + 8)),
+        max_num_batched_tokens=budget,
         max_num_seqs=draw(st.integers(1, 4)),
         failure_policy=draw(st.sampled_from(FailurePolicy)),
         retention_interval=draw(st.sampled_from((0, None))),
