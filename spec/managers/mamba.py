@@ -23,8 +23,8 @@ state, so everything before that state's block is skipped (nulls). Facts from vL
   (2000-2010) and cleared when a step starts (``new_step_starts``, 2025-2026, called from
   ``v1/core/sched/scheduler.py:746``).
 
-Divergence (catalogued): vLLM 0.33 does not clamp the align-mode count: at
-``v1/core/single_type_kv_cache_manager.py:1743-1747`` it computes
+Divergence D1 (catalogued in :mod:`spec.scheduler.config`): vLLM 0.33 does not clamp the
+align-mode count: at ``v1/core/single_type_kv_cache_manager.py:1743-1747`` it computes
 ``num_required_blocks - len(new_computed_blocks) - len(req_blocks)`` and only caps it when positive
 (1785), so after a truncation or a rejected speculative step it returns a NEGATIVE count (1795)
 that the coordinator adds to the other groups' counts, under-reserving them. The spec clamps the
@@ -105,14 +105,16 @@ class MambaManager(SingleTypeManager):
     def _adopts_external(self, request_id: str, total: int, num_local: int) -> bool:
         """Whether this first allocation takes an external state block before the new state.
 
-        Divergence (catalogued): vLLM 0.33 counts ``required - hit - held`` capped at
-        ``1 + spec`` on a first allocation (``single_type_kv_cache_manager.py:1743-1790``), yet a
-        first allocation that adopts external tokens AND schedules new tokens past their block
-        takes two blocks: the external state at ``cdiv(total, bs) - 1``
-        (``allocate_external_computed_blocks``, 327-368) and the new state
-        (``allocate_new_blocks``, 1797-1923). Running vLLM's own ``MambaManager`` (block 8, 8
-        external + 4 new tokens) reserves 1 and takes 2. The spec counts the external block on its
-        own, ``1 + min(required - cdiv(total, bs), 1 + spec)``: exactly what is taken.
+        Divergence D8 (:mod:`spec.scheduler.config`; ``vllm_exact`` turns it off): vLLM 0.33
+        counts ``required - hit - held`` capped at ``1 + spec`` on a first allocation
+        (``single_type_kv_cache_manager.py:1743-1790``), yet a first allocation that adopts
+        external tokens AND schedules new tokens past their block takes two blocks: the
+        external state at ``cdiv(total, bs) - 1`` (``allocate_external_computed_blocks``,
+        327-368) and the new state (``allocate_new_blocks``, 1797-1923). Running vLLM's own
+        ``MambaManager`` (block 8, 8 external + 4 new tokens) reserves 1 and takes 2; with no
+        slack in the pool ``get_new_blocks`` raises (finding F1 of ``tests/vllm``). The spec
+        counts the external block on its own, ``1 + min(required - cdiv(total, bs), 1 + spec)``:
+        exactly what is taken.
         """
         fresh = request_id not in self.req_to_blocks and request_id not in self.num_cached_block
         return fresh and total > num_local
