@@ -33,7 +33,7 @@ from diffharness.trace import (
     RequestScript,
     Trace,
 )
-from diffharness.vllm_side import VllmSide, build_engine
+from diffharness.vllm_side import VllmSide
 
 from spec.managers import KVCacheCoordinator
 from spec.scheduler import RecoveryMode
@@ -78,14 +78,11 @@ def test_d1_mamba_count_is_clamped_where_vllm_goes_negative() -> None:
 
     Trace: 1280 tokens allocated for a request (two mamba blocks per group), then the count for
     640 tokens, as a rolled-back request would ask."""
-    engine = build_engine(Layout.MAMBA_FULL, EngineSettings(16, 2048, 2))
-    scheduler = engine.new_scheduler()
-    trace = Trace(Layout.MAMBA_FULL, engine.settings, ())
-    side = VllmSide(trace)
-    side.scheduler = scheduler
+    trace = Trace(Layout.MAMBA_FULL, EngineSettings(16, 2048, 2), ())
+    side = VllmSide(trace)  # vLLM's own KVCacheManager, built as the engine core builds it
     side.add(RequestScript("r", 1, _prompt(0, 1920), 1))
     request = side.requests["r"]
-    manager = scheduler.kv_cache_manager
+    manager = side.scheduler.kv_cache_manager
     assert manager.allocate_slots(request, 1280) is not None
     empty = manager.empty_kv_cache_blocks.blocks
     vllm_count = manager.coordinator.get_num_blocks_to_allocate(

@@ -453,9 +453,8 @@ class VllmSide:
             req_id_to_index={rid: i for i, rid in enumerate(req_ids)},
             sampled_token_ids=sampled,
         )
-        hooks = self.connector.drain()
-        self.connector.calls.extend(hooks)  # _observe drains them again
-        return self._observe(Phase.SCHEDULE, output, _claims(hooks), ())
+        claims = _claims(tuple(self.connector.calls))  # _observe drains the calls
+        return self._observe(Phase.SCHEDULE, output, claims, ())
 
     def update(self, report: KVReport) -> StepObservation:
         """``update_from_output()`` with the sampled tokens and the worker's report."""
