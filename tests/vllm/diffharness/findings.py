@@ -115,10 +115,11 @@ def _prompt(base: int, length: int) -> tuple[int, ...]:
 
 
 def mamba_sync_claims() -> Trace:
-    """F1 (shrunk by hypothesis from a random trace): two requests of two mamba blocks, each
-    with a sync claim of one unit, on a 14-block pool. r0 is admitted; r1's admission reserves
-    1 (full) + 3x1 (mamba) blocks and takes 1 + 3x2; with 9 free, the last mamba group finds
-    none and vLLM's ``get_new_blocks`` raises inside ``schedule()``."""
+    """F1 (shrunk by hypothesis from a random trace): two requests of two blocks, each with a
+    sync claim of one unit, on a 14-block pool (13 usable). r0 is admitted and takes 2 (full)
+    + 3x2 (mamba) blocks; r1's admission reserves 2 + 3x1 = 5 of the 5 free and takes
+    2 + 3x2, so the second mamba group finds none and vLLM's ``get_new_blocks`` raises inside
+    ``schedule()``."""
     sync = (ClaimScript(ClaimMode.SYNC, 1),)
     return Trace(
         Layout.MAMBA_FULL,
