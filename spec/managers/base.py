@@ -62,8 +62,15 @@ class SingleTypeManager:
     the current allocation; the coordinator resets it and checks it against the reservation).
     """
 
-    def __init__(self, spec: GroupSpec, kv_cache_group_id: int, alignment_tokens: int) -> None:
-        """Pre: ``alignment_tokens`` is a positive multiple of ``spec.block_size``."""
+    def __init__(
+        self,
+        spec: GroupSpec,
+        kv_cache_group_id: int,
+        alignment_tokens: int,
+        retention_interval: int | None = None,
+    ) -> None:
+        """Pre: ``alignment_tokens`` is a positive multiple of ``spec.block_size``;
+        ``retention_interval`` is ``None`` (dense) or 0 (sparse), see :meth:`block_mask`."""
         if alignment_tokens <= 0 or alignment_tokens % spec.block_size:
             raise ConfigError(
                 "alignment_tokens",
@@ -75,6 +82,7 @@ class SingleTypeManager:
         self.kv_cache_group_id = kv_cache_group_id
         self.block_size = spec.block_size
         self.alignment_tokens = alignment_tokens
+        self.retention_interval = retention_interval
         self.req_to_blocks: dict[str, list[BlockId]] = {}
         self.num_cached_block: dict[str, int] = {}
         self.taken = 0
@@ -91,9 +99,15 @@ class SingleTypeManager:
         """The longest hit of at most ``max_length`` tokens this group accepts. Pure."""
         raise NotImplementedError
 
-    def block_mask(self, start_block: int, end_block: int) -> list[bool] | None:
-        """Which of the new full blocks deserve cache entries (``None``: all)."""
-        del start_block, end_block
+    def block_mask(
+        self, start_block: int, end_block: int, boundaries: Sequence[int] = ()
+    ) -> list[bool] | None:
+        """Which of the new full blocks deserve cache entries (``None``: all).
+
+        ``boundaries`` are the positions a later request can resume at (used by the sparse
+        kinds when ``retention_interval`` is 0). Full attention caches every block.
+        """
+        del start_block, end_block, boundaries
         return None
 
     # ------------------------------------------------------------ reservation
@@ -106,17 +120,21 @@ class SingleTypeManager:
         total_computed_tokens: int,
         num_local_computed_tokens: int,
         pool: BlockPool,
+        admission_cap: int | None = None,
     ) -> int:
         """Blocks an allocation of ``num_tokens`` slots takes off the free queue. Pure.
 
         ``total_computed_tokens`` counts local and external tokens, ``num_local_computed_tokens``
-        the local ones (the request's own and its new hit).
+        the local ones (the request's own and its new hit); ``admission_cap`` bounds the blocks
+        the request needs in all (vLLM's ``apply_admission_cap``, 214-227).
 
         Pre: a running request (one with cache bookkeeping) brings no hit blocks.
         Post: the count is >= 0 and covers new blocks plus hit blocks that leave the queue.
         """
         del num_local_computed_tokens  # the base count needs the total only
         required = cdiv(num_tokens, self.block_size)
+        if admission_cap is not None:
+            required = min(required, admission_cap)
         held = len(self.req_to_blocks.get(request_id, ()))
         if request_id in self.num_cached_block:
             return max(required - held, 0)
@@ -189,6 +207,9 @@ class SingleTypeManager:
         table.extend(new)
         return new
 
+    def new_step_starts(self) -> None:
+        """A scheduler step starts (vLLM's ``new_step_starts``); nothing to do here."""
+
     # ------------------------------------------------------------ release and caching
     def remove_skipped_blocks(
         self, request_id: str, num_processed_tokens: int, pool: BlockPool
@@ -221,10 +242,12 @@ class SingleTypeManager:
         block_hashes: Sequence[BlockHash],
         num_tokens: int,
         pool: BlockPool,
+        boundaries: Sequence[int] = (),
     ) -> None:
         """Give cache entries to the request's full blocks up to ``num_tokens`` tokens.
 
-        ``block_hashes`` are this group's block hashes (see :func:`coarse_hashes`).
+        ``block_hashes`` are this group's block hashes (see :func:`coarse_hashes`);
+        ``boundaries`` the request's resume positions (see :meth:`block_mask`).
         Post: blocks ``[cached, min(num_tokens // bs, len(hashes)))`` are cached (null and masked
         ones skipped) and counted as cached. Nothing changes when none is new.
         """
@@ -233,7 +256,7 @@ class SingleTypeManager:
         if num_cached >= num_full:
             return
         table = self.req_to_blocks.get(request_id, [])
-        mask = self.block_mask(num_cached, num_full)
+        mask = self.block_mask(num_cached, num_full, boundaries)
         pool.cache_full_blocks(
             table,
             block_hashes,

@@ -62,16 +62,30 @@ class KVCacheCoordinator:
     manager_classes: ClassVar[Mapping[GroupKind, type[SingleTypeManager]]] = _MANAGERS
     """Which manager serves each kind (a broken variant in a test swaps one)."""
 
-    def __init__(self, groups: Sequence[GroupSpec], num_blocks: int) -> None:
-        """Pre: at least one group; ``num_blocks >= 2``. Post: an empty pool, empty tables."""
+    def __init__(
+        self,
+        groups: Sequence[GroupSpec],
+        num_blocks: int,
+        retention_interval: int | None = None,
+    ) -> None:
+        """Pre: at least one group; ``num_blocks >= 2``; ``retention_interval`` is vLLM's
+        ``prefix_cache_retention_interval``: ``None`` (dense) or 0 (sparse, vLLM's default).
+        Post: an empty pool, empty tables."""
         if not groups or not all(isinstance(g, GroupSpec) for g in groups):
             raise ConfigError("groups", groups, "need one GroupSpec or more", "list the groups")
+        if retention_interval not in (None, 0) or isinstance(retention_interval, bool):
+            raise ConfigError(
+                "retention_interval",
+                retention_interval,
+                "only dense (None) and sparse (0) retention are modelled",
+                "pass None or 0",
+            )
         sizes = [g.block_size for g in groups]
         self.scheduler_block_size = math.lcm(*sizes)
         self.hash_block_size = math.gcd(*sizes)
         self.pool = BlockPool(num_blocks)
         self.managers: tuple[SingleTypeManager, ...] = tuple(
-            self.manager_classes[g.kind](g, i, self.scheduler_block_size)
+            self.manager_classes[g.kind](g, i, self.scheduler_block_size, retention_interval)
             for i, g in enumerate(groups)
         )
         self.processed: dict[str, int] = {}
@@ -109,19 +123,26 @@ class KVCacheCoordinator:
         num_external_computed_tokens: int = 0,
         num_in_flight_tokens: int = 0,
         reserved_blocks: int = 0,
+        full_sequence_tokens: int | None = None,
+        admission_caps: Sequence[int | None] = (),
     ) -> tuple[tuple[BlockId, ...], ...] | Refused:
         """Give the request slots for ``num_new_tokens`` after its computed, hit and external ones.
 
         ``num_computed_tokens`` is what the request had before; ``hit`` is a new local prefix hit
         (first allocation only); ``num_external_computed_tokens`` are claimed by a connector.
+        ``full_sequence_tokens`` (vLLM's ``full_sequence_must_fit``): first check that the whole
+        sequence of that many tokens fits the free blocks, each group's count capped by its
+        ``admission_caps`` entry (``kv_cache_manager.py:535-552``).
 
         Pre: at least one of new tokens, hit tokens or external tokens is positive.
         Post: every group's table covers ``computed + hit + external + new`` tokens (mamba: its
         state and scratch positions), windows trimmed to the processed tokens; returns the new
         blocks per group. ``last_allocation`` holds each group's (reserved, taken).
-        Refusal: the reservation exceeds ``free - reserved_blocks`` -> :class:`Refused`; the only
-        change is step 1, the release of blocks the windows no longer read (as in vLLM, which
-        frees them "even if we cannot schedule this request", ``kv_cache_manager.py:556-568``).
+        Refusal: the whole sequence does not fit the free blocks -> :class:`Refused`, nothing
+        changes; the reservation exceeds ``free - reserved_blocks`` -> :class:`Refused`, the
+        only change is step 1, the release of blocks the windows no longer read (as in vLLM,
+        which frees them "even if we cannot schedule this request", ``kv_cache_manager.py
+        :556-568``).
         """
         for field, value in (
             ("num_new_tokens", num_new_tokens),
@@ -139,6 +160,22 @@ class KVCacheCoordinator:
         num_local = num_computed_tokens + hit.num_tokens
         total = num_local + num_external_computed_tokens
         num_tokens = total + num_new_tokens
+        if full_sequence_tokens is not None:
+            caps = tuple(admission_caps) or (None,) * len(self.managers)
+            whole = sum(
+                m.get_num_blocks_to_allocate(
+                    request_id,
+                    full_sequence_tokens,
+                    hit_blocks[i],
+                    total_computed_tokens=total,
+                    num_local_computed_tokens=num_local,
+                    pool=self.pool,
+                    admission_cap=caps[i],
+                )
+                for i, m in enumerate(self.managers)
+            )
+            if whole > self.pool.get_num_free_blocks():
+                return Refused(needed=whole, available=self.pool.get_num_free_blocks())
         self.remove_skipped_blocks(request_id, max(0, total - num_in_flight_tokens))
         counts = tuple(
             m.get_num_blocks_to_allocate(
@@ -196,6 +233,12 @@ class KVCacheCoordinator:
                     request_id, num_local, num_external, self.pool
                 )
 
+    def new_step_starts(self) -> None:
+        """A scheduler step starts: every manager forgets what it cached in the last one
+        (``kv_cache_coordinator.py:474-477``). Never refuses."""
+        for manager in self.managers:
+            manager.new_step_starts()
+
     # ------------------------------------------------------------ release and caching
     def remove_skipped_blocks(self, request_id: str, num_processed_tokens: int) -> None:
         """Free, in every group, the blocks its window no longer reads.
@@ -210,19 +253,25 @@ class KVCacheCoordinator:
             self.processed[request_id] = num_processed_tokens
 
     def cache_blocks(
-        self, request_id: str, block_hashes: Sequence[BlockHash], num_tokens: int
+        self,
+        request_id: str,
+        block_hashes: Sequence[BlockHash],
+        num_tokens: int,
+        boundaries: Sequence[int] = (),
     ) -> None:
         """Give cache entries to the request's full blocks, in every group, up to ``num_tokens``.
 
-        ``block_hashes`` are taken every ``hash_block_size`` tokens. With several groups only
-        whole scheduler blocks count. Post: see :meth:`SingleTypeManager.cache_blocks`.
+        ``block_hashes`` are taken every ``hash_block_size`` tokens; ``boundaries`` are the
+        positions a later request can resume at (what sparse retention keeps). With several
+        groups only whole scheduler blocks count. Post: see
+        :meth:`SingleTypeManager.cache_blocks`.
         """
         _check_count("num_tokens", num_tokens)
         if len(self.managers) > 1:
             num_tokens -= num_tokens % self.scheduler_block_size
         for manager in self.managers:
             hashes = coarse_hashes(block_hashes, self.hash_block_size, manager.block_size)
-            manager.cache_blocks(request_id, hashes, num_tokens, self.pool)
+            manager.cache_blocks(request_id, hashes, num_tokens, self.pool, boundaries)
 
     def free(self, request_id: str) -> None:
         """Release every group's table of the request, group by group, each tail first.

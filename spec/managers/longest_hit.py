@@ -26,10 +26,24 @@ __all__ = ["NO_HIT", "CacheHit", "find_longest_cache_hit", "find_longest_cache_h
 
 @dataclass(frozen=True, slots=True)
 class CacheHit:
-    """A prefix hit of ``num_tokens`` tokens; ``blocks[g]`` are group ``g``'s (null-padded)."""
+    """A prefix hit of ``num_tokens`` tokens; ``blocks[g]`` are group ``g``'s (null-padded).
+
+    ``num_uncached_common_prefix_tokens``: how much longer the longest single-group hit was
+    than the reconciled one (vLLM's ``longest_hit_length - hit_length``,
+    ``kv_cache_coordinator.py:934-941``): a prefix other requests share that a sparse group
+    (mamba, sliding window) has not cached at that length.
+    """
 
     blocks: tuple[tuple[BlockId, ...], ...]
     num_tokens: int
+    num_uncached_common_prefix_tokens: int = 0
+
+    @property
+    def shared_prefix_boundary(self) -> int:
+        """Where that shared prefix ends (0 if none): vLLM's ``get_computed_blocks`` pins it
+        (``kv_cache_manager.py:319-328``) and the mamba split stops there."""
+        extra = self.num_uncached_common_prefix_tokens
+        return self.num_tokens + extra if extra else 0
 
 
 NO_HIT = CacheHit((), 0)
@@ -46,21 +60,26 @@ def find_longest_cache_hit(
     """The longest prefix of at most ``max_length`` tokens that every group accepts. Pure.
 
     ``block_hashes`` are taken every ``hash_block_size`` tokens. Post: each group's own search
-    bounded by ``num_tokens`` returns ``num_tokens`` (stability), and no longer such length exists.
+    bounded by ``num_tokens`` returns ``num_tokens`` (stability), and no longer such length exists;
+    ``num_uncached_common_prefix_tokens`` is the longest answer any group gave minus
+    ``num_tokens`` (the first group asked, full attention, gives the longest).
     """
     order = sorted(range(len(managers)), key=lambda g: managers[g].spec.kind is not GroupKind.FULL)
     views = [coarse_hashes(block_hashes, hash_block_size, m.block_size) for m in managers]
     hits: dict[int, GroupHit] = {}
     length = max_length
+    longest = 0
     while True:
         candidate = length
         for group in order:
             hits[group] = managers[group].find_longest_cache_hit(pool, views[group], candidate)
             candidate = hits[group].num_tokens
+            longest = max(longest, candidate)
         if candidate >= length:
             break
         length = candidate
-    return CacheHit(tuple(hits[g].blocks for g in range(len(managers))), length)
+    blocks = tuple(hits[g].blocks for g in range(len(managers)))
+    return CacheHit(blocks, length, longest - length)
 
 
 def find_longest_cache_hit_per_group(

@@ -6,8 +6,10 @@ vLLM 0.33, ``SlidingWindowManager`` (``v1/core/single_type_kv_cache_manager.py``
 - a hit needs ``cdiv(sliding_window - 1, block_size)`` contiguous cached blocks, found right to
   left; the run's last block must end on the alignment; when no full run exists, a cached run from
   position 0 still counts, cut back to the alignment (969-1065);
-- only blocks some aligned hit could read get cache entries (``reachable_block_mask`` with dense
-  retention, 1067-1146).
+- only blocks some aligned hit could read get cache entries (``reachable_block_mask``,
+  1067-1146): with dense retention a window's worth before every aligned boundary, with vLLM's
+  default sparse retention (``prefix_cache_retention_interval=0``) only before the request's
+  resume boundaries.
 
 External tokens get real blocks for the window only; the skipped prefix is null from the start.
 """
@@ -66,13 +68,27 @@ class SlidingWindowManager(SingleTypeManager):
     def _hit(self, blocks: list[BlockId]) -> GroupHit:
         return GroupHit(tuple(blocks), len(blocks) * self.block_size)
 
-    def block_mask(self, start_block: int, end_block: int) -> list[bool] | None:
-        """Cache only the last ``need`` blocks of each alignment segment (all when ``need`` covers
-        a segment or the alignment is not whole blocks)."""
+    def block_mask(
+        self, start_block: int, end_block: int, boundaries: Sequence[int] = ()
+    ) -> list[bool] | None:
+        """Which new blocks a later hit can read (vLLM's ``reachable_block_mask``, 1067-1146).
+
+        Dense retention (``retention_interval`` None): the last ``need`` blocks of each
+        alignment segment (all when ``need`` covers a segment). Sparse retention (0, vLLM's
+        default): only the ``need`` blocks ending at each resume boundary (floored to the
+        alignment). Alignment that is not whole blocks: every block.
+        """
         if self.alignment_tokens % self.block_size:
             return None
         need = self._blocks_for_hit()
-        per_segment = self.alignment_tokens // self.block_size
-        if need >= per_segment:
-            return None
-        return [i % per_segment >= per_segment - need for i in range(start_block, end_block)]
+        if self.retention_interval is None:
+            per_segment = self.alignment_tokens // self.block_size
+            if need >= per_segment:
+                return None
+            return [i % per_segment >= per_segment - need for i in range(start_block, end_block)]
+        mask = [False] * (end_block - start_block)
+        for boundary in boundaries:
+            end = boundary // self.alignment_tokens * self.alignment_tokens // self.block_size
+            for index in range(max(start_block, end - need), min(end_block, end)):
+                mask[index - start_block] = True
+        return mask

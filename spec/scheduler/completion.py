@@ -61,6 +61,7 @@ class SchedulerCompletion(SchedulerState):
         changes nothing.
         """
         self._check_update(output, sampled, kv_output, failures)
+        self.in_flight = {}  # the step's tokens are processed (scheduler.py:2311-2316)
         reports = {f.request_id: f for f in failures}
         recoveries: list[RecoveryRecord] = []
         affected: set[RequestId] = set()
@@ -227,8 +228,10 @@ class SchedulerCompletion(SchedulerState):
         self._set_status(rid, status)
         self.finished_since.add(rid)
         if self.connector is not None:
-            # vLLM frees out-of-window blocks before the connector sees the table (3364-3375).
-            self.kv.remove_skipped_blocks(rid, r.num_computed_tokens)
+            # vLLM frees out-of-window blocks before the connector sees the table (3364-3375),
+            # on the processed-token basis: an abort while the step runs leaves its tokens out.
+            processed = max(0, r.num_computed_tokens - self.in_flight.get(rid, 0))
+            self.kv.remove_skipped_blocks(rid, processed)
             blocks = self._blocks_for_computed(rid, r.num_computed_tokens)
             if self.connector.request_finished_all_groups(r.view(), blocks):
                 holds.add(Hold.STORE)

@@ -33,6 +33,28 @@ Divergences (each: what vLLM 0.33 does, what the spec does, the switch):
 - **D7 no re-claim while a load is parked.** Consequence of D3: a request with an abandoned load
   still outstanding recomputes instead of asking the connector, so a late report always matches
   the abandoned load (one outstanding load per request id).
+- **D8 the external mamba state block is reserved.** ``v1/core/single_type_kv_cache_manager.py
+  :1742-1795`` counts ``cdiv(n, bs) - hit - held`` capped at one new block, but a first
+  allocation that adopts external tokens and schedules new tokens past their block takes two per
+  mamba group (the external state, 327-368, and the new state, 1797-1923), so a sync claim
+  under-reserves one block per mamba group and ``get_new_blocks`` raises ``ValueError`` when the
+  pool has no slack (a finding of ``tests/vllm``). The spec reserves the external block on its
+  own (:meth:`spec.managers.MambaManager._adopts_external`). Switch: ``vllm_exact``.
+- **D9 an admission is not gated by its own reservation.** ``scheduler.py:1420-1430`` gates an
+  async admission on ``free - _inflight_prefill_reserved_blocks()``, the remaining blocks of
+  every request in ``_inflight_prefills`` (3432-3436). A request whose async load failed stays in
+  that set (added at 1542, discarded only at 1820, 1871 and 3038), so when it claims async again
+  after the recompute its own full sequence is reserved against it, contrary to the comment at
+  1420-1425 ("other in-flight reservations"): a request needing more than half the pool is
+  never admitted while the connector keeps claiming (a wedge, ``SC-3``; a finding of
+  ``tests/vllm``). The spec reserves for the OTHER in-flight prefills only. Switch:
+  ``vllm_exact``.
+
+Configuration mirrored from vLLM (not divergences): ``retention_interval`` is vLLM's
+``prefix_cache_retention_interval`` (``config/cache.py:275``; vLLM's default 0 keeps sliding-window
+and mamba cache entries only at resume boundaries, ``None`` keeps them densely);
+``full_sequence_must_fit`` is ``scheduler_reserve_full_isl`` (default True in vLLM) and
+``max_model_len`` bounds reservations.
 
 Not modelled: async scheduling and deferred frees, pipeline parallelism, speculative decoding and
 lookahead slots, the priority policy, encoder inputs, ``long_prefill_token_threshold``,
@@ -82,6 +104,14 @@ class SchedulerConfig:
         vllm_exact: model vLLM 0.33 exactly (every divergence off).
         liveness_bound_steps: ``SC-3``'s bound on the age of an unfinished request (``None``:
             only the explorer's wedge check applies).
+        retention_interval: vLLM's ``prefix_cache_retention_interval`` for sliding-window and
+            mamba groups: ``None`` dense (the default here), 0 sparse (vLLM's default).
+        max_model_len: vLLM's ``max_model_len`` (``None``: unbounded); it bounds the blocks
+            reserved for an in-flight prefill (``scheduler.py:3404-3420``).
+        full_sequence_must_fit: vLLM's ``scheduler_reserve_full_isl`` (``config/scheduler.py
+            :190``, vLLM's default True; False here, as before): a waiting request is admitted
+            only if its whole sequence fits the free blocks (``scheduler.py:1448``,
+            ``kv_cache_manager.py:535-552``).
     """
 
     groups: tuple[GroupSpec, ...]
@@ -94,6 +124,9 @@ class SchedulerConfig:
     reserve_for_async_loads: bool = True
     vllm_exact: bool = False
     liveness_bound_steps: int | None = None
+    retention_interval: int | None = None
+    max_model_len: int | None = None
+    full_sequence_must_fit: bool = False
 
     def __post_init__(self) -> None:
         if not isinstance(self.groups, tuple) or not self.groups:
@@ -109,9 +142,16 @@ class SchedulerConfig:
                     f"does not divide block_size {group.block_size}",
                     "use the gcd of the group block sizes",
                 )
-        for field in ("load_deadline_steps", "liveness_bound_steps"):
+        for field in ("load_deadline_steps", "liveness_bound_steps", "max_model_len"):
             if getattr(self, field) is not None:
                 _positive(field, getattr(self, field))
+        if self.retention_interval not in (None, 0) or isinstance(self.retention_interval, bool):
+            raise ConfigError(
+                "retention_interval",
+                self.retention_interval,
+                "only dense (None) and sparse (0) retention are modelled",
+                "pass None or 0",
+            )
         if not isinstance(self.recovery, RecoveryMode):
             raise ConfigError("recovery", self.recovery, "not a RecoveryMode", _FIX_MODE)
         self._check_exact()
@@ -141,6 +181,27 @@ class SchedulerConfig:
     def reserve_every_admission(self) -> bool:
         """D4: whether every admission (not only async ones) leaves the reserve alone."""
         return self.reserve_for_async_loads and not self.vllm_exact
+
+    @property
+    def reserve_excludes_admitting(self) -> bool:
+        """D9: whether an admission leaves its own in-flight reservation out of the gate."""
+        return not self.vllm_exact
+
+    def admission_cap(self, group: GroupSpec) -> int | None:
+        """vLLM's ``max_admission_blocks_per_request`` for a group (``None``: no cap).
+
+        A sliding window holds at most its window, the tokens of one step still in flight, and
+        one block of misalignment (``v1/kv_cache_interface.py:918-944``; with no async
+        scheduling or pipeline parallelism the in-flight tokens are one step's budget,
+        ``config/vllm.py:601-609``); vLLM caps a reservation for an in-flight prefill there.
+        """
+        if group.kind is not GroupKind.SLIDING:
+            return None
+        tokens = group.sliding_window - 1 + group.extra_retained_tokens
+        tokens += self.max_num_batched_tokens
+        if self.max_model_len is not None:
+            tokens = min(tokens, self.max_model_len)
+        return -(-tokens // group.block_size) + 1
 
     @property
     def needs_mamba_split(self) -> bool:

@@ -62,6 +62,9 @@ class Request:
         num_computed_tokens: tokens whose KV the request's blocks hold (or will, once a pending
             async load lands).
         num_preemptions: how often it was preempted.
+        shared_prefix_boundary: the junction its last prefix look-up pinned (vLLM's
+            ``request.shared_prefix_boundary``; 0: none), see
+            :attr:`spec.managers.CacheHit.shared_prefix_boundary`.
     """
 
     request_id: RequestId
@@ -74,13 +77,20 @@ class Request:
     output_token_ids: tuple[int, ...] = ()
     num_computed_tokens: int = 0
     num_preemptions: int = 0
+    shared_prefix_boundary: int = 0
 
     def __post_init__(self) -> None:
         if not isinstance(self.prompt_token_ids, tuple) or not self.prompt_token_ids:
             raise ConfigError(
                 "prompt_token_ids", self.prompt_token_ids, "need a non-empty tuple", _FIX_TUPLE
             )
-        for field in ("max_tokens", "arrival_step", "num_computed_tokens", "num_preemptions"):
+        for field in (
+            "max_tokens",
+            "arrival_step",
+            "num_computed_tokens",
+            "num_preemptions",
+            "shared_prefix_boundary",
+        ):
             value = getattr(self, field)
             low = 1 if field == "max_tokens" else 0
             if isinstance(value, bool) or not isinstance(value, int) or value < low:

@@ -103,6 +103,7 @@ class Scheduler(SchedulerCompletion):
         assert against raises :class:`ConnectorContractError` under ``vllm_exact``).
         """
         self.step += 1
+        self.kv.new_step_starts()  # scheduler.py:746
         abandoned = self._expire_loads()
         claims: list[ClaimRecord] = []
         scheduled: list[tuple[RequestId, int, int]] = []
@@ -126,6 +127,7 @@ class Scheduler(SchedulerCompletion):
         self.claims = tuple(claims)
         self.recoveries = ()
         self.last_scheduled = tuple((rid, n) for rid, _, n in scheduled)
+        self.in_flight = dict(self.last_scheduled)
         self.last_budget_left = budget
         self.counters["tokens_scheduled"] += output.total_num_scheduled_tokens
         return output
@@ -233,6 +235,7 @@ class Scheduler(SchedulerCompletion):
                 return _Verdict.SKIP, 0
             r = self._promote(rid)
         plan = self._plan(r, claims)
+        r = self.requests[rid]  # the look-up pinned its junction
         if plan is None:
             return _Verdict.SKIP, 0
         total = r.num_computed_tokens + plan.hit.num_tokens + plan.num_external
@@ -248,6 +251,8 @@ class Scheduler(SchedulerCompletion):
             hit=plan.hit,
             num_external_computed_tokens=plan.num_external,
             reserved_blocks=reserved,
+            full_sequence_tokens=self._full_sequence(r),
+            admission_caps=tuple(self.config.admission_cap(g) for g in self.config.groups),
         )
         if isinstance(got, Refused):
             self._outcome(claims, plan, ClaimOutcome.NO_SPACE)
@@ -266,6 +271,13 @@ class Scheduler(SchedulerCompletion):
             self.inflight.add(rid)
         self._outcome(claims, plan, ClaimOutcome.SCHEDULED)
         return _Verdict.ADMIT, n
+
+    def _full_sequence(self, r: Request) -> int | None:
+        """The tokens a waiting admission must fit whole (``scheduler_reserve_full_isl``)."""
+        if not self.config.full_sequence_must_fit:
+            return None
+        limit = self.config.max_model_len
+        return r.num_tokens if limit is None else min(r.num_tokens, limit)
 
     def _stops_on_empty_chunk(self, plan: _Plan) -> bool:
         """An empty chunk ends admissions (FCFS), except an async load's, which by design
@@ -297,6 +309,7 @@ class Scheduler(SchedulerCompletion):
             num_tokens=r.num_tokens,
             block_size=self.config.mamba_block_size,
             max_prefill_tokens=self.config.max_num_batched_tokens,
+            shared_prefix_boundary=r.shared_prefix_boundary,
         )
 
     def _outcome(self, claims: list[ClaimRecord], plan: _Plan, outcome: ClaimOutcome) -> None:
@@ -310,6 +323,9 @@ class Scheduler(SchedulerCompletion):
             return _Plan(NO_HIT, 0, False, False)
         hashes = block_hashes(r, self.config.hash_block_size)
         hit = self.kv.find_longest_cache_hit(hashes, r.num_tokens - 1)
+        # scheduler.py:1120-1126: every look-up pins the request's junction, admitted or not.
+        r = r.evolve(shared_prefix_boundary=hit.shared_prefix_boundary)
+        self.requests[r.request_id] = r
         if self.connector is None or r.request_id in self.parked:
             return _Plan(hit, 0, False, False)  # D7: no new load while one is parked
         unit = self.kv.scheduler_block_size
@@ -400,24 +416,41 @@ class Scheduler(SchedulerCompletion):
         return plan.is_async or self.config.reserve_every_admission
 
     def _reserved_for(self, rid: RequestId) -> int:
-        """Blocks the other in-flight prefills still need (``scheduler.py:3403-3436``)."""
+        """Blocks the other in-flight prefills still need to hold their whole sequence
+        (``scheduler.py:3404-3436``): ``min(num_tokens, max_model_len)`` tokens, a sliding
+        window capped at its admission bound. Under ``vllm_exact`` the admitting request's own
+        reservation counts too when it is still in the in-flight set (D9)."""
+        inflight = (
+            self.inflight - {rid} if self.config.reserve_excludes_admitting else self.inflight
+        )
+        limit = self.config.max_model_len
         total = 0
-        for other in sorted(self.inflight - {rid}):
+        for other in sorted(inflight):
             r = self.requests[other]
+            num_tokens = r.num_tokens if limit is None else min(r.num_tokens, limit)
             for m in self.kv.managers:
                 total += m.get_num_blocks_to_allocate(
                     other,
-                    r.num_tokens,
+                    num_tokens,
                     (),
                     total_computed_tokens=r.num_computed_tokens,
                     num_local_computed_tokens=r.num_computed_tokens,
                     pool=self.kv.pool,
+                    admission_cap=self.config.admission_cap(m.spec),
                 )
         return total
 
     def _cache(self, rid: RequestId, num_tokens: int) -> None:
+        """Cache the request's full blocks; under sparse retention the states a later request
+        can resume at are kept: its replay boundary (the prompt's last token,
+        ``kv_cache_coordinator.py:65-90``) and its junction (``single_type_kv_cache_manager.py
+        :510-520``)."""
         r = self.requests[rid]
-        self.kv.cache_blocks(rid, block_hashes(r, self.config.hash_block_size), num_tokens)
+        boundaries: tuple[int, ...] = (r.num_prompt_tokens - 1,)
+        if r.shared_prefix_boundary:
+            boundaries += (r.shared_prefix_boundary,)
+        hashes = block_hashes(r, self.config.hash_block_size)
+        self.kv.cache_blocks(rid, hashes, num_tokens, boundaries)
 
 
 _FIX_NEW = "add a fresh Request (WAITING, nothing computed) with a new id"

@@ -1,10 +1,13 @@
 """The mamba block-aligned split: during prefill a chunk ends on a block boundary.
 
 vLLM 0.33 ``_mamba_block_aligned_split`` (``v1/core/sched/scheduler.py:546-661``), with the
-parts the model has: no EAGLE, no lookahead, no partial hash hits, no prefill checkpoint blocks,
-no shared-prefix junction. In align mode the state block at position ``p`` holds the state after
-exactly ``(p + 1) * block_size`` tokens, and state is written at chunk ends, so a prefill chunk
-must end on a block boundary; only the prompt's last chunk may end elsewhere.
+parts the model has: no EAGLE, no lookahead, no partial hash hits, no prefill checkpoint blocks;
+the shared-prefix junction (``request.shared_prefix_boundary``, 632-660) is a stop, floored to a
+block from the chunk start (the block-floored form, since without partial hash hits
+``mamba_shared_prefix_checkpoint`` is off). In align mode the state block at position ``p``
+holds the state after exactly ``(p + 1) * block_size`` tokens, and state is written at chunk
+ends, so a prefill chunk must end on a block boundary; only the prompt's last chunk may end
+elsewhere.
 """
 
 from __future__ import annotations
@@ -29,10 +32,12 @@ def mamba_block_aligned_split(
     num_tokens: int,
     block_size: int,
     max_prefill_tokens: int,
+    shared_prefix_boundary: int = 0,
 ) -> int:
     """The chunk length that keeps mamba states on block boundaries. Pure.
 
-    ``start`` is the first token of the chunk (computed + newly hit + external tokens).
+    ``start`` is the first token of the chunk (computed + newly hit + external tokens);
+    ``shared_prefix_boundary`` the request's junction (0: none).
 
     Pre: ``0 <= start`` and ``num_new_tokens >= 0``; ``block_size > 0``.
     Post: the result is ``<= num_new_tokens``; when the chunk ends before the prefill end it ends
@@ -49,9 +54,12 @@ def mamba_block_aligned_split(
         if aligned_end > start or block_size <= max_prefill_tokens:
             end = aligned_end
     next_boundary = (start // block_size + 1) * block_size
+    junction = shared_prefix_boundary
+    block_floored = start + (junction - start) // block_size * block_size
     stops = (
         next_boundary if start % block_size else 0,
         last_cache_position(num_tokens, block_size),
+        block_floored if start < junction < end else 0,
     )
     end = min((s for s in stops if start < s < end), default=end)
     return max(end - start, 0)

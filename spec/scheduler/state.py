@@ -26,10 +26,15 @@ __all__ = ["SchedulerState"]
 
 
 class _UnclampedMamba(MambaManager):
-    """vLLM 0.33's align-mode count, not clamped at 0 (divergence D1 switched off)."""
+    """vLLM 0.33's align-mode count: not clamped at 0 (D1 off), the external state block not
+    reserved on its own (D8 off)."""
 
     def _clamp(self, num_new: int) -> int:
         return num_new
+
+    def _adopts_external(self, request_id: str, total: int, num_local: int) -> bool:
+        del request_id, total, num_local
+        return False
 
 
 class _ExactCoordinator(KVCacheCoordinator):
@@ -66,13 +71,17 @@ class SchedulerState:
         num_waiting_for_remote_kvs: hand-kept count (``SC-6`` recounts it).
         claims, recoveries: the last step's claim records and the last update's recoveries.
         last_scheduled, last_budget_left: the last step's schedule and unused budget.
+        in_flight: the tokens scheduled by the last ``schedule()`` whose output has not been
+            applied yet (vLLM's ``num_in_flight_tokens``; empty between steps).
         counters: cumulative observations (not part of :meth:`freeze`).
     """
 
     def __init__(self, config: SchedulerConfig, connector: SchedulerConnector | None) -> None:
         """Pre: a valid config. Post: empty queues, an empty pool, step 0."""
         self.config = config
-        self.kv = _MANAGER_TYPES[config.vllm_exact](config.groups, config.num_blocks)
+        self.kv = _MANAGER_TYPES[config.vllm_exact](
+            config.groups, config.num_blocks, config.retention_interval
+        )
         self.connector = connector
         _bind_pool(connector, self)
         self.requests: dict[RequestId, Request] = {}
@@ -91,6 +100,7 @@ class SchedulerState:
         self.claims: tuple[ClaimRecord, ...] = ()
         self.recoveries: tuple[RecoveryRecord, ...] = ()
         self.last_scheduled: tuple[tuple[RequestId, int], ...] = ()
+        self.in_flight: dict[RequestId, int] = {}
         self.last_budget_left = config.max_num_batched_tokens
         self.counters: dict[str, int] = dict.fromkeys(_COUNTERS, 0)
 
@@ -152,6 +162,7 @@ class SchedulerState:
             tuple(sorted((rid, _hold_names(hs)) for rid, hs in self.holds.items())),
             tuple(sorted(self.inflight)),
             tuple(sorted(self.finished_since)),
+            tuple(sorted(self.in_flight.items())),
             self.claims,
             self.recoveries,
         )
@@ -171,6 +182,7 @@ class SchedulerState:
             r.output_token_ids,
             r.num_computed_tokens,
             r.num_preemptions,
+            r.shared_prefix_boundary,
             age,
         )
 
@@ -265,7 +277,7 @@ def _bind_pool(connector: SchedulerConnector | None, state: SchedulerState) -> N
 
 
 _LISTS = ("waiting", "kv_holding", "running")
-_DICTS = ("requests", "loads", "parked", "holds", "counters")
+_DICTS = ("requests", "loads", "parked", "holds", "counters", "in_flight")
 _SETS = ("recv_done", "failed", "inflight", "finished_since")
 _COUNTERS = (
     "tokens_scheduled",

@@ -58,6 +58,8 @@ def test_two_groups_full_attention_then_mamba_shrinks_to_the_last_common_state()
     assert coord.find_longest_cache_hit_per_group(H[:4], 15) == (12, 8)
     hit = coord.find_longest_cache_hit(H[:4], 15)
     assert (hit.blocks, hit.num_tokens) == (((1, 2), (N, 3)), 8)
+    assert hit.shared_prefix_boundary == 12  # full attention alone would hit 12
+    coord.new_step_starts()  # b is admitted in a later step than a cached its states
     # b adopts the hit and asks for 8 more tokens: full takes 5, 6; mamba's new state is 7.
     assert coord.allocate_slots("b", 8, hit=hit) == ((5, 6), (7,))
     assert coord.get_blocks("b") == ((1, 2, 5, 6), (N, 3, N, 7))

@@ -252,9 +252,27 @@ def test_mamba_hit_is_the_last_cached_state() -> None:
     coord.free("a")
     hit = coord.find_longest_cache_hit(HASHES[:3], 11)
     assert (hit.blocks, hit.num_tokens) == (((N, 1),), 8)
+    coord.new_step_starts()  # b is admitted a step later
     coord.allocate_slots("b", 4, hit=hit)
     assert coord.get_blocks("b") == ((N, 1, 2),)
     _holds(coord)
+
+
+def test_mamba_state_cached_this_step_is_not_adopted_until_the_next() -> None:
+    """vLLM ``single_type_kv_cache_manager.py:1704-1712``: a state cached in this step is
+    written by this step's forward, so a hit on it is refused (more blocks than the pool) until
+    a new step starts; the refusal changes nothing."""
+    coord = _one(MAMBA)
+    coord.allocate_slots("a", 8)
+    coord.cache_blocks("a", HASHES[:2], 8)
+    hit = coord.find_longest_cache_hit(HASHES[:3], 11)
+    assert hit.num_tokens == 8
+    before = coord.freeze()
+    assert isinstance(coord.allocate_slots("b", 4, hit=hit), Refused)
+    assert coord.freeze() == before
+    coord.new_step_starts()
+    assert not isinstance(coord.allocate_slots("b", 4, hit=hit), Refused)
+    assert coord.get_blocks("b") == ((N, 1, 2),)
 
 
 def test_clone_is_independent() -> None:

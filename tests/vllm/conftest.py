@@ -10,11 +10,22 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import sys
 from pathlib import Path
 
 import pytest
 
 TORCHVISION_SHIM = Path(__file__).parent / "_torchvision_shim"
+
+# vLLM reads these when it is first imported (platform detection, offline hub, log level); the
+# nox session sets them too, a bare `pytest tests/vllm` gets them here.
+for _key, _value in {
+    "VLLM_TARGET_DEVICE": "cpu",
+    "HF_HUB_OFFLINE": "1",
+    "TRANSFORMERS_OFFLINE": "1",
+    "VLLM_LOGGING_LEVEL": "WARNING",
+}.items():
+    os.environ.setdefault(_key, _value)
 
 
 def _install_torchvision_shim() -> object:
@@ -52,3 +63,13 @@ def vllm_subprocess_env() -> dict[str, str]:
 def vllm_module() -> object:
     """vLLM itself, or a skip when it is not installed."""
     return pytest.importorskip("vllm", reason="vLLM 0.33 is not installed (run `nox -s vllm`)")
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    """Print what the random lock-step traces covered (``diffharness.tally``), if any ran."""
+    tally = sys.modules.get("diffharness.tally")
+    lines = tally.summary() if tally is not None else []
+    if lines:
+        terminalreporter.section("spec vs vLLM 0.33: random traces")
+        for line in lines:
+            terminalreporter.write_line(line)
