@@ -109,6 +109,32 @@ class CoreConnector:
         """The core's snapshot (the reference connector's schema)."""
         return self.core.snapshot()
 
+    # The reference connector's queries and seeding, for tests and the simulator.
+
+    def seed(self, request: spec_api.RequestView, num_tokens: int, groups: Iterable[int] = ()) -> int:
+        """Seed the host with the request's first ``num_tokens`` tokens (``ConnectorCore.seed``)."""
+        return self.core.seed(to_core_view(request), num_tokens, groups)
+
+    def failed_keys(self) -> frozenset[bytes]:
+        """The failure memory's keys."""
+        return self.core.failed_keys()
+
+    def has_transfers(self, request_id: spec_api.RequestId) -> bool:
+        """Whether a job of the request is in flight."""
+        return self.core.has_transfers(core_api.RequestId(request_id))
+
+    def busy_blocks(self) -> frozenset[int]:
+        """Blocks an in-flight job reads or writes."""
+        return self.core.busy_blocks()
+
+    def invalid_blocks(self, request_id: spec_api.RequestId) -> frozenset[int]:
+        """Destination blocks of the failed jobs of the request's latest load."""
+        return self.core.invalid_blocks(core_api.RequestId(request_id))
+
+    def first_invalid_token(self, request: spec_api.RequestView) -> int:
+        """Where the request's latest load leaves every group valid."""
+        return self.core.first_invalid_token(to_core_view(request))
+
 
 class TrackerWorker:
     """``spec.connector_api.WorkerConnector`` over a :class:`JobTracker`."""

@@ -287,36 +287,25 @@ def _core_engine(setup: Setup) -> tuple[Engine, Recorder]:
 def _observe(engine: Engine, recorder: Recorder) -> dict[str, Any]:
     """Everything compared after an event, as plain data."""
     connector = recorder.inner
-    inner = connector.core if isinstance(connector, engine_adapter.CoreConnector) else connector
     snap = connector.snapshot()
     rids = [spec.request_id for spec in engine.config.requests]
-    views = {
-        rid: engine.scheduler.requests[rid].view()
-        for rid in rids
-        if rid in engine.scheduler.requests
-    }
-    loads = {row[0] for row in snap["loads"]}
+    requests = engine.scheduler.requests
+    loads = sorted(row[0] for row in snap["loads"])
     return {
         "log": tuple(recorder.log),
         "connector": snap,
         "held": tuple(connector.held_blocks()),
         "worker": engine.worker.snapshot(),
-        "failed_keys": plain(inner.failed_keys()),
-        "has_transfers": tuple(inner.has_transfers(RequestId(rid)) for rid in rids),
-        "busy": plain(inner.busy_blocks()),
-        "invalid": tuple(plain(inner.invalid_blocks(RequestId(rid))) for rid in sorted(loads)),
+        "failed_keys": plain(connector.failed_keys()),
+        "has_transfers": tuple(connector.has_transfers(RequestId(rid)) for rid in rids),
+        "busy": plain(connector.busy_blocks()),
+        "invalid": tuple(plain(connector.invalid_blocks(RequestId(rid))) for rid in loads),
         "resume": tuple(
-            inner.first_invalid_token(_core_or_spec(inner, views[rid]))
-            for rid in sorted(loads)
-            if rid in views
+            connector.first_invalid_token(requests[rid].view()) for rid in loads if rid in requests
         ),
         "engine": engine.snapshot(),
         "last_output": engine.last_output,
     }
-
-
-def _core_or_spec(inner: Any, view: RequestView) -> Any:
-    return engine_adapter.to_core_view(view) if isinstance(inner, ConnectorCore) else view
 
 
 def _apply(engine: Engine, action: tuple[Any, ...]) -> str | None:
@@ -375,11 +364,8 @@ def _seed(engine: Engine, recorder: Recorder, seed: tuple[int, int, tuple[int, .
         len(spec_request.prompt),
         spec_request.cache_salt,
     )
-    connector = recorder.inner
     try:
-        if isinstance(connector, engine_adapter.CoreConnector):
-            return connector.core.seed(engine_adapter.to_core_view(view), tokens, groups)
-        return connector.seed(view, tokens, groups)
+        return recorder.inner.seed(view, tokens, groups)
     except ValueError as error:
         return ("error", getattr(error, "field", None))
 
