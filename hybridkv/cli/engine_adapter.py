@@ -111,7 +111,9 @@ class CoreConnector:
 
     # The reference connector's queries and seeding, for tests and the simulator.
 
-    def seed(self, request: spec_api.RequestView, num_tokens: int, groups: Iterable[int] = ()) -> int:
+    def seed(
+        self, request: spec_api.RequestView, num_tokens: int, groups: Iterable[int] = ()
+    ) -> int:
         """Seed the host with the request's first ``num_tokens`` tokens (``ConnectorCore.seed``)."""
         return self.core.seed(to_core_view(request), num_tokens, groups)
 

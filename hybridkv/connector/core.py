@@ -146,6 +146,8 @@ class ConnectorCore:
         self._unsent_loads: list[JobId] = []
         self._loads: dict[RequestId, LoadRecord] = {}
         self._failed: dict[bytes, int] = {}
+        self._failed_epoch = 0  # bumped whenever the failure memory changes
+        self._claim_memo: dict[RequestId, tuple[tuple[Any, ...], int, bool]] = {}
         self._key_salts: dict[bytes, str | None] = {}
         self._departed: set[bytes] = set()  # keys this core saw leave the store since a prune
         self._departures = _departures(store)  # store departures accounted for
@@ -204,15 +206,7 @@ class ConnectorCore:
         if record is not None and record.in_flight:
             self._count["deferred"] += 1
             return Claim(ClaimKind.DEFER)
-        keys = self._keys(request)
-        end, defer = decide_claim(
-            self.geometry,
-            keys.key,
-            len(request.token_ids),
-            start,
-            status=self.store.status,
-            failed=self._failed,
-        )
+        end, defer = self._decide(request, start)
         if defer:
             self._count["deferred"] += 1
             return Claim(ClaimKind.DEFER)
@@ -341,6 +335,7 @@ class ConnectorCore:
         rid = request.request_id
         self._asked.pop(rid, None)
         self._requests.pop(rid, None)
+        self._claim_memo.pop(rid, None)
         record = self._loads.get(rid)
         if record is not None and not record.in_flight:
             del self._loads[rid]
@@ -438,6 +433,36 @@ class ConnectorCore:
         keys.sync(request)
         return keys
 
+    def _decide(self, request: RequestView, start: int) -> tuple[int, bool]:
+        """The claim rule's answer, remembered per request: a scheduler asks a waiting request
+        again every step, and the answer changes only with its tokens, its start, the store's
+        statuses (every status change moves one of the store's reserved, stored, removed or
+        evicted counters) or the failure memory."""
+        stats = self.store.stats()
+        memo_key = (
+            start,
+            len(request.token_ids),
+            request.cache_salt,
+            stats.reserved,
+            stats.stored,
+            stats.removed,
+            stats.evicted,
+            self._failed_epoch,
+        )
+        memo = self._claim_memo.get(request.request_id)
+        if memo is not None and memo[0] == memo_key:
+            return memo[1], memo[2]
+        end, defer = decide_claim(
+            self.geometry,
+            self._keys(request).key,
+            len(request.token_ids),
+            start,
+            status=self.store.status,
+            failed=self._failed,
+        )
+        self._claim_memo[request.request_id] = (memo_key, end, defer)
+        return end, defer
+
     def _checked_start(self, value: int) -> int:
         block = self.geometry.scheduler_block
         if isinstance(value, bool) or not isinstance(value, int) or value < 0 or value % block:
@@ -456,8 +481,8 @@ class ConnectorCore:
         """One store job of the units ``(start, end]`` completes (agrees with the reference's
         ``_store_job``: same ``prepare_store`` calls, so the same policy order and events)."""
         geometry = self.geometry
-        if all(start // u == end // u for u in geometry.units):
-            return None  # no unit ends in this step: nothing to hash, nothing to reserve
+        if not geometry.completes_a_unit(start, end):
+            return None  # no unit ends in this step (most decode steps): nothing to do
         keys = self._keys(request)
         taken: list[TransferItem] = []
         store = self.store
@@ -496,7 +521,9 @@ class ConnectorCore:
         if not success:
             self._count["load_jobs_failed"] += 1
             for key in keys:
-                self._failed.setdefault(key, self._next_job)
+                if key not in self._failed:
+                    self._failed[key] = self._next_job
+                    self._failed_epoch += 1
         record = self._loads.get(job.request_id)
         if record is not None and job.job_id in record.jobs:
             record.job_reported(job.job_id, job.items, success=success)
@@ -513,7 +540,8 @@ class ConnectorCore:
             del self._stores_of[rid]
         if success:
             for key in keys:
-                self._failed.pop(key, None)
+                if self._failed.pop(key, None) is not None:
+                    self._failed_epoch += 1
         else:
             self._count["store_jobs_failed"] += 1
             self._departed.update(keys)
@@ -537,7 +565,8 @@ class ConnectorCore:
             candidates = self._departed
         for key in candidates:
             if status(key) is _MISS:
-                self._failed.pop(key, None)
+                if self._failed.pop(key, None) is not None:
+                    self._failed_epoch += 1
                 self._key_salts.pop(key, None)
         self._departed = set()
 

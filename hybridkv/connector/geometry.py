@@ -42,6 +42,8 @@ class ConnectorGeometry:
         align: where a claim may end: ``lcm(claim_unit, scheduler_block)``.
         scan_order: group indices MAMBA first, then SLIDING, then FULL: the claim search asks
             the cheapest, most selective groups first.
+        distinct_units: the different unit sizes, ascending (a step completes a unit of some
+            group exactly when it crosses a multiple of one of them).
     """
 
     planner: HybridOffloadPlanner
@@ -54,6 +56,7 @@ class ConnectorGeometry:
     scheduler_block: int
     align: int
     scan_order: tuple[int, ...]
+    distinct_units: tuple[int, ...]
 
     @classmethod
     def build(
@@ -93,12 +96,17 @@ class ConnectorGeometry:
             scheduler_block=scheduler_block,
             align=math.lcm(planner.claim_unit, scheduler_block),
             scan_order=tuple(sorted(range(len(kinds)), key=lambda g: (rank[kinds[g]], g))),
+            distinct_units=tuple(sorted(set(planner.units))),
         )
 
     @property
     def num_groups(self) -> int:
         """How many KV cache groups."""
         return len(self.kinds)
+
+    def completes_a_unit(self, start: int, end: int) -> bool:
+        """Whether computing ``[start, end)`` completes a unit of some group."""
+        return any(start // u != end // u for u in self.distinct_units)
 
     def first_needed(self, group_idx: int, start: int, end: int) -> int:
         """The first unit index group ``group_idx`` needs to resume at ``end`` from ``start``.

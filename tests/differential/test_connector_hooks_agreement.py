@@ -34,6 +34,7 @@ from spec.connector_api import (
     ClaimKind,
     JobId,
     JobResult,
+    KVConnectorOutput,
     RequestId,
     RequestView,
     ScheduledRequest,
@@ -274,7 +275,7 @@ class Driver:
 
     def bad_report(self) -> None:
         """A job id nobody issued: both connectors refuse it by the same field."""
-        out = engine_adapter.spec_api.KVConnectorOutput(completed_jobs=(JobResult(JobId(999), True),))
+        out = KVConnectorOutput(completed_jobs=(JobResult(JobId(999), True),))
         self.same("update_connector_output", out)
 
 
