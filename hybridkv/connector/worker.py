@@ -196,15 +196,9 @@ class TransferWorker:
         keys = []
         for item in job.items:
             g, block, key = item.group_idx, item.block_id, item.key
-            if isinstance(g, bool) or not isinstance(g, int) or not 0 <= g < len(self._group_bytes):
-                raise _bad(
-                    job, "group_idx", g, f"is not one of the {len(self._group_bytes)} groups"
-                )
-            if (
-                isinstance(block, bool)
-                or not isinstance(block, int)
-                or not 0 < block < self._num_blocks
-            ):
+            if not _int_in(g, 0, num_groups):
+                raise _bad(job, "group_idx", g, f"is not one of the {num_groups} groups")
+            if not _int_in(block, 1, self._num_blocks):
                 why = "is the null block" if block == 0 else "is outside the GPU cache"
                 raise _bad(job, "block_id", block, why)
             if job.kind is _LOAD and block in seen:
