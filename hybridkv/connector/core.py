@@ -77,7 +77,11 @@ class LoadMode(Enum):
 
 
 class ConnectorStats(NamedTuple):
-    """What the core did since creation (counts) and holds now (the last four)."""
+    """What the core did since creation (counts) and holds now (the last four).
+
+    ``hashes_computed`` counts block hashes over all requests: each full hash block of a
+    request is hashed once in its life, however often the request is asked or stored.
+    """
 
     lookups: int
     deferred: int
@@ -92,13 +96,14 @@ class ConnectorStats(NamedTuple):
     store_jobs_failed: int
     stores_refused: int
     delayed_frees: int
+    hashes_computed: int
     requests: int
     jobs_in_flight: int
     held_blocks: int
     failed_keys: int
 
 
-_COUNTERS = ConnectorStats._fields[:13]
+_COUNTERS = ConnectorStats._fields[:14]
 
 
 class ConnectorCore:
@@ -389,7 +394,8 @@ class ConnectorCore:
         ``store_capacity``, nothing stored.
         """
         wanted = sorted(set(groups) or range(self.geometry.num_groups))
-        keys = RequestKeys.of(self.geometry, request)
+        keys = RequestKeys(self.geometry, request.cache_salt)  # not kept: seeds do not finish
+        self._count["hashes_computed"] += keys.sync(request)
         units = self.geometry.units
         wanted_keys = [keys.key(g, j) for g in wanted for j in range(num_tokens // units[g])]
         prepared = self.store.prepare_store(wanted_keys)
@@ -430,7 +436,7 @@ class ConnectorCore:
         if keys is None or not keys.matches(request):
             keys = RequestKeys(self.geometry, request.cache_salt)
             self._requests[request.request_id] = keys
-        keys.sync(request)
+        self._count["hashes_computed"] += keys.sync(request)
         return keys
 
     def _decide(self, request: RequestView, start: int) -> tuple[int, bool]:

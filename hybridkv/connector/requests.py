@@ -33,28 +33,23 @@ class RequestKeys:
         self._hashes = RequestHashList(geometry.planner.hash_block_size, cache_salt=cache_salt)
         self._seen = 0
 
-    @classmethod
-    def of(cls, geometry: ConnectorGeometry, view: RequestView) -> RequestKeys:
-        """A chain that has hashed every token of ``view``."""
-        keys = cls(geometry, view.cache_salt)
-        keys.sync(view)
-        return keys
-
     def matches(self, view: RequestView) -> bool:
         """Whether ``view`` extends what this chain has seen (same salt, no fewer tokens)."""
         return view.cache_salt == self._salt and len(view.token_ids) >= self._seen
 
-    def sync(self, view: RequestView) -> None:
-        """Hash the tokens of ``view`` this chain has not seen yet.
+    def sync(self, view: RequestView) -> int:
+        """Hash the tokens of ``view`` this chain has not seen yet; returns the new hashes.
 
         Pre: :meth:`matches` (the caller rebuilds otherwise). Post: every full hash block of
         ``view.token_ids`` is hashed, each exactly once over the chain's life. A refused token
         (field ``tokens``) changes nothing.
         """
         tokens = view.token_ids
-        if len(tokens) > self._seen:
-            self._hashes.append_tokens(tokens[self._seen :])
-            self._seen = len(tokens)
+        if len(tokens) <= self._seen:
+            return 0
+        new = self._hashes.append_tokens(tokens[self._seen :])
+        self._seen = len(tokens)
+        return new
 
     @property
     def hashes_computed(self) -> int:
