@@ -9,6 +9,9 @@ per-request state behind (no per-step work grows with the requests ever seen).
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 from hybridkv.connector import (
     ClaimKind,
     ConnectorCore,
@@ -133,3 +136,26 @@ def test_finished_requests_leave_no_state_behind() -> None:
     assert (stats.requests, stats.jobs_in_flight, stats.held_blocks) == (0, 0, 0)
     assert core.snapshot()["loads"] == ()
     assert core.snapshot()["delayed"] == ()
+
+
+def test_the_core_imports_and_runs_without_torch() -> None:
+    """The scheduler side is pure Python: a scheduler process never loads torch for it."""
+    code = (
+        "import sys\n"
+        "sys.modules['torch'] = None\n"
+        "from hybridkv.connector import ConnectorCore, JobTracker, RequestId, RequestView\n"
+        "from hybridkv.kinds import GroupKind\n"
+        "from hybridkv.planner import HybridOffloadPlanner\n"
+        "from hybridkv.store import HostStore\n"
+        "p = HybridOffloadPlanner(((GroupKind.FULL, 2),), 2, 2, 64)\n"
+        "core = ConnectorCore(p, HostStore(4), (GroupKind.FULL,), 2, 2)\n"
+        "view = RequestView(RequestId('a'), (1, 2, 3, 4, 5), 5)\n"
+        "core.seed(view, 4)\n"
+        "print(core.get_num_new_matched_tokens(view, 0))\n"
+        "JobTracker()\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=False
+    )
+    assert result.returncode == 0, result.stderr
+    assert "ASYNC" in result.stdout
