@@ -23,11 +23,11 @@ scheduler and compares after every call). It satisfies
 
 What makes it cheap (the reference re-hashes every request and rescans every job each call):
 hashes grow incrementally per request (:mod:`hybridkv.connector.requests`); the claim search is
-linear in the units it inspects; per-request counters replace scans over the jobs in flight;
-the failure memory and salt record forget keys through the departures this core itself caused
-(evictions it triggered, failed stores it completed) instead of rescanning every remembered key
-each step. A store mutated behind the core's back is noticed through the store's eviction and
-removal counters (O(1)) and falls back to the reference's full rescan.
+linear in the units it inspects (:mod:`hybridkv.connector.claims`) and its answer is remembered
+per waiting request until the store's statuses or the failure memory change; per-request
+counters replace scans over the jobs in flight; the failure memory and salt record forget keys
+through the departures the core itself causes (:mod:`hybridkv.connector.memory`) instead of
+rescanning every remembered key each step.
 
 The core owns its store: keys enter and leave it through the core (``seed`` included).
 """
@@ -56,6 +56,7 @@ from hybridkv.connector.api import (
 from hybridkv.connector.claims import decide_claim
 from hybridkv.connector.geometry import ConnectorGeometry
 from hybridkv.connector.loads import LoadRecord, load_items, resume_point, segments
+from hybridkv.connector.memory import KeyMemory
 from hybridkv.connector.requests import RequestKeys
 from hybridkv.connector.stores import items_by_end, store_items
 from hybridkv.errors import HybridKVConfigError
@@ -150,12 +151,8 @@ class ConnectorCore:
         self._jobs: dict[JobId, tuple[TransferJob, str | None]] = {}
         self._unsent_loads: list[JobId] = []
         self._loads: dict[RequestId, LoadRecord] = {}
-        self._failed: dict[bytes, int] = {}
-        self._failed_epoch = 0  # bumped whenever the failure memory changes
+        self._memory = KeyMemory(store)
         self._claim_memo: dict[RequestId, tuple[tuple[Any, ...], int, bool]] = {}
-        self._key_salts: dict[bytes, str | None] = {}
-        self._departed: set[bytes] = set()  # keys this core saw leave the store since a prune
-        self._departures = _departures(store)  # store departures accounted for
         self._delayed: set[RequestId] = set()
         self._unsent_delayed: set[RequestId] = set()
         self._asked: dict[RequestId, int] = {}
@@ -303,7 +300,7 @@ class ConnectorCore:
                 stores.append(job)
         delayed = frozenset(self._unsent_delayed)
         self._unsent_delayed = set()
-        self._forget_absent_keys()
+        self._memory.prune(self.store)
         self._asked.clear()
         return ConnectorMeta(loads, tuple(stores), delayed)
 
@@ -377,11 +374,11 @@ class ConnectorCore:
 
     def failed_keys(self) -> frozenset[bytes]:
         """The keys the failure memory holds now."""
-        return frozenset(self._failed)
+        return self._memory.failed_keys()
 
     def stats(self) -> ConnectorStats:
         """Counts since creation and holdings now, in O(in-flight store items)."""
-        now = (len(self._requests), len(self._jobs), len(self.held_blocks()), len(self._failed))
+        now = (len(self._requests), len(self._jobs), len(self.held_blocks()), len(self._memory))
         return ConnectorStats._make((*(self._count[name] for name in _COUNTERS), *now))
 
     # ----------------------------------------------------------------- seeding
@@ -403,11 +400,9 @@ class ConnectorCore:
             raise HybridKVConfigError(
                 "store_capacity", self.store.capacity, "too small to seed", "raise it"
             )
-        self._departed.update(prepared.evicted_keys)
-        self._departures += len(prepared.evicted_keys)
+        self._memory.departed(prepared.evicted_keys)
         self.store.complete_store(prepared.keys_to_store, success=True)
-        for key in prepared.keys_to_store:
-            self._key_salts[key] = request.cache_salt
+        self._memory.salt(prepared.keys_to_store, request.cache_salt, overwrite=True)
         return len(prepared.keys_to_store)
 
     # ----------------------------------------------------------------- snapshot
@@ -422,8 +417,7 @@ class ConnectorCore:
             "next_job_id": self._next_job,
             "jobs": tuple(_plain_job(job, salt) for _, (job, salt) in sorted(self._jobs.items())),
             "loads": tuple(_plain_load(rid, rec) for rid, rec in sorted(self._loads.items())),
-            "failed_keys": tuple(sorted((k.hex(), since) for k, since in self._failed.items())),
-            "key_salts": tuple(sorted((k.hex(), s) for k, s in self._key_salts.items())),
+            **self._memory.snapshot(),
             "delayed": tuple(sorted(self._delayed)),
             "store": self.store.snapshot(),
         }
@@ -453,7 +447,7 @@ class ConnectorCore:
             stats.stored,
             stats.removed,
             stats.evicted,
-            self._failed_epoch,
+            self._memory.epoch,
         )
         memo = self._claim_memo.get(request.request_id)
         if memo is not None and memo[0] == memo_key:
@@ -464,7 +458,7 @@ class ConnectorCore:
             len(request.token_ids),
             start,
             status=self.store.status,
-            failed=self._failed,
+            failed=self._memory,
         )
         self._claim_memo[request.request_id] = (memo_key, end, defer)
         return end, defer
@@ -479,7 +473,7 @@ class ConnectorCore:
 
     def _loadable(self, key: bytes) -> bool:
         """READY in the host and not remembered as failed."""
-        return key not in self._failed and self.store.status(key) is LookupResult.HIT
+        return key not in self._memory and self.store.status(key) is LookupResult.HIT
 
     def _store_job(
         self, request: RequestView, block_ids: BlockTable, start: int, end: int
@@ -497,9 +491,7 @@ class ConnectorCore:
             if not isinstance(prepared, PrepareStoreOutput):
                 self._count["stores_refused"] += 1
                 break  # NO_SPACE: later ends would leave a hole in the stored prefix
-            if prepared.evicted_keys:
-                self._departed.update(prepared.evicted_keys)
-                self._departures += len(prepared.evicted_keys)
+            self._memory.departed(prepared.evicted_keys)
             fresh = prepared.keys_to_store
             if len(fresh) == len(part):
                 taken.extend(part)
@@ -509,9 +501,7 @@ class ConnectorCore:
         if not taken:
             return None
         salt = request.cache_salt
-        salts = self._key_salts
-        for item in taken:
-            salts.setdefault(item.key, salt)
+        self._memory.salt((item.key for item in taken), salt)
         job = TransferJob(self._new_job_id(), _STORE, request.request_id, tuple(taken))
         self._add_job(job, salt)
         rid = request.request_id
@@ -526,10 +516,7 @@ class ConnectorCore:
         self.store.complete_load(keys)
         if not success:
             self._count["load_jobs_failed"] += 1
-            for key in keys:
-                if key not in self._failed:
-                    self._failed[key] = self._next_job
-                    self._failed_epoch += 1
+            self._memory.remember_failed(keys, self._next_job)
         record = self._loads.get(job.request_id)
         if record is not None and job.job_id in record.jobs:
             record.job_reported(job.job_id, job.items, success=success)
@@ -545,36 +532,12 @@ class ConnectorCore:
         else:
             del self._stores_of[rid]
         if success:
-            for key in keys:
-                if self._failed.pop(key, None) is not None:
-                    self._failed_epoch += 1
+            self._memory.stored(keys)
         else:
             self._count["store_jobs_failed"] += 1
-            self._departed.update(keys)
-            self._departures += len(keys)
+            self._memory.departed(keys)
         if not left:
             self._delayed.discard(rid)
-
-    def _forget_absent_keys(self) -> None:
-        """Drop remembered failures and salts of keys the host no longer holds.
-
-        Agrees with the reference's full rescan: a key leaves the store only through an
-        eviction or a failed store, both of which this core performs and records; if the
-        store's counters show departures the core did not make, rescan everything.
-        """
-        status = self.store.status
-        seen = _departures(self.store)
-        if seen != self._departures:
-            candidates: Iterable[bytes] = [*self._failed, *self._key_salts]
-            self._departures = seen
-        else:
-            candidates = self._departed
-        for key in candidates:
-            if status(key) is _MISS:
-                if self._failed.pop(key, None) is not None:
-                    self._failed_epoch += 1
-                self._key_salts.pop(key, None)
-        self._departed = set()
 
     def _add_job(self, job: TransferJob, salt: str | None) -> None:
         self._jobs[job.job_id] = (job, salt)
@@ -603,11 +566,6 @@ class ConnectorCore:
 
 
 _FIX = "build it with hybridkv (planner, store) for this layout"
-
-
-def _departures(store: HostStore) -> int:
-    stats = store.stats()
-    return stats.evicted + stats.removed
 
 
 def _plain_item(item: TransferItem) -> tuple[int, int, str, int]:
