@@ -11,7 +11,11 @@ they drive it exactly as they drive ``spec.connector.ReferenceConnector`` and
   :class:`~hybridkv.connector.GpuBlockPool`) and ``held_blocks``;
 - :class:`TrackerWorker` over :class:`~hybridkv.connector.JobTracker` (worker side);
 - :func:`build_core`, :func:`build_engine`: the core for a spec engine configuration, and a
-  spec engine whose scheduler drives it.
+  spec engine whose scheduler drives it;
+- the conversions themselves (``to_core_*``, ``to_spec_*``), for a loop that drives the spec
+  scheduler with a :class:`~hybridkv.connector.worker.TransferWorker` (real bytes): bind
+  ``to_core_meta(output.meta)``, hand ``to_spec_output(worker.get_transfer_results())`` to
+  ``update_from_output``.
 
 Conversions are per call and proportional to the values passed (the core itself never
 converts). The spec's ``ConfigError`` and hybridkv's ``HybridKVConfigError`` are both
@@ -39,6 +43,12 @@ __all__ = [
     "TrackerWorker",
     "build_core",
     "build_engine",
+    "to_core_meta",
+    "to_core_output",
+    "to_core_step",
+    "to_core_view",
+    "to_spec_meta",
+    "to_spec_output",
     "window_reaches",
 ]
 
@@ -155,14 +165,7 @@ class TrackerWorker:
         out = self.tracker.get_transfer_results(
             tuple(core_api.JobResult(core_api.JobId(r.job_id), r.success) for r in results)
         )
-        return spec_api.KVConnectorOutput(
-            _spec_ids(out.finished_recving),
-            _spec_ids(out.failed_recving),
-            _spec_ids(out.finished_sending),
-            tuple(
-                spec_api.JobResult(spec_api.JobId(r.job_id), r.success) for r in out.completed_jobs
-            ),
-        )
+        return to_spec_output(out)
 
     def snapshot(self) -> dict[str, Any]:
         """The tracker's snapshot (the reference worker's schema)."""
@@ -300,6 +303,19 @@ def to_core_output(output: spec_api.KVConnectorOutput) -> core_api.KVConnectorOu
         frozenset(core_api.RequestId(r) for r in output.finished_sending),
         tuple(
             core_api.JobResult(core_api.JobId(r.job_id), r.success) for r in output.completed_jobs
+        ),
+    )
+
+
+def to_spec_output(output: core_api.KVConnectorOutput) -> spec_api.KVConnectorOutput:
+    """The core's (or a :class:`~hybridkv.connector.worker.TransferWorker`'s) output as the
+    spec's, for ``spec.scheduler.Scheduler.update_from_output``."""
+    return spec_api.KVConnectorOutput(
+        _spec_ids(output.finished_recving),
+        _spec_ids(output.failed_recving),
+        _spec_ids(output.finished_sending),
+        tuple(
+            spec_api.JobResult(spec_api.JobId(r.job_id), r.success) for r in output.completed_jobs
         ),
     )
 
