@@ -25,6 +25,12 @@ vLLM-exact mode. After every event the two sides must agree on:
 - the engine snapshot (block reference counts, tables, jobs in flight with their sources, GPU
   content, reads), and so the TR-1/TR-2/DATA-1 verdicts.
 
+The verdicts are compared, not required empty: layouts whose hash block is finer than the
+block sizes' gcd (``full2`` with hash 1, ...) make the spec scheduler's own prefix cache give
+false local hits (``KVCacheCoordinator`` derives its hash block as that gcd while the scheduler
+hashes at ``SchedulerConfig.hash_block_size``), which DATA-1 reports on both sides alike; the
+connector's keys still use the finer hash, which is why those layouts stay in.
+
 Run count: 200 traces per eviction policy and mix in the ci profile (800 in all), 4-60 events
 each: the ``mixed`` mix draws everything, the ``contention`` mix shares whole prompts over a
 tiny GPU pool with short deadlines and rarer completions (DEFER, abandoned loads).
