@@ -1,0 +1,67 @@
+"""The connector core: the scheduler-side state machine and the worker-side job bookkeeping.
+
+The optimized twin of the reference connector ``spec.connector`` (never imported here), tested
+against it call for call (tests/differential/test_connector_agreement.py). Its engine-facing
+interface is vLLM's connector hooks as plain values (:mod:`hybridkv.connector.api`), so the
+spec scheduler (through ``hybridkv.cli.engine_adapter``) and vLLM's scheduler drive it alike.
+
+- :class:`ConnectorCore` (:mod:`.core`): claims, load and store jobs, failure memory, delayed
+  frees, pins of store sources in the GPU block pool; pure Python over a
+  :class:`~hybridkv.store.HostStore`.
+- :class:`JobTracker` (:mod:`.tracker`): the worker side's folding of job results into
+  request-level outcomes.
+- ``hybridkv.connector.worker.TransferWorker``: runs the jobs with a transfer engine over
+  canonical caches (imports torch, so it is not re-exported here), and
+  ``hybridkv.connector.stack.build_cpu_stack``, which wires core, store, host memory, engine
+  and worker for one model's caches.
+"""
+
+from __future__ import annotations
+
+from hybridkv.connector.api import (
+    BlockTable,
+    Claim,
+    ClaimKind,
+    ConnectorMeta,
+    GpuBlockPool,
+    JobId,
+    JobResult,
+    KVConnectorOutput,
+    RequestId,
+    RequestView,
+    ScheduledRequest,
+    SchedulerConnector,
+    StepView,
+    TransferItem,
+    TransferJob,
+    TransferKind,
+    WorkerConnector,
+)
+from hybridkv.connector.core import ConnectorCore, ConnectorStats, LoadMode
+from hybridkv.connector.geometry import ConnectorGeometry
+from hybridkv.connector.tracker import JobTracker
+
+__all__ = [
+    "BlockTable",
+    "Claim",
+    "ClaimKind",
+    "ConnectorCore",
+    "ConnectorGeometry",
+    "ConnectorMeta",
+    "ConnectorStats",
+    "GpuBlockPool",
+    "JobId",
+    "JobResult",
+    "JobTracker",
+    "KVConnectorOutput",
+    "LoadMode",
+    "RequestId",
+    "RequestView",
+    "ScheduledRequest",
+    "SchedulerConnector",
+    "StepView",
+    "TransferItem",
+    "TransferJob",
+    "TransferKind",
+    "WorkerConnector",
+]

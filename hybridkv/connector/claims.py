@@ -1,0 +1,134 @@
+"""The claim rule, searched in time linear in the units it looks at.
+
+Must agree with ``spec.connector.claims.decide_claim`` (the oracle; never imported here) on
+every input: same end, same DEFER. The rule: among the aligned candidate ends ``t`` (multiples
+of ``align`` in ``(start, claimable_prefix_tokens(num_tokens)]``), call a candidate *hopeful*
+when none of its needed keys (:meth:`ConnectorGeometry.first_needed`) is absent or remembered
+as failed. Let ``H`` be the largest hopeful candidate. The answer is a claim of ``H`` when all
+of ``H``'s needed keys are READY, DEFER when one is STORING, and nothing when no candidate is
+hopeful. (The reference walks the candidates down and stops at the first all-READY one; when
+that is not ``H`` its answer is DEFER, so the two statements are the same.)
+
+Why this is fast: the reference rebuilds the needed keys of every candidate, O(candidates x
+units). Here a key that is absent at unit ``k`` of group ``g`` rules out every candidate
+``t' <= t`` whose range still contains ``k``, that is every ``t'`` in ``(k * u_g, t]`` (a
+range's first unit never grows as ``t`` falls), so the search jumps straight below ``k * u_g``.
+Each group remembers one interval of units it has seen hopeful, so a range a later candidate
+shares with an earlier one is not looked up again. Every unit is looked up O(1) times.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Container
+from typing import NamedTuple
+
+from hybridkv.connector.geometry import ConnectorGeometry
+from hybridkv.store import LookupResult
+
+__all__ = ["ClaimDecision", "decide_claim"]
+
+KeyOf = Callable[[int, int], bytes]
+"""``(group_idx, unit) -> offload key``."""
+
+_HIT = LookupResult.HIT
+_PENDING = LookupResult.HIT_PENDING
+
+
+class ClaimDecision(NamedTuple):
+    """``end``: the claim end (``start`` when nothing is claimable); ``defer``: wait instead."""
+
+    end: int
+    defer: bool
+
+
+class _GroupScan:
+    """One group's look at the candidates: its hopeful interval and the STORING units seen."""
+
+    __slots__ = ("_failed", "_first", "_g", "_key_of", "_ok_hi", "_ok_lo", "_pending", "_status")
+
+    def __init__(
+        self,
+        g: int,
+        geometry: ConnectorGeometry,
+        key_of: KeyOf,
+        status: Callable[[bytes], LookupResult],
+        failed: Container[bytes],
+    ) -> None:
+        self._g = g
+        self._first = geometry.first_needed
+        self._key_of = key_of
+        self._status = status
+        self._failed = failed
+        self._ok_lo = self._ok_hi = 0  # units [ok_lo, ok_hi) are known hopeful
+        self._pending: list[int] = []
+
+    def highest_bad(self, lo: int, hi: int) -> int:
+        """The highest unit in ``[lo, hi)`` whose key is absent or failed; -1 if none."""
+        ok_lo, ok_hi = self._ok_lo, self._ok_hi
+        g, key_of, status, failed = self._g, self._key_of, self._status, self._failed
+        j = hi - 1
+        while j >= lo:
+            if ok_lo <= j < ok_hi:
+                j = ok_lo - 1
+                continue
+            key = key_of(g, j)
+            verdict = status(key)
+            if (verdict is not _HIT and verdict is not _PENDING) or key in failed:
+                if ok_hi > j:  # later candidates only look below j
+                    self._ok_lo = self._ok_hi = 0
+                return j
+            if verdict is _PENDING:
+                self._pending.append(j)
+            j -= 1
+        if ok_lo <= hi and ok_hi >= lo and ok_hi > ok_lo:
+            self._ok_lo, self._ok_hi = min(lo, ok_lo), max(hi, ok_hi)
+        else:
+            self._ok_lo, self._ok_hi = lo, hi
+        return -1
+
+    def has_pending(self, lo: int, hi: int) -> bool:
+        """Whether a unit in ``[lo, hi)`` (already found hopeful) is STORING."""
+        return any(lo <= j < hi for j in self._pending)
+
+    def needed(self, start: int, end: int, unit: int) -> tuple[int, int]:
+        """The unit range the group needs for a claim ``[start, end)``."""
+        return self._first(self._g, start, end), end // unit
+
+
+def decide_claim(
+    geometry: ConnectorGeometry,
+    key_of: KeyOf,
+    num_tokens: int,
+    start: int,
+    *,
+    status: Callable[[bytes], LookupResult],
+    failed: Container[bytes],
+) -> ClaimDecision:
+    """Apply the module rule. Pure: ``status`` (the store's per-key lookup) must not mutate.
+
+    Pre: ``key_of`` reaches every unit of the request's ``num_tokens`` tokens; ``start`` is a
+    multiple of the scheduler block. Post: ``end`` is ``start`` or the largest hopeful
+    candidate with every needed key READY; ``defer`` exactly when that candidate has a STORING
+    key (then ``end`` is ``start``).
+    """
+    align = geometry.align
+    limit = geometry.planner.claimable_prefix_tokens(num_tokens)
+    limit -= limit % align
+    lowest = (start // align + 1) * align
+    units = geometry.units
+    scans = [
+        (units[g], _GroupScan(g, geometry, key_of, status, failed)) for g in geometry.scan_order
+    ]
+    t = limit
+    while t >= lowest:
+        for u, scan in scans:
+            lo, hi = scan.needed(start, t, u)
+            bad = scan.highest_bad(lo, hi)
+            if bad >= 0:
+                t = bad * u // align * align  # every candidate above bad * u needs unit bad
+                break
+        else:
+            if any(scan.has_pending(*scan.needed(start, t, u)) for u, scan in scans):
+                return ClaimDecision(start, True)
+            return ClaimDecision(t, False)
+    return ClaimDecision(start, False)

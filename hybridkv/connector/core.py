@@ -1,0 +1,592 @@
+"""The connector core, scheduler side: claims, load and store jobs, failure memory, pins.
+
+:class:`ConnectorCore` is the optimized twin of ``spec.connector.ReferenceConnector`` (never
+imported here) and must agree with it on every observable: claims, job ids and contents, host
+store calls (so the store's entries, policy order and events), failure memory, delayed frees
+and pinned blocks (tests/differential/test_connector_agreement.py drives both with the spec
+scheduler and compares after every call). It satisfies
+:class:`~hybridkv.connector.api.SchedulerConnector` over an optimized
+:class:`~hybridkv.store.HostStore`, in vLLM's call order:
+
+- ``get_num_new_matched_tokens``: the claim rule (:mod:`hybridkv.connector.claims`); DEFER
+  while the request has a load in flight or a STORING key could lengthen the claim.
+- ``update_state_after_alloc``: pins the claimed keys and builds one load job per alignment
+  segment (:mod:`hybridkv.connector.loads`).
+- ``build_connector_meta``: emits those loads, one store job per scheduled request of the units
+  its forward completes, decode tokens and mamba boundary states included
+  (:mod:`hybridkv.connector.stores`), and the delayed frees to announce.
+- ``update_connector_output``: folds job results: loads unpin (a failed load's keys are
+  remembered, so the re-ask salvages the longest prefix that avoids them), stores complete.
+- ``request_finished_all_groups``: delays the block free while a store of the request runs.
+- ``bind_gpu_block_pool`` / ``held_blocks``: store sources are pinned in the GPU block pool from
+  the job's emission to its report (TR-1).
+
+What makes it cheap (the reference re-hashes every request and rescans every job each call):
+hashes grow incrementally per request (:mod:`hybridkv.connector.requests`); the claim search is
+linear in the units it inspects (:mod:`hybridkv.connector.claims`) and its answer is remembered
+per waiting request until the store's statuses or the failure memory change; per-request
+counters replace scans over the jobs in flight; the failure memory and salt record forget keys
+through the departures the core itself causes (:mod:`hybridkv.connector.memory`) instead of
+rescanning every remembered key each step.
+
+The core owns its store: keys enter and leave it through the core (``seed`` included).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from enum import Enum
+from typing import Any, NamedTuple
+
+from hybridkv.connector.api import (
+    BlockTable,
+    Claim,
+    ClaimKind,
+    ConnectorMeta,
+    GpuBlockPool,
+    JobId,
+    KVConnectorOutput,
+    RequestId,
+    RequestView,
+    StepView,
+    TransferItem,
+    TransferJob,
+    TransferKind,
+)
+from hybridkv.connector.claims import decide_claim
+from hybridkv.connector.geometry import ConnectorGeometry
+from hybridkv.connector.loads import LoadRecord, load_items, resume_point, segments
+from hybridkv.connector.memory import KeyMemory
+from hybridkv.connector.requests import RequestKeys
+from hybridkv.connector.stores import items_by_end, store_items
+from hybridkv.errors import HybridKVConfigError
+from hybridkv.kinds import GroupKind
+from hybridkv.planner import HybridOffloadPlanner
+from hybridkv.store import HostStore, LookupResult, PrepareLoadOutput, PrepareStoreOutput
+
+__all__ = ["ConnectorCore", "ConnectorStats", "LoadMode"]
+
+_LOAD, _STORE = TransferKind.LOAD, TransferKind.STORE
+_MISS = LookupResult.MISS
+
+
+class LoadMode(Enum):
+    """How a claim is loaded: ASYNC (vLLM's default) or SYNC (before the step's forward)."""
+
+    ASYNC = "async"
+    SYNC = "sync"
+
+
+class ConnectorStats(NamedTuple):
+    """What the core did since creation (counts) and holds now (the last four).
+
+    ``hashes_computed`` counts block hashes over all requests: each full hash block of a
+    request is hashed once in its life, however often the request is asked or stored.
+    """
+
+    lookups: int
+    deferred: int
+    claims: int
+    claimed_tokens: int
+    loaded_tokens: int
+    load_jobs: int
+    load_items: int
+    load_jobs_failed: int
+    store_jobs: int
+    store_items: int
+    store_jobs_failed: int
+    stores_refused: int
+    delayed_frees: int
+    hashes_computed: int
+    requests: int
+    jobs_in_flight: int
+    held_blocks: int
+    failed_keys: int
+
+
+_COUNTERS = ConnectorStats._fields[:14]
+
+
+class ConnectorCore:
+    """The scheduler-side connector core (module docstring)."""
+
+    def __init__(
+        self,
+        planner: HybridOffloadPlanner,
+        store: HostStore,
+        group_kinds: Iterable[GroupKind],
+        hash_block_size: int,
+        chunk_size: int,
+        *,
+        sliding_windows: Iterable[int] = (),
+        load_mode: LoadMode = LoadMode.ASYNC,
+    ) -> None:
+        """A core over ``store`` for the planner's geometry (the reference's constructor).
+
+        Pre: ``group_kinds`` equal the planner's; ``hash_block_size`` and ``chunk_size`` equal
+        the planner's; ``sliding_windows`` empty or each group's window reach
+        (``sliding_window - 1 + extra_retained_tokens``, 0 for other kinds); ``store`` an empty
+        :class:`~hybridkv.store.HostStore` this core will own. Refusal:
+        :class:`HybridKVConfigError` naming the field, nothing built. Post: no request known,
+        no job, nothing remembered.
+        """
+        if not isinstance(planner, HybridOffloadPlanner):
+            raise HybridKVConfigError("planner", planner, "is not a HybridOffloadPlanner", _FIX)
+        for name, value, expected in (
+            ("hash_block_size", hash_block_size, planner.hash_block_size),
+            ("chunk_size", chunk_size, planner.chunk_size),
+        ):
+            if value != expected or isinstance(value, bool):
+                raise HybridKVConfigError(
+                    name, value, f"differs from the planner's {expected}", "match"
+                )
+        if not isinstance(load_mode, LoadMode):
+            raise HybridKVConfigError("load_mode", load_mode, "not a LoadMode", "LoadMode.ASYNC")
+        if not isinstance(store, HostStore):
+            raise HybridKVConfigError("store", store, "is not a hybridkv HostStore", _FIX)
+        self.geometry = ConnectorGeometry.build(planner, tuple(group_kinds), tuple(sliding_windows))
+        self.store = store
+        self.load_mode = load_mode
+        self._next_job = 1
+        self._jobs: dict[JobId, tuple[TransferJob, str | None]] = {}
+        self._unsent_loads: list[JobId] = []
+        self._loads: dict[RequestId, LoadRecord] = {}
+        self._memory = KeyMemory(store)
+        self._claim_memo: dict[RequestId, tuple[tuple[Any, ...], int, bool]] = {}
+        self._delayed: set[RequestId] = set()
+        self._unsent_delayed: set[RequestId] = set()
+        self._asked: dict[RequestId, int] = {}
+        self._pool: GpuBlockPool | None = None
+        self._requests: dict[RequestId, RequestKeys] = {}
+        self._stores_of: dict[RequestId, int] = {}
+        self._jobs_of: dict[RequestId, int] = {}
+        self._count = dict.fromkeys(_COUNTERS, 0)
+
+    # ----------------------------------------------------------------- the pool
+
+    def bind_gpu_block_pool(self, pool: GpuBlockPool) -> None:
+        """Pin store sources in ``pool`` from now on (vLLM ``bind_gpu_block_pool``).
+
+        Pre: no store job is in flight while unbound (field ``pool``: their blocks were never
+        pinned), or ``pool`` replaces the pool already bound. Post: only the binding changes.
+        """
+        if self._pool is None and any(j.kind is _STORE for j, _ in self._jobs.values()):
+            raise HybridKVConfigError(
+                "pool", pool, "bound while stores are in flight", "bind first"
+            )
+        self._pool = pool
+
+    def held_blocks(self) -> tuple[int, ...]:
+        """The pool references the core holds: every block of each in-flight store, by job id.
+
+        Empty when no pool is bound. Frame: nothing changes.
+        """
+        if self._pool is None:
+            return ()
+        return tuple(
+            item.block_id
+            for job, _ in self._jobs.values()
+            if job.kind is _STORE
+            for item in job.items
+        )
+
+    # ----------------------------------------------------------------- claims
+
+    def get_num_new_matched_tokens(self, request: RequestView, num_computed_tokens: int) -> Claim:
+        """The claim beyond ``num_computed_tokens`` (a multiple of the scheduler block >= 0,
+        field ``num_computed_tokens``).
+
+        Post: DEFER while the request has a load in flight or a STORING key could lengthen the
+        claim; else NONE or a claim of ``end - start`` tokens, SYNC or ASYNC by ``load_mode``.
+        Frame: only the asked position (and the request's hash chain) is recorded.
+        """
+        start = self._checked_start(num_computed_tokens)
+        rid = request.request_id
+        self._asked[rid] = start
+        self._count["lookups"] += 1
+        record = self._loads.get(rid)
+        if record is not None and record.in_flight:
+            self._count["deferred"] += 1
+            return Claim(ClaimKind.DEFER)
+        end, defer = self._decide(request, start)
+        if defer:
+            self._count["deferred"] += 1
+            return Claim(ClaimKind.DEFER)
+        if end == start:
+            return Claim(ClaimKind.NONE)
+        self._count["claims"] += 1
+        self._count["claimed_tokens"] += end - start
+        kind = ClaimKind.ASYNC if self.load_mode is LoadMode.ASYNC else ClaimKind.SYNC
+        return Claim(kind, end - start)
+
+    def update_state_after_alloc(
+        self, request: RequestView, block_ids: BlockTable, num_external_tokens: int
+    ) -> None:
+        """Pin the keys of the accepted claim and build its load jobs (emitted next meta).
+
+        Pre: ``num_external_tokens`` == 0 (nothing happens), or this ``schedule()`` asked for
+        the request and no load of it is in flight (field ``num_external_tokens`` /
+        ``request`` otherwise). Post: one load job per alignment segment into the real blocks
+        of ``block_ids``, its keys pinned and touched. Refusal: nothing changes.
+        """
+        if num_external_tokens == 0:
+            return
+        rid = request.request_id
+        start = self._asked.get(rid)
+        if start is None:
+            raise HybridKVConfigError(
+                "num_external_tokens", num_external_tokens, "no claim was asked", "ask first"
+            )
+        record = self._loads.get(rid)
+        if record is not None and record.in_flight:
+            raise HybridKVConfigError(
+                "request", rid, "has a load in flight", "wait for finished_recving"
+            )
+        end = start + num_external_tokens
+        keys = self._keys(request)
+        items = load_items(self.geometry, keys, block_ids, start, end, loadable=self._loadable)
+        item_keys = tuple(item.key for item in items)
+        if items:
+            pinned = self.store.prepare_load(item_keys)
+            if not isinstance(pinned, PrepareLoadOutput):
+                raise HybridKVConfigError(
+                    "num_external_tokens", num_external_tokens, "not ready", "ask again"
+                )
+            self.store.touch(item_keys)
+        sync = self.load_mode is LoadMode.SYNC
+        jobs = []
+        for part in segments(items, self.geometry.align):
+            job = TransferJob(self._new_job_id(), _LOAD, rid, part, sync)
+            self._add_job(job, request.cache_salt)
+            self._unsent_loads.append(job.job_id)
+            jobs.append(job.job_id)
+        self._loads[rid] = LoadRecord(
+            start=start,
+            end=end,
+            num_tokens=len(request.token_ids),
+            sync=sync,
+            cache_salt=request.cache_salt,
+            items=items,
+            jobs=tuple(jobs),
+        )
+        count = self._count
+        count["loaded_tokens"] += num_external_tokens
+        count["load_jobs"] += len(jobs)
+        count["load_items"] += len(items)
+
+    # ----------------------------------------------------------------- the step
+
+    def build_connector_meta(self, step: StepView) -> ConnectorMeta:
+        """This step's loads (built since the last call), stores and delayed frees.
+
+        Post: every scheduled request's units completed by this step are reserved in the host
+        (head first, per end position, stopping at the first refusal) and form one store job
+        per request; the failure memory and salt record forget keys the host no longer holds;
+        the asked positions are cleared.
+        """
+        jobs = self._jobs
+        loads = tuple(jobs[job_id][0] for job_id in self._unsent_loads)
+        self._unsent_loads = []
+        stores = []
+        for scheduled in step.scheduled:
+            start = scheduled.num_computed_tokens
+            job = self._store_job(
+                scheduled.request,
+                scheduled.block_ids,
+                start,
+                start + scheduled.num_scheduled_tokens,
+            )
+            if job is not None:
+                stores.append(job)
+        delayed = frozenset(self._unsent_delayed)
+        self._unsent_delayed = set()
+        self._memory.prune(self.store)
+        self._asked.clear()
+        return ConnectorMeta(loads, tuple(stores), delayed)
+
+    def update_connector_output(self, output: KVConnectorOutput) -> None:
+        """Fold every job result of ``output.completed_jobs``, in order.
+
+        Pre: each result names a job in flight (field ``completed_jobs`` otherwise; earlier
+        results stay folded, that one and later ones change nothing). Post: a load job's keys
+        are unpinned, a failed one's remembered; a store job completes its keys (READY or
+        dropped), unpins its blocks, and a success clears their failure memory; a delayed
+        request whose last store reported is no longer delayed.
+        """
+        for result in output.completed_jobs:
+            entry = self._jobs.pop(result.job_id, None)
+            if entry is None:
+                raise HybridKVConfigError(
+                    "completed_jobs", result.job_id, "no such job", "report once"
+                )
+            job = entry[0]
+            rid = job.request_id
+            self._job_left(rid)
+            keys = tuple(item.key for item in job.items)
+            if job.kind is _LOAD:
+                self._load_reported(job, keys, result.success)
+            else:
+                self._store_reported(job, keys, result.success)
+
+    def request_finished_all_groups(self, request: RequestView, block_ids: BlockTable) -> bool:
+        """True (delay the free until ``finished_sending``) iff a store of it is in flight.
+
+        Post: the request's hash chain, asked position and (unless in flight) load record are
+        forgotten; a delayed request is announced to the worker in the next metadata.
+        """
+        rid = request.request_id
+        self._asked.pop(rid, None)
+        self._requests.pop(rid, None)
+        self._claim_memo.pop(rid, None)
+        record = self._loads.get(rid)
+        if record is not None and not record.in_flight:
+            del self._loads[rid]
+        if not self._stores_of.get(rid):
+            return False
+        self._delayed.add(rid)
+        self._unsent_delayed.add(rid)
+        self._count["delayed_frees"] += 1
+        return True
+
+    # ----------------------------------------------------------------- queries
+
+    def has_transfers(self, request_id: RequestId) -> bool:
+        """Whether a load or store job of the request is in flight (or built, not yet sent)."""
+        return bool(self._jobs_of.get(request_id))
+
+    def busy_blocks(self) -> frozenset[int]:
+        """Blocks an in-flight job reads (store) or writes (load)."""
+        return frozenset(item.block_id for job, _ in self._jobs.values() for item in job.items)
+
+    def invalid_blocks(self, request_id: RequestId) -> frozenset[int]:
+        """The destination blocks of the failed jobs of the request's latest load.
+
+        Pre: the request has a load record (field ``request_id``).
+        """
+        return frozenset(self._record(request_id).bad_blocks)
+
+    def first_invalid_token(self, request: RequestView) -> int:
+        """Where the request's latest load leaves every group valid (shared truncation): the
+        largest aligned position whose needed keys all came from successful jobs, else the
+        claim start. Pre: a load record exists (field ``request_id``)."""
+        record = self._record(request.request_id)
+        return resume_point(self.geometry, self._keys(request), record)
+
+    def failed_keys(self) -> frozenset[bytes]:
+        """The keys the failure memory holds now."""
+        return self._memory.failed_keys()
+
+    def stats(self) -> ConnectorStats:
+        """Counts since creation and holdings now, in O(in-flight store items)."""
+        now = (len(self._requests), len(self._jobs), len(self.held_blocks()), len(self._memory))
+        return ConnectorStats._make((*(self._count[name] for name in _COUNTERS), *now))
+
+    # ----------------------------------------------------------------- seeding
+
+    def seed(self, request: RequestView, num_tokens: int, groups: Iterable[int] = ()) -> int:
+        """Make the host hold READY the units of ``request``'s first ``num_tokens`` tokens.
+
+        ``groups`` limits the groups stored (empty: all). Post: the keys are READY and recorded
+        with the request's salt; returns how many were stored. Refusal (no space): field
+        ``store_capacity``, nothing stored.
+        """
+        wanted = sorted(set(groups) or range(self.geometry.num_groups))
+        keys = RequestKeys(self.geometry, request.cache_salt)  # not kept: seeds do not finish
+        self._count["hashes_computed"] += keys.sync(request)
+        units = self.geometry.units
+        wanted_keys = [keys.key(g, j) for g in wanted for j in range(num_tokens // units[g])]
+        prepared = self.store.prepare_store(wanted_keys)
+        if not isinstance(prepared, PrepareStoreOutput):
+            raise HybridKVConfigError(
+                "store_capacity", self.store.capacity, "too small to seed", "raise it"
+            )
+        self._memory.departed(prepared.evicted_keys)
+        self.store.complete_store(prepared.keys_to_store, success=True)
+        self._memory.salt(prepared.keys_to_store, request.cache_salt, overwrite=True)
+        return len(prepared.keys_to_store)
+
+    # ----------------------------------------------------------------- snapshot
+
+    def snapshot(self) -> dict[str, Any]:
+        """The reference connector's plain snapshot (``spec.connector.scheduler_side`` schema,
+        which the MB-* and SEC-1 predicates read). Frame: nothing changes."""
+        return {
+            "kinds": tuple(kind.value for kind in self.geometry.kinds),
+            "units": self.geometry.units,
+            "align": self.geometry.align,
+            "next_job_id": self._next_job,
+            "jobs": tuple(_plain_job(job, salt) for _, (job, salt) in sorted(self._jobs.items())),
+            "loads": tuple(_plain_load(rid, rec) for rid, rec in sorted(self._loads.items())),
+            **self._memory.snapshot(),
+            "delayed": tuple(sorted(self._delayed)),
+            "store": self.store.snapshot(),
+        }
+
+    # ----------------------------------------------------------------- helpers
+
+    def _keys(self, request: RequestView) -> RequestKeys:
+        """The request's hash chain, grown to its current tokens (SEC-1: salted)."""
+        keys = self._requests.get(request.request_id)
+        if keys is None or not keys.matches(request):
+            keys = RequestKeys(self.geometry, request.cache_salt)
+            self._requests[request.request_id] = keys
+        self._count["hashes_computed"] += keys.sync(request)
+        return keys
+
+    def _decide(self, request: RequestView, start: int) -> tuple[int, bool]:
+        """The claim rule's answer, remembered per request: a scheduler asks a waiting request
+        again every step, and the answer changes only with its tokens, its start, the store's
+        statuses (every status change moves one of the store's reserved, stored, removed or
+        evicted counters) or the failure memory."""
+        stats = self.store.stats()
+        memo_key = (
+            start,
+            len(request.token_ids),
+            request.cache_salt,
+            stats.reserved,
+            stats.stored,
+            stats.removed,
+            stats.evicted,
+            self._memory.epoch,
+        )
+        memo = self._claim_memo.get(request.request_id)
+        if memo is not None and memo[0] == memo_key:
+            return memo[1], memo[2]
+        end, defer = decide_claim(
+            self.geometry,
+            self._keys(request).key,
+            len(request.token_ids),
+            start,
+            status=self.store.status,
+            failed=self._memory,
+        )
+        self._claim_memo[request.request_id] = (memo_key, end, defer)
+        return end, defer
+
+    def _checked_start(self, value: int) -> int:
+        block = self.geometry.scheduler_block
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0 or value % block:
+            raise HybridKVConfigError(
+                "num_computed_tokens", value, f"not a multiple of {block} >= 0", "align it"
+            )
+        return value
+
+    def _loadable(self, key: bytes) -> bool:
+        """READY in the host and not remembered as failed."""
+        return key not in self._memory and self.store.status(key) is LookupResult.HIT
+
+    def _store_job(
+        self, request: RequestView, block_ids: BlockTable, start: int, end: int
+    ) -> TransferJob | None:
+        """One store job of the units ``(start, end]`` completes (agrees with the reference's
+        ``_store_job``: same ``prepare_store`` calls, so the same policy order and events)."""
+        geometry = self.geometry
+        if not geometry.completes_a_unit(start, end):
+            return None  # no unit ends in this step (most decode steps): nothing to do
+        keys = self._keys(request)
+        taken: list[TransferItem] = []
+        store = self.store
+        for part in items_by_end(store_items(geometry, keys, block_ids, start, end)):
+            prepared = store.prepare_store([item.key for item in part])
+            if not isinstance(prepared, PrepareStoreOutput):
+                self._count["stores_refused"] += 1
+                break  # NO_SPACE: later ends would leave a hole in the stored prefix
+            self._memory.departed(prepared.evicted_keys)
+            fresh = prepared.keys_to_store
+            if len(fresh) == len(part):
+                taken.extend(part)
+            elif fresh:
+                wanted = set(fresh)
+                taken.extend(item for item in part if item.key in wanted)
+        if not taken:
+            return None
+        salt = request.cache_salt
+        self._memory.salt((item.key for item in taken), salt)
+        job = TransferJob(self._new_job_id(), _STORE, request.request_id, tuple(taken))
+        self._add_job(job, salt)
+        rid = request.request_id
+        self._stores_of[rid] = self._stores_of.get(rid, 0) + 1
+        if self._pool is not None:
+            self._pool.touch([item.block_id for item in taken])
+        self._count["store_jobs"] += 1
+        self._count["store_items"] += len(taken)
+        return job
+
+    def _load_reported(self, job: TransferJob, keys: tuple[bytes, ...], success: bool) -> None:
+        self.store.complete_load(keys)
+        if not success:
+            self._count["load_jobs_failed"] += 1
+            self._memory.remember_failed(keys, self._next_job)
+        record = self._loads.get(job.request_id)
+        if record is not None and job.job_id in record.jobs:
+            record.job_reported(job.job_id, job.items, success=success)
+
+    def _store_reported(self, job: TransferJob, keys: tuple[bytes, ...], success: bool) -> None:
+        self.store.complete_store(keys, success=success)
+        if self._pool is not None:
+            self._pool.free_blocks([item.block_id for item in job.items])
+        rid = job.request_id
+        left = self._stores_of[rid] - 1
+        if left:
+            self._stores_of[rid] = left
+        else:
+            del self._stores_of[rid]
+        if success:
+            self._memory.stored(keys)
+        else:
+            self._count["store_jobs_failed"] += 1
+            self._memory.departed(keys)
+        if not left:
+            self._delayed.discard(rid)
+
+    def _add_job(self, job: TransferJob, salt: str | None) -> None:
+        self._jobs[job.job_id] = (job, salt)
+        rid = job.request_id
+        self._jobs_of[rid] = self._jobs_of.get(rid, 0) + 1
+
+    def _job_left(self, rid: RequestId) -> None:
+        left = self._jobs_of[rid] - 1
+        if left:
+            self._jobs_of[rid] = left
+        else:
+            del self._jobs_of[rid]
+
+    def _record(self, request_id: RequestId) -> LoadRecord:
+        record = self._loads.get(request_id)
+        if record is None:
+            raise HybridKVConfigError(
+                "request_id", request_id, "has no load recorded", "ask after a load"
+            )
+        return record
+
+    def _new_job_id(self) -> JobId:
+        job_id = JobId(self._next_job)
+        self._next_job += 1
+        return job_id
+
+
+_FIX = "build it with hybridkv (planner, store) for this layout"
+
+
+def _plain_item(item: TransferItem) -> tuple[int, int, str, int]:
+    return (item.group_idx, item.block_id, item.key.hex(), item.end_token)
+
+
+def _plain_job(job: TransferJob, salt: str | None) -> tuple[Any, ...]:
+    items = tuple(_plain_item(item) for item in job.items)
+    return (int(job.job_id), job.kind.value, job.request_id, salt, job.sync, items)
+
+
+def _plain_load(rid: RequestId, rec: LoadRecord) -> tuple[Any, ...]:
+    return (
+        rid,
+        rec.start,
+        rec.end,
+        rec.num_tokens,
+        rec.sync,
+        rec.cache_salt,
+        tuple(int(j) for j in rec.jobs),
+        tuple(sorted(int(j) for j in rec.reported)),
+        tuple(sorted(int(j) for j in rec.failed)),
+        tuple(_plain_item(item) for item in rec.items),
+    )

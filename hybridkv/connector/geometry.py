@@ -1,0 +1,145 @@
+"""The connector's geometry, precomputed: per group its kind, unit, block, hash stride, reach.
+
+The twin of ``spec.connector.geometry.Geometry`` (never imported here). Unit ``j`` of group
+``g`` covers tokens ``[j * u_g, (j + 1) * u_g)``, sits in table slot ``j * u_g // block_g`` and
+is keyed by ``fine_hash[(j + 1) * f_g - 1] + suffix_g`` (``f_g = u_g / hash_block_size``,
+``suffix_g`` the 4-byte big-endian group index). What a claim ending at ``t`` from a computed
+prefix ``s`` needs per group is a unit range ``[first, t / u_g)``:
+
+- FULL: ``first = s / u_g`` (every unit);
+- SLIDING: ``first = max(s, t - reach_g) // u_g`` (the window's units; an unknown window
+  reaches ``max_model_len``, so it needs every unit, the reference's conservative choice);
+- MAMBA: ``first = t / u_g - 1`` (the one state at exactly ``t``).
+
+Everything the reference derives through properties on each call is a plain tuple here.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from hybridkv.errors import HybridKVConfigError
+from hybridkv.kinds import GroupKind
+from hybridkv.planner import HybridOffloadPlanner
+
+__all__ = ["ConnectorGeometry"]
+
+
+@dataclass(frozen=True, slots=True)
+class ConnectorGeometry:
+    """The planner plus each group's kind and window reach, with everything derived once.
+
+    Attributes:
+        planner: the offload geometry (units, claim unit, hash contract).
+        kinds: the kind of each group.
+        reaches: per group, tokens before a position a SLIDING group reads to compute it.
+        units, blocks: offload unit and GPU block size per group, in tokens.
+        strides: fine hashes per unit (``u_g / hash_block_size``).
+        suffixes: the 4-byte big-endian group index that ends each group's offload keys.
+        scheduler_block: ``lcm`` of the block sizes (the scheduler's computed-count alignment).
+        align: where a claim may end: ``lcm(claim_unit, scheduler_block)``.
+        scan_order: group indices MAMBA first, then SLIDING, then FULL: the claim search asks
+            the cheapest, most selective groups first.
+        distinct_units: the different unit sizes, ascending (a step completes a unit of some
+            group exactly when it crosses a multiple of one of them).
+    """
+
+    planner: HybridOffloadPlanner
+    kinds: tuple[GroupKind, ...]
+    reaches: tuple[int, ...]
+    units: tuple[int, ...]
+    blocks: tuple[int, ...]
+    strides: tuple[int, ...]
+    suffixes: tuple[bytes, ...]
+    scheduler_block: int
+    align: int
+    scan_order: tuple[int, ...]
+    distinct_units: tuple[int, ...]
+
+    @classmethod
+    def build(
+        cls,
+        planner: HybridOffloadPlanner,
+        group_kinds: Sequence[GroupKind],
+        sliding_windows: Sequence[int] = (),
+    ) -> ConnectorGeometry:
+        """Check ``group_kinds`` against the planner and derive everything.
+
+        Pre: one kind per planner group, equal to the planner's (field ``group_kinds``);
+        ``sliding_windows`` empty or one int >= 0 per group, the reach
+        ``sliding_window - 1 + extra_retained_tokens`` of each SLIDING group (field
+        ``sliding_windows``). Agrees with ``spec.connector.geometry.Geometry.build``.
+        """
+        if not isinstance(planner, HybridOffloadPlanner):
+            raise HybridKVConfigError(
+                "planner", planner, "is not a hybridkv HybridOffloadPlanner", "build one"
+            )
+        kinds = tuple(group_kinds)
+        if kinds != tuple(kind for kind, _ in planner.groups):
+            raise HybridKVConfigError(
+                "group_kinds", kinds, "differ from the planner's groups", "pass the same groups"
+            )
+        reaches = _reaches(sliding_windows, len(kinds), planner.max_model_len)
+        blocks = tuple(block for _, block in planner.groups)
+        scheduler_block = math.lcm(*blocks)
+        rank = {GroupKind.MAMBA: 0, GroupKind.SLIDING: 1, GroupKind.FULL: 2}
+        return cls(
+            planner=planner,
+            kinds=kinds,
+            reaches=reaches,
+            units=planner.units,
+            blocks=blocks,
+            strides=planner.hash_factors,
+            suffixes=tuple(g.to_bytes(4, "big") for g in range(len(kinds))),
+            scheduler_block=scheduler_block,
+            align=math.lcm(planner.claim_unit, scheduler_block),
+            scan_order=tuple(sorted(range(len(kinds)), key=lambda g: (rank[kinds[g]], g))),
+            distinct_units=tuple(sorted(set(planner.units))),
+        )
+
+    @property
+    def num_groups(self) -> int:
+        """How many KV cache groups."""
+        return len(self.kinds)
+
+    def completes_a_unit(self, start: int, end: int) -> bool:
+        """Whether computing ``[start, end)`` completes a unit of some group."""
+        return any(start // u != end // u for u in self.distinct_units)
+
+    def first_needed(self, group_idx: int, start: int, end: int) -> int:
+        """The first unit index group ``group_idx`` needs to resume at ``end`` from ``start``.
+
+        Pre: ``0 <= start < end``, ``end`` a multiple of the group's unit. The needed units
+        are ``[first_needed, end // unit)`` (module docstring).
+        """
+        u = self.units[group_idx]
+        kind = self.kinds[group_idx]
+        if kind is GroupKind.MAMBA:
+            return end // u - 1
+        if kind is GroupKind.SLIDING:
+            return max(start, end - self.reaches[group_idx]) // u
+        return start // u
+
+
+def _reaches(
+    sliding_windows: Sequence[int], num_groups: int, max_model_len: int
+) -> tuple[int, ...]:
+    if isinstance(sliding_windows, (str, bytes)):
+        raise HybridKVConfigError(
+            "sliding_windows", sliding_windows, "must give one int >= 0 per group", _FIX_REACH
+        )
+    if not sliding_windows:
+        return tuple(max_model_len for _ in range(num_groups))
+    reaches = tuple(sliding_windows)
+    if len(reaches) != num_groups or any(
+        isinstance(r, bool) or not isinstance(r, int) or r < 0 for r in reaches
+    ):
+        raise HybridKVConfigError(
+            "sliding_windows", sliding_windows, "must give one int >= 0 per group", _FIX_REACH
+        )
+    return reaches
+
+
+_FIX_REACH = "pass sliding_window - 1 + extra_retained_tokens per group (0 if none)"

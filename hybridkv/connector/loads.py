@@ -1,0 +1,153 @@
+"""Load jobs of a claim, the record of a load, and where a partly failed load can resume.
+
+The twin of ``spec.connector.loads`` (never imported here), which it must agree with item for
+item: a claim from ``start`` to ``end`` loads, per group, the units it needs
+(:meth:`ConnectorGeometry.first_needed`) into the request's real blocks, leaving out units whose
+key is not loadable or whose table slot is null or missing (a mamba group only when ``end`` is
+its unit end: MB-1). Items are sorted by ``end_token`` then group and split into one job per
+alignment segment ``(a_{i-1}, a_i]``, so a failed job names the segment that failed and the
+failure memory keeps only its keys.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from operator import attrgetter
+
+from hybridkv.connector.api import BlockTable, JobId, TransferItem
+from hybridkv.connector.geometry import ConnectorGeometry
+from hybridkv.connector.requests import RequestKeys
+from hybridkv.kinds import GroupKind
+
+__all__ = ["LoadRecord", "load_items", "resume_point", "segments"]
+
+_BY_END_THEN_GROUP = attrgetter("end_token", "group_idx")
+
+
+class LoadRecord:
+    """One load of a request: its claim, its jobs and what they reported (mutable, unlike the
+    reference's frozen record: the core updates it in place as jobs report).
+
+    Attributes: those of ``spec.connector.loads.LoadRecord``: ``start``, ``end``,
+    ``num_tokens``, ``sync``, ``cache_salt``, ``items``, ``jobs``; ``reported``, ``failed``
+    (job ids), ``good_keys`` (keys of jobs that succeeded), ``bad_blocks`` (destination blocks
+    of jobs that failed).
+    """
+
+    __slots__ = (
+        "bad_blocks",
+        "cache_salt",
+        "end",
+        "failed",
+        "good_keys",
+        "items",
+        "jobs",
+        "num_tokens",
+        "reported",
+        "start",
+        "sync",
+    )
+
+    def __init__(
+        self,
+        *,
+        start: int,
+        end: int,
+        num_tokens: int,
+        sync: bool,
+        cache_salt: str | None,
+        items: tuple[TransferItem, ...],
+        jobs: tuple[JobId, ...],
+    ) -> None:
+        self.start, self.end, self.num_tokens = start, end, num_tokens
+        self.sync, self.cache_salt = sync, cache_salt
+        self.items, self.jobs = items, jobs
+        self.reported: set[JobId] = set()
+        self.failed: set[JobId] = set()
+        self.good_keys: set[bytes] = set()
+        self.bad_blocks: set[int] = set()
+
+    @property
+    def in_flight(self) -> bool:
+        """Whether some job of the load has not reported yet."""
+        return len(self.reported) < len(self.jobs)
+
+    def job_reported(self, job_id: JobId, items: Sequence[TransferItem], *, success: bool) -> None:
+        """Record that job ``job_id`` (with ``items``) reported ``success``."""
+        self.reported.add(job_id)
+        if success:
+            self.good_keys.update(item.key for item in items)
+        else:
+            self.failed.add(job_id)
+            self.bad_blocks.update(item.block_id for item in items)
+
+
+def load_items(
+    geometry: ConnectorGeometry,
+    keys: RequestKeys,
+    block_ids: BlockTable,
+    start: int,
+    end: int,
+    *,
+    loadable: Callable[[bytes], bool],
+) -> tuple[TransferItem, ...]:
+    """Items restoring every group at ``end`` from ``start``, into the request's real blocks.
+
+    Agrees with ``spec.connector.loads.load_items`` (module docstring). Post: items sorted by
+    ``end_token`` then group.
+    """
+    items: list[TransferItem] = []
+    key_of = keys.key
+    for g, kind in enumerate(geometry.kinds):
+        u = geometry.units[g]
+        group_end = end - end % u
+        if group_end <= start or (kind is GroupKind.MAMBA and group_end != end):
+            continue
+        table = block_ids[g] if g < len(block_ids) else ()
+        per_block = geometry.blocks[g]
+        for j in range(geometry.first_needed(g, start, group_end), group_end // u):
+            index = j * u // per_block
+            if index >= len(table) or not table[index]:
+                continue
+            key = key_of(g, j)
+            if loadable(key):
+                items.append(TransferItem(g, table[index], key, (j + 1) * u))
+    items.sort(key=_BY_END_THEN_GROUP)
+    return tuple(items)
+
+
+def segments(items: Sequence[TransferItem], align: int) -> list[tuple[TransferItem, ...]]:
+    """Items (sorted by end) split by alignment segment ``ceil(end_token / align)``, ascending,
+    none empty."""
+    parts: list[tuple[TransferItem, ...]] = []
+    first, current = 0, None
+    for i, item in enumerate(items):
+        segment = -(-item.end_token // align)
+        if segment != current:
+            if i > first:
+                parts.append(tuple(items[first:i]))
+            first, current = i, segment
+    if len(items) > first:
+        parts.append(tuple(items[first:]))
+    return parts
+
+
+def resume_point(geometry: ConnectorGeometry, keys: RequestKeys, record: LoadRecord) -> int:
+    """The largest aligned position up to ``record.end`` where every group's needed keys were
+    loaded by jobs that succeeded; ``record.start`` when there is none.
+
+    Agrees with ``spec.connector.loads.resume_point``. Pure.
+    """
+    align = geometry.align
+    lowest = (record.start // align + 1) * align
+    good = record.good_keys
+    for point in range(record.end - record.end % align, lowest - 1, -align):
+        if all(
+            keys.key(g, j) in good
+            for g in range(geometry.num_groups)
+            for j in range(
+                geometry.first_needed(g, record.start, point), point // geometry.units[g]
+            )
+        ):
+            return point
+    return record.start

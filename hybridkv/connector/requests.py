@@ -1,0 +1,68 @@
+"""One request's hashes, grown as its tokens arrive, and the offload keys read off them.
+
+The reference connector re-derives every block hash of a request from its token ids at each
+call (``spec.connector.scheduler_side.ReferenceConnector._hashes``): quadratic work over a
+request's life. Here each request keeps a :class:`~hybridkv.hashing.RequestHashList`, fed only
+the tokens it has not seen, so each block is hashed once (the hashes are byte-identical to the
+reference's, ``tests/differential/test_hashing_agreement.py``).
+
+A request's tokens only ever grow (prompt, then sampled tokens; preemption keeps them). If a
+view arrives with fewer tokens or another salt than the state has seen, the state is rebuilt
+from that view rather than trusted.
+"""
+
+from __future__ import annotations
+
+from hybridkv.connector.api import RequestView
+from hybridkv.connector.geometry import ConnectorGeometry
+from hybridkv.hashing import RequestHashList
+
+__all__ = ["RequestKeys"]
+
+
+class RequestKeys:
+    """The incremental hash chain of one request and its offload keys per (group, unit)."""
+
+    __slots__ = ("_geometry", "_hashes", "_salt", "_seen")
+
+    def __init__(self, geometry: ConnectorGeometry, cache_salt: str | None) -> None:
+        """An empty chain for ``cache_salt`` (None or a non-empty str, else field
+        ``cache_salt``)."""
+        self._geometry = geometry
+        self._salt = cache_salt
+        self._hashes = RequestHashList(geometry.planner.hash_block_size, cache_salt=cache_salt)
+        self._seen = 0
+
+    def matches(self, view: RequestView) -> bool:
+        """Whether ``view`` extends what this chain has seen (same salt, no fewer tokens)."""
+        return view.cache_salt == self._salt and len(view.token_ids) >= self._seen
+
+    def sync(self, view: RequestView) -> int:
+        """Hash the tokens of ``view`` this chain has not seen yet; returns the new hashes.
+
+        Pre: :meth:`matches` (the caller rebuilds otherwise). Post: every full hash block of
+        ``view.token_ids`` is hashed, each exactly once over the chain's life. A refused token
+        (field ``tokens``) changes nothing.
+        """
+        tokens = view.token_ids
+        if len(tokens) <= self._seen:
+            return 0
+        new = self._hashes.append_tokens(tokens[self._seen :])
+        self._seen = len(tokens)
+        return new
+
+    @property
+    def hashes_computed(self) -> int:
+        """Block hashes this chain has computed in its life (each once)."""
+        return self._hashes.hashes_computed
+
+    def key(self, group_idx: int, unit: int) -> bytes:
+        """The offload key of unit ``unit`` of group ``group_idx``.
+
+        Pre: the chain has hashed past the unit's end (IndexError otherwise).
+        """
+        geometry = self._geometry
+        return (
+            self._hashes[(unit + 1) * geometry.strides[group_idx] - 1]
+            + geometry.suffixes[group_idx]
+        )

@@ -1,0 +1,65 @@
+"""Which units a step stores: those its forward completes, prompt and decode tokens alike.
+
+The twin of ``spec.connector.stores`` (never imported here), item for item: a scheduled request
+computing ``[c, c + n)`` stores, per group, each unit whose end lies in ``(c, c + n]`` from the
+block at its table slot, if that slot holds a real block (a mamba unit only where the table
+still holds the state block at exactly its end: MB-2). Decode-phase tokens count, so a
+follow-up turn can hit them (field note #56972).
+
+The work is proportional to the units the step completes, not to the request's length: a
+decode step that completes no unit costs one range test per group.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from operator import attrgetter
+
+from hybridkv.connector.api import BlockTable, TransferItem
+from hybridkv.connector.geometry import ConnectorGeometry
+from hybridkv.connector.requests import RequestKeys
+
+__all__ = ["items_by_end", "store_items"]
+
+_BY_END_THEN_GROUP = attrgetter("end_token", "group_idx")
+
+
+def store_items(
+    geometry: ConnectorGeometry,
+    keys: RequestKeys,
+    block_ids: BlockTable,
+    start: int,
+    end: int,
+) -> list[TransferItem]:
+    """Items of every unit completed in ``(start, end]`` that has a real block.
+
+    Agrees with ``spec.connector.stores.store_items``. Pre: ``block_ids`` is the request's
+    table after this step's allocation; ``keys`` has hashed past ``end``. Post: sorted by unit
+    end, then group; no null block.
+    """
+    found: list[TransferItem] = []
+    for g in range(geometry.num_groups):
+        u = geometry.units[g]
+        first, last = start // u, end // u
+        if first >= last:
+            continue
+        table = block_ids[g] if g < len(block_ids) else ()
+        per_block = geometry.blocks[g]
+        for j in range(first, last):
+            index = j * u // per_block
+            if index < len(table) and table[index]:
+                found.append(TransferItem(g, table[index], keys.key(g, j), (j + 1) * u))
+    if len(found) > 1:
+        found.sort(key=_BY_END_THEN_GROUP)
+    return found
+
+
+def items_by_end(items: Sequence[TransferItem]) -> list[Sequence[TransferItem]]:
+    """Items (sorted by end) grouped by ``end_token``, ascending: one prefix step each."""
+    parts: list[Sequence[TransferItem]] = []
+    first = 0
+    for i in range(1, len(items) + 1):
+        if i == len(items) or items[i].end_token != items[first].end_token:
+            parts.append(items[first:i])
+            first = i
+    return parts
