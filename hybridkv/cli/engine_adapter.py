@@ -167,6 +167,13 @@ class TrackerWorker:
         )
         return to_spec_output(out)
 
+    def get_block_ids_with_load_errors(self) -> dict[spec_api.RequestId, frozenset[int]]:
+        """The tracker's block-level load errors, per request (handed out once)."""
+        return {
+            spec_api.RequestId(rid): blocks
+            for rid, blocks in self.tracker.get_block_ids_with_load_errors().items()
+        }
+
     def snapshot(self) -> dict[str, Any]:
         """The tracker's snapshot (the reference worker's schema)."""
         return self.tracker.snapshot()

@@ -5,7 +5,9 @@ here) and satisfies :class:`~hybridkv.connector.api.WorkerConnector`; it moves n
 :class:`~hybridkv.connector.worker.TransferWorker` runs the jobs and folds through it). Rules:
 
 - an ASYNC load of a request is finished (``finished_recving``) when every load job of that
-  request has reported, and failed (``failed_recving``) if any of them failed;
+  request has reported, and failed (``failed_recving``) if any of them failed; the destination
+  blocks of its failed jobs are then handed out once by :meth:`JobTracker.
+  get_block_ids_with_load_errors` (vLLM's hook of that name; shared truncation reads it);
 - a SYNC load never reports at the request level (its request already runs); its outcome
   reaches the scheduler side through ``completed_jobs`` only;
 - a request announced in ``ConnectorMeta.delayed_free_ids`` is reported in
@@ -45,7 +47,10 @@ class JobTracker:
         self._jobs: dict[JobId, TransferJob] = {}
         self._loads_of: dict[RequestId, int] = {}  # load jobs in flight, sync ones included
         self._stores_of: dict[RequestId, int] = {}
-        self._load_failed: set[RequestId] = set()
+        # Failed loads in flight -> their failed jobs' destination blocks; then, once the load
+        # finished, the same per request until handed out.
+        self._load_failed: dict[RequestId, frozenset[int]] = {}
+        self._errors: dict[RequestId, frozenset[int]] = {}
         self._delayed: set[RequestId] = set()
         self._sendable: set[RequestId] = set()  # delayed, with no store left in flight
 
@@ -113,23 +118,45 @@ class JobTracker:
             elif not job.sync:  # a sync load reports through completed_jobs only
                 touched.add(rid)
                 if not success:
-                    self._load_failed.add(rid)
+                    bad = frozenset(item.block_id for item in job.items)
+                    self._load_failed[rid] = self._load_failed.get(rid, frozenset()) | bad
         finished = frozenset(rid for rid in touched if rid not in self._loads_of)
         failed = frozenset(rid for rid in finished if rid in self._load_failed)
-        self._load_failed -= finished
+        for rid in failed:
+            self._errors[rid] = self._errors.get(rid, frozenset()) | self._load_failed.pop(rid)
         sent = frozenset(self._sendable)
         self._delayed -= sent
         self._sendable = set()
         return KVConnectorOutput(finished, failed, sent, tuple(results))
 
+    def get_block_ids_with_load_errors(self) -> dict[RequestId, frozenset[int]]:
+        """The blocks failed load jobs left invalid, per request whose load failed; handed once.
+
+        Per request, not vLLM's flat union (which vLLM 0.33 refuses with several groups): the
+        shape shared truncation needs. Post: the next call returns nothing new until another
+        load fails.
+        """
+        errors, self._errors = self._errors, {}
+        return errors
+
     def snapshot(self) -> dict[str, Any]:
         """The reference worker's plain snapshot: ``jobs`` ((job_id, kind, request_id, sync),
-        ...) by id, ``load_failed`` and ``delayed`` (sorted ids). Frame: nothing changes."""
+        ...) by id, ``load_failed`` (sorted ids), ``invalid_blocks`` and ``load_errors``
+        ((request_id, (block ids...)), ...) and ``delayed`` (sorted ids). Frame: nothing
+        changes."""
         return {
             "jobs": tuple(
                 (int(j), job.kind.value, job.request_id, job.sync)
                 for j, job in sorted(self._jobs.items())
             ),
             "load_failed": tuple(sorted(self._load_failed)),
+            "invalid_blocks": _plain_blocks(self._load_failed),
+            "load_errors": _plain_blocks(self._errors),
             "delayed": tuple(sorted(self._delayed)),
         }
+
+
+def _plain_blocks(
+    blocks: dict[RequestId, frozenset[int]],
+) -> tuple[tuple[str, tuple[int, ...]], ...]:
+    return tuple((rid, tuple(sorted(ids))) for rid, ids in sorted(blocks.items()))
