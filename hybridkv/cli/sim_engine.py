@@ -12,7 +12,8 @@ One step, in vLLM's order (``v1/worker/gpu/kv_connector.py:76-160``):
    (:class:`hybridkv.sim.content.ContentCodec`);
 5. the data plane starts the step's stores (after the forward: a store reads what the forward
    wrote, vLLM #39306), then the step's transfers are drained and folded into the
-   ``KVConnectorOutput``; each block a successful load wrote is checked against recomputation;
+   ``KVConnectorOutput`` and the block-level reports of failed loads (which shared truncation
+   reads); each block a successful load wrote is checked against recomputation;
 6. ``update_from_output`` with one sampled token per request whose prefill is complete.
 
 Transfers are drained every step, so a run is deterministic (the same trace and seed give the
@@ -41,6 +42,7 @@ from spec.invariants import check_all
 from spec.kinds import GroupKind
 from spec.managers.group_spec import GroupSpec, cdiv
 from spec.scheduler import ClaimOutcome, Request, RequestStatus, Scheduler, SchedulerConfig
+from spec.system.parts import failure_reports
 
 __all__ = ["DataPlane", "PlaneStats", "SimResult", "Simulation", "StepSample"]
 
@@ -74,6 +76,10 @@ class DataPlane(Protocol):
 
     def get_transfer_results(self) -> KVConnectorOutput:
         """Wait for every started job, fold the results (vLLM ``get_transfer_results``)."""
+        ...
+
+    def get_block_ids_with_load_errors(self) -> Mapping[RequestId, frozenset[int]]:
+        """Per failed load, the blocks its failed jobs left invalid (handed out once)."""
         ...
 
     def stats(self) -> PlaneStats:
@@ -156,6 +162,7 @@ class _Live:
     previous_total: int | None  # ... and its prompt plus answer
     trusted_end: int = 0  # positions [.., trusted_end) were written by its own forwards
     claimed: bool = False
+    first_load: int = 0  # tokens its first admission's async load brings, until it resolves
     failed_load: bool = False
 
 
@@ -229,7 +236,6 @@ class Simulation:
         r.tokens_discarded_by_recovery = (
             counters["tokens_discarded_by_recovery"] + counters["tokens_discarded_by_deadline"]
         )
-        r.prefill_tokens_loaded -= r.tokens_discarded_by_recovery
         for req in self.scheduler.requests.values():
             name = req.status.value
             r.finished[name] = r.finished.get(name, 0) + 1
@@ -263,11 +269,13 @@ class Simulation:
             self._forward(scheduled)
         self.plane.wait_for_save()
         kv_output = self.plane.get_transfer_results()
+        failures = failure_reports(self.scheduler, self.plane.get_block_ids_with_load_errors())
         self._verify_loads(kv_output)
         hit_tokens, loaded_tokens = self._admissions(output)
         sampled = self._sample(output.scheduled)
         before = {rid for rid, r in self.scheduler.requests.items() if r.status.is_finished}
-        self.scheduler.update_from_output(output, sampled, kv_output)
+        self.scheduler.update_from_output(output, sampled, kv_output, failures)
+        self._settle_first_loads(output.abandoned_ids, kv_output)
         self._after_update(before)
         if self.check:
             self._check_invariants(step)
@@ -416,6 +424,8 @@ class Simulation:
             loaded += claim.accepted
             self.result.local_hit_tokens += claim.num_computed_tokens
             self.result.prefill_tokens_loaded += claim.accepted
+            if claim.outcome is ClaimOutcome.WAITING_FOR_REMOTE_KVS:
+                live.first_load = claim.accepted  # counted; taken back if the load is lost
             if live.previous_prompt_len is not None and live.previous_total is not None:
                 self.result.continuation_turns += 1
                 reach = claim.num_computed_tokens + claim.accepted
@@ -424,6 +434,23 @@ class Simulation:
                     self.result.continuation_hits += 1
                     self.result.continuation_hit_tokens += past
         return hits + loaded, loaded
+
+    def _settle_first_loads(
+        self, abandoned: frozenset[RequestId], kv_output: KVConnectorOutput
+    ) -> None:
+        """Take back what a request's first load lost: all of it past its deadline, the
+        recovered part when it failed; a first load that landed whole keeps its tokens."""
+        lost: dict[RequestId, int] = {rid: self._live[rid].first_load for rid in abandoned}
+        for record in self.scheduler.recoveries:
+            live = self._live[record.request_id]
+            if live.first_load:
+                lost[record.request_id] = min(live.first_load, max(0, record.discarded))
+        for rid in kv_output.finished_recving:
+            lost.setdefault(rid, 0)
+        for rid, tokens in lost.items():
+            if self._live[rid].first_load:
+                self.result.prefill_tokens_loaded -= tokens
+                self._live[rid].first_load = 0
 
     def _after_update(self, before: set[RequestId]) -> None:
         for rid, request in self.scheduler.requests.items():

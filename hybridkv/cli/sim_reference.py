@@ -24,7 +24,13 @@ from hybridkv.hostmem import HostMemory, PinMode
 from hybridkv.sim.faults import FaultPlan
 from hybridkv.transfer import CpuTransferEngine, Direction, JobId, TransferPair
 from spec.connector import ReferenceConnector, ReferenceWorker
-from spec.connector_api import ConnectorMeta, JobResult, KVConnectorOutput, TransferJob
+from spec.connector_api import (
+    ConnectorMeta,
+    JobResult,
+    KVConnectorOutput,
+    RequestId,
+    TransferJob,
+)
 from spec.store import EventKind
 
 __all__ = ["PlaneCounts", "ReferencePlane"]
@@ -65,7 +71,8 @@ class ReferencePlane:
         self._slots: dict[bytes, int] = {}
         self._free = list(range(capacity - 1, -1, -1))
         self._meta = ConnectorMeta()
-        self._started: dict[JobId, tuple[TransferJob, float]] = {}
+        self._started: dict[JobId, TransferJob] = {}
+        self._results: list[JobResult] = []
 
     def _fault_hook(self, job: JobId, direction: Direction, run: int) -> None:
         if job in self._failing:
@@ -79,34 +86,45 @@ class ReferencePlane:
         self._meta = meta
 
     def start_load_kv(self) -> None:
-        """Submit the step's load jobs (host slots to GPU blocks)."""
+        """Submit the step's load jobs (host slots to GPU blocks) and drain them, timed."""
+        start = time.perf_counter()
         for job in self._meta.load_jobs:
             pairs = [TransferPair(i.group_idx, i.block_id, self._slot(i.key)) for i in job.items]
             self._submit(job, Direction.LOAD, pairs)
+        self._drain()
+        self.counts.load_seconds += time.perf_counter() - start
 
     def wait_for_save(self) -> None:
-        """Submit the step's store jobs (GPU blocks to fresh host slots), after the forward."""
+        """Submit the step's store jobs (GPU blocks to fresh host slots), after the forward,
+        and drain them, timed."""
+        start = time.perf_counter()
         for job in self._meta.store_jobs:
             pairs = [TransferPair(i.group_idx, i.block_id, self._take(i.key)) for i in job.items]
             self._submit(job, Direction.STORE, pairs)
+        self._drain()
+        self.counts.store_seconds += time.perf_counter() - start
 
     def get_transfer_results(self) -> KVConnectorOutput:
-        """Drain every started job and fold the results with the reference worker."""
+        """Fold the step's results (every job was drained) with the reference worker."""
+        results = tuple(sorted(self._results, key=lambda r: r.job_id))
+        self._results = []
+        return self.worker.get_transfer_results(results)
+
+    def _drain(self) -> None:
         self.engine.wait(list(self._started))
-        results: list[JobResult] = []
         for finished in self.engine.poll():
-            job, started = self._started.pop(finished.job_id)
-            seconds = time.perf_counter() - started
-            moved = sum(self.caches.group_bytes(i.group_idx) for i in job.items)
-            if job.kind.value == "load":
-                self.counts.bytes_loaded += moved if finished.success else 0
-                self.counts.load_seconds += seconds
-            else:
-                self.counts.bytes_stored += moved if finished.success else 0
-                self.counts.store_seconds += seconds
-            results.append(JobResult(job.job_id, finished.success))
-        results.sort(key=lambda r: r.job_id)
-        return self.worker.get_transfer_results(tuple(results))
+            job = self._started.pop(finished.job_id)
+            if finished.success:
+                moved = sum(self.caches.group_bytes(i.group_idx) for i in job.items)
+                if job.kind.value == "load":
+                    self.counts.bytes_loaded += moved
+                else:
+                    self.counts.bytes_stored += moved
+            self._results.append(JobResult(job.job_id, finished.success))
+
+    def get_block_ids_with_load_errors(self) -> Mapping[RequestId, frozenset[int]]:
+        """The reference worker's block-level load errors (handed out once)."""
+        return self.worker.get_block_ids_with_load_errors()
 
     # ----------------------------------------------------------------- observations
     def stats(self) -> PlaneCounts:
@@ -134,7 +152,7 @@ class ReferencePlane:
         if fails:
             self._failing.add(engine_job)
             self.counts.failures_injected += 1
-        self._started[engine_job] = (job, time.perf_counter())
+        self._started[engine_job] = job
 
     def _slot(self, key: bytes) -> int:
         slot = self._slots.get(key)

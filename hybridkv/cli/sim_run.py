@@ -246,12 +246,9 @@ def _build_connector(
         store = HostStore(entries, options.policy)
         connector = ReferenceConnector.from_groups(planner, store, setup.scheduler.groups)
         return connector, ReferencePlane(connector, canonical, faults), connector.snapshot
-    raise HybridKVConfigError(
-        "--connector",
-        options.connector,
-        "the optimized connector core is not wired into simulate yet",
-        "pass --connector reference",
-    )
+    from hybridkv.cli.sim_optimized import build_optimized
+
+    return build_optimized(setup, canonical, entries, faults, options.policy)
 
 
 def _run_with_progress(sim: Simulation, total: int) -> SimResult:

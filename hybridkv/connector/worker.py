@@ -39,6 +39,7 @@ from hybridkv.connector.api import (
     JobId,
     JobResult,
     KVConnectorOutput,
+    RequestId,
     TransferJob,
     TransferKind,
 )
@@ -175,6 +176,11 @@ class TransferWorker:
         report = sorted(r for r in self._finished if r.job_id not in held)
         self._finished = [r for r in self._finished if r.job_id in held]
         return self._tracker.get_transfer_results(tuple(report))
+
+    def get_block_ids_with_load_errors(self) -> dict[RequestId, frozenset[int]]:
+        """Per request whose load failed, the blocks its failed jobs left invalid; handed once
+        (:meth:`JobTracker.get_block_ids_with_load_errors`)."""
+        return self._tracker.get_block_ids_with_load_errors()
 
     # ----------------------------------------------------------------- queries
 

@@ -26,7 +26,7 @@ REQUIRED_KEYS = {
     "failures_recovered",
 }
 TIMING = {"seconds", "load_gbps", "store_gbps"}
-SMALL = ["simulate", "--connector", "reference", "--requests", "8"]
+SMALL = ["simulate", "--requests", "8"]
 
 
 def _json(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, dict[str, Any]]:
@@ -78,7 +78,7 @@ def test_faults_are_injected_and_recovered_with_no_wrong_data(
 
 
 def test_offload_under_gpu_pressure_loads_from_the_host() -> None:
-    report = simulate(SimOptions(connector="reference", requests=12))
+    report = simulate(SimOptions(requests=12))
     assert report["prefill_tokens_loaded"] > 0
     assert report["bytes_loaded"] > 0
     assert report["wrong_content_loads"] == 0
@@ -93,7 +93,7 @@ def test_a_jsonl_trace_replays_conversations(tmp_path: Path) -> None:
     ]
     path = tmp_path / "t.jsonl"
     path.write_text(dump_trace(trace))
-    report = simulate(SimOptions(connector="reference", trace=str(path)))
+    report = simulate(SimOptions(trace=str(path)))
     assert report["requests"] == 3
     assert report["finished"] == {"finished_length": 3}
     # The second turn's prompt is the first turn's prompt and answer plus its message.
@@ -130,7 +130,7 @@ def test_human_output_and_plot(tmp_path: Path, capsys: pytest.CaptureFixture[str
 def test_bad_input_exits_2_naming_the_field(
     capsys: pytest.CaptureFixture[str], argv: list[str], field: str
 ) -> None:
-    assert main(["simulate", "--connector", "reference", *argv]) == 2
+    assert main(["simulate", *argv]) == 2
     err = capsys.readouterr().err
     assert err.startswith("hybridkv simulate: error:")
     assert field in err
@@ -167,3 +167,26 @@ def test_verification_catches_a_plane_that_loads_into_the_wrong_blocks(
     assert report["wrong_content_loads"] > 0
     assert report["verdict"] == "fail"
     assert code == 1
+
+
+def _swap_pairs(original: Any) -> Any:
+    def swapped(self: Any, job: Any) -> list[TransferPair]:
+        pairs: list[TransferPair] = original(self, job)
+        if job.kind.value == "load" and len(pairs) > 1:
+            blocks = [p.block for p in pairs][::-1]
+            pairs = [p._replace(block=b) for p, b in zip(pairs, blocks, strict=True)]
+        return pairs
+
+    return swapped
+
+
+def test_verification_catches_the_optimized_worker_loading_into_the_wrong_blocks(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from hybridkv.connector.worker import TransferWorker
+
+    monkeypatch.setattr(TransferWorker, "_pairs", _swap_pairs(TransferWorker._pairs))
+    code, report = _json(capsys, "simulate", "--requests", "12")
+    assert report["setup"]["connector"] == "optimized"
+    assert report["wrong_content_loads"] > 0
+    assert (code, report["verdict"]) == (1, "fail")

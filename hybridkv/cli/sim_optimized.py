@@ -1,0 +1,149 @@
+"""The optimized data plane of ``hybridkv simulate``: the connector core, its worker and engine.
+
+The spec scheduler drives :class:`hybridkv.connector.ConnectorCore` through
+:class:`hybridkv.cli.engine_adapter.CoreConnector`; the core owns the optimized
+:class:`hybridkv.store.HostStore`, whose entries own host slots; the
+:class:`hybridkv.connector.worker.TransferWorker` runs the core's jobs on a transfer engine
+(:class:`~hybridkv.transfer.CpuTransferEngine`, or the CUDA engine with ``--device cuda``) over
+the canonical caches and exact-size host memory (pinned when CUDA is present).
+
+Each step the plane drains the loads before the forward and the stores after it, timing each
+direction on its own, so the report's GB/s per direction is bytes over the time that direction
+kept the engine busy.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from hybridkv.canonical import CanonicalCaches
+from hybridkv.cli.engine_adapter import CoreConnector, to_core_meta, to_spec_output, window_reaches
+from hybridkv.cli.sim_reference import PlaneCounts
+from hybridkv.cli.sim_setup import SimSetup
+from hybridkv.connector import ConnectorCore
+from hybridkv.connector.api import TransferJob
+from hybridkv.connector.worker import TransferWorker
+from hybridkv.errors import HybridKVConfigError
+from hybridkv.hostmem import HostMemory, PinMode
+from hybridkv.kinds import GroupKind
+from hybridkv.sim.faults import FaultPlan
+from hybridkv.store import HostStore
+from hybridkv.transfer import CpuTransferEngine, TransferEngine
+from spec.connector_api import ConnectorMeta, KVConnectorOutput, RequestId
+
+__all__ = ["OptimizedPlane", "build_optimized"]
+
+
+@dataclass
+class OptimizedPlane:
+    """The :class:`hybridkv.cli.sim_engine.DataPlane` over the core's worker (module docstring)."""
+
+    worker: TransferWorker
+    store: HostStore
+    engine: TransferEngine
+    host: HostMemory
+    counts: PlaneCounts
+
+    def bind_connector_metadata(self, meta: ConnectorMeta) -> None:
+        """Hand the step's jobs to the worker, which submits the loads at once."""
+        start = time.perf_counter()
+        self.worker.bind_connector_metadata(to_core_meta(meta))
+        self.worker.drain()  # the loads, timed apart from the stores
+        self.counts.load_seconds += time.perf_counter() - start
+
+    def start_load_kv(self) -> None:
+        """Nothing more: the worker started (and the plane drained) the loads at bind."""
+
+    def wait_for_save(self) -> None:
+        """Submit the step's stores after the forward, and drain them (timed)."""
+        start = time.perf_counter()
+        self.worker.wait_for_save()
+        self.worker.drain()
+        self.counts.store_seconds += time.perf_counter() - start
+
+    def get_transfer_results(self) -> KVConnectorOutput:
+        """Fold every finished job (all are, the plane drained them)."""
+        out = to_spec_output(self.worker.get_transfer_results(wait=True))
+        stats = self.worker.stats()
+        self.counts.bytes_loaded = stats.bytes_loaded
+        self.counts.bytes_stored = stats.bytes_stored
+        self.counts.failures_injected = stats.faults_injected
+        return out
+
+    def get_block_ids_with_load_errors(self) -> Mapping[RequestId, frozenset[int]]:
+        """The worker's block-level load errors (handed out once)."""
+        return {
+            RequestId(rid): blocks
+            for rid, blocks in self.worker.get_block_ids_with_load_errors().items()
+        }
+
+    def stats(self) -> PlaneCounts:
+        """What moved so far."""
+        return self.counts
+
+    def store_occupancy(self) -> tuple[int, int]:
+        """``(entries, capacity)`` of the optimized store."""
+        stats = self.store.stats()
+        return stats.used, stats.capacity
+
+    def store_snapshot(self) -> Mapping[str, Any]:
+        """The optimized store's snapshot (the spec's ST-* schema)."""
+        return self.store.snapshot()
+
+    def close(self) -> None:
+        """Stop the engine and release host memory."""
+        self.engine.close()
+        self.host.close()
+
+
+def build_optimized(
+    setup: SimSetup,
+    canonical: CanonicalCaches,
+    entries: int,
+    faults: FaultPlan,
+    policy: str,
+) -> tuple[CoreConnector, OptimizedPlane, Callable[[], Mapping[str, Any]]]:
+    """The core (wrapped for the spec scheduler), its plane, and the core's snapshot.
+
+    Refusal: a planner whose unit splits a block (the engine moves whole blocks) raises
+    :class:`HybridKVConfigError` (field ``chunk_size``); nothing is allocated.
+    """
+    planner = setup.planner
+    for g, (unit, (_, block)) in enumerate(zip(planner.units, planner.groups, strict=True)):
+        if unit != block:
+            raise HybridKVConfigError(
+                "chunk_size",
+                setup.chunk_size,
+                f"splits group {g}'s {block}-token block into {unit}-token units; the transfer "
+                "engine moves whole blocks",
+                f"use a multiple of every block size, e.g. {block}",
+            )
+    store = HostStore(entries, policy)
+    core = ConnectorCore(
+        planner,
+        store,
+        tuple(GroupKind(g.kind.value) for g in setup.scheduler.groups),
+        setup.scheduler.hash_block_size,
+        setup.chunk_size,
+        sliding_windows=window_reaches(setup.scheduler.groups),
+    )
+    slot_bytes = max(canonical.group_bytes(g) for g in range(len(canonical.group_refs)))
+    host = HostMemory(entries * slot_bytes, slot_bytes, PinMode.AUTO)
+    engine: TransferEngine
+    if canonical.device.type == "cuda":
+        from hybridkv.transfer.cuda_engine import CudaTransferEngine
+
+        engine = CudaTransferEngine(canonical, host)
+    else:
+        engine = CpuTransferEngine(canonical, host)
+
+    def fails(job: TransferJob) -> bool:
+        return faults.fails(job.kind.value, job.request_id, job.items[0].key)
+
+    worker = TransferWorker(engine, store, canonical, host, fault_hook=fails)
+    plane = OptimizedPlane(worker, store, engine, host, PlaneCounts())
+    connector = CoreConnector(core)
+    return connector, plane, connector.snapshot
