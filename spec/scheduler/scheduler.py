@@ -243,7 +243,7 @@ class Scheduler(SchedulerCompletion):
         if n == 0 and self._stops_on_empty_chunk(plan):
             self._outcome(claims, plan, ClaimOutcome.NO_PROGRESS)
             return _Verdict.STOP, 0
-        reserved = self._reserved_for(rid) if self._reserves(plan) else 0
+        reserved = self._reserved_for(rid) if self._reserves(r, plan) else 0
         got = self.kv.allocate_slots(
             rid,
             n,
@@ -410,10 +410,20 @@ class Scheduler(SchedulerCompletion):
         self.counters["num_abandoned_loads"] += 1
 
     # ------------------------------------------------------------ reservation and caching
-    def _reserves(self, plan: _Plan) -> bool:
+    def _reserves(self, r: Request, plan: _Plan) -> bool:
+        """Whether this admission must leave the in-flight prefills' reserve alone.
+
+        vLLM 0.33 gates async admissions only (``scheduler.py:1420-1430``). Ours (D4) gates
+        every NEW admission, but not a request that already holds computed KV (resuming after
+        its own load or a partial recovery): it is one of the prefills the reserve protects,
+        and gating it on the others' reserve lets two admitted loads wait for each other
+        forever (``tests/regressions/test_wedges.py``).
+        """
         if not self.config.reserve_for_async_loads:
             return False
-        return plan.is_async or self.config.reserve_every_admission
+        if self.config.reserve_every_admission:
+            return r.num_computed_tokens == 0
+        return plan.is_async
 
     def _reserved_for(self, rid: RequestId) -> int:
         """Blocks the other in-flight prefills still need to hold their whole sequence

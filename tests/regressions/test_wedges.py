@@ -128,26 +128,42 @@ def test_two_admitted_async_loads_finish_under_vllm_033_rules() -> None:
         assert exact.tokens(rid) == (expected_token(rid, 9), expected_token(rid, 10))
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason=(
-        "spec bug (spec/scheduler/scheduler.py, D4): _try_admit subtracts the other in-flight "
-        "prefills' reserve from a request resuming after its own load, so two admitted async "
-        "loads each wait for the other's reserve; vLLM 0.33 gates only async admissions"
-    ),
-)
-def test_two_admitted_async_loads_do_not_wait_for_each_others_reserve() -> None:
+class GatesResumption(Scheduler):
+    """The first cut of our D4: every admission, a resumption after its own load included,
+    leaves the other in-flight prefills' reserve alone."""
+
+    def _reserves(self, r, plan):  # type: ignore[no-untyped-def]
+        return bool(self.config.reserve_for_async_loads)
+
+
+def _two_resuming_loads(scheduler: type[Scheduler] | None = None) -> Script:
+    cfg = config(
+        FULL_MAMBA, [request("r0", P9), request("r1", Q9)], num_blocks=13, liveness_bound_steps=10
+    )
+    s = Script(cfg, scheduler_cls=scheduler)
+    s.seed("r0", 8)
+    s.seed("r1", 8)
+    s.arrive("r0", "r1")
+    _steps(s, 14)
+    return s
+
+
+def test_sc3_two_admitted_async_loads_do_not_wait_for_each_others_reserve() -> None:
     """Scenario (found by the random engine search while building these tests): 12 usable
     blocks. r0 claims 8 (takes 5 blocks; needs 2 more later); r1's admission sees 7 free minus
     r0's reserve of 2 = 5, exactly its 5: both loads are admitted, 2 blocks stay free. When
-    r0's load lands it needs those 2, but its admission subtracts r1's reserve (2): 0 left, so
-    r0 stops, and r1 behind it never gets a turn: SC-3 after 10 steps. vLLM 0.33 promotes r0
-    (the reserve gates async admissions only) and both finish (the test above). The fix:
-    leave the reserve out of the admission of a request that already holds its load."""
-    s = _two_async_loads(13)
+    r0's load lands it needs those 2. Gating its resumption on r1's reserve (2) leaves 0, so
+    r0 stops and r1 behind it never gets a turn: SC-3 after 10 steps. The reserve protects
+    admitted prefills from NEW admissions; a request that already holds its computed KV is not
+    gated (vLLM 0.33 gates async admissions only), so r0 resumes and both finish."""
+    s = _two_resuming_loads()
     assert [c.outcome.value for c in s.claims("r1")] == ["waiting_for_remote_kvs"]
-    assert "SC-3" not in s.broken()  # fails today: r0 WAITING, r1 behind it, nothing runs
+    assert s.broken() == set()
+    assert {s.status("r0"), s.status("r1")} == {"FINISHED_LENGTH"}
+
+    broken = _two_resuming_loads(GatesResumption)
+    assert "SC-3" in broken.broken()
+    assert broken.status("r0") == "WAITING"  # its load landed; it waits on r1's reserve
 
 
 # --------------------------------------------------------------------------------------------
