@@ -67,10 +67,14 @@ class KVCacheCoordinator:
         groups: Sequence[GroupSpec],
         num_blocks: int,
         retention_interval: int | None = None,
+        hash_block_size: int | None = None,
     ) -> None:
         """Pre: at least one group; ``num_blocks >= 2``; ``retention_interval`` is vLLM's
-        ``prefix_cache_retention_interval``: ``None`` (dense) or 0 (sparse, vLLM's default).
-        Post: an empty pool, empty tables."""
+        ``prefix_cache_retention_interval``: ``None`` (dense) or 0 (sparse, vLLM's default);
+        ``hash_block_size`` (the tokens per block hash of the request's hash list, vLLM's
+        ``KVCacheConfig.hash_block_size``) divides every group's block size; ``None`` means their
+        gcd, vLLM's default. Post: an empty pool, empty tables. Refusal: :class:`ConfigError`
+        naming the field, nothing built."""
         if not groups or not all(isinstance(g, GroupSpec) for g in groups):
             raise ConfigError("groups", groups, "need one GroupSpec or more", "list the groups")
         if retention_interval not in (None, 0) or isinstance(retention_interval, bool):
@@ -82,7 +86,21 @@ class KVCacheCoordinator:
             )
         sizes = [g.block_size for g in groups]
         self.scheduler_block_size = math.lcm(*sizes)
-        self.hash_block_size = math.gcd(*sizes)
+        # The hash list's granularity comes from the caller: a coordinator that assumed the gcd
+        # while the hashes were finer would read hash i as block i's and report false hits.
+        self.hash_block_size = math.gcd(*sizes) if hash_block_size is None else hash_block_size
+        if (
+            isinstance(self.hash_block_size, bool)
+            or not isinstance(self.hash_block_size, int)
+            or self.hash_block_size < 1
+            or any(size % self.hash_block_size for size in sizes)
+        ):
+            raise ConfigError(
+                "hash_block_size",
+                hash_block_size,
+                f"does not divide every group's block size {sizes}",
+                "pass a divisor of their gcd, or None for the gcd",
+            )
         self.pool = BlockPool(num_blocks)
         self.managers: tuple[SingleTypeManager, ...] = tuple(
             self.manager_classes[g.kind](g, i, self.scheduler_block_size, retention_interval)
@@ -284,11 +302,15 @@ class KVCacheCoordinator:
 
     # ------------------------------------------------------------ observations and copies
     def get_blocks(self, request_id: str) -> tuple[tuple[BlockId, ...], ...]:
-        """The request's block table in every group."""
+        """The request's block table in every group.
+
+        Pure: a request without blocks has ``()`` in every group."""
         return tuple(m.blocks(request_id) for m in self.managers)
 
     def clone(self) -> KVCacheCoordinator:
-        """An independent copy: one pool copy, every manager copied."""
+        """An independent copy: one pool copy, every manager copied.
+
+        Frame: nothing changes in ``self``. Post: equal :meth:`freeze`; nothing mutable shared."""
         twin = object.__new__(type(self))
         twin.__dict__.update(self.__dict__)
         twin.pool = self.pool.clone()
@@ -303,6 +325,8 @@ class KVCacheCoordinator:
         ``kv_cache_group_id``, ``kind``, ``block_size``, ``sliding_window``,
         ``extra_retained_tokens``, ``num_speculative_blocks``, ``reserved``, ``taken`` and
         ``tables``: sorted ``(request_id, processed_tokens, (block ids...))``.
+
+        Frame: nothing changes.
         """
         return {
             "block_pool": self.pool.snapshot(),
@@ -336,6 +360,8 @@ class KVCacheCoordinator:
         Built directly rather than through :meth:`snapshot` (the explorer calls it for every
         state): the pool's freeze, each group's per-request state (tables, cached-block counts,
         the mamba first-allocation marks) and the processed-token basis.
+
+        Frame: nothing changes.
         """
         return (
             self.pool.freeze(),

@@ -80,7 +80,10 @@ class SchedulerState:
         """Pre: a valid config. Post: empty queues, an empty pool, step 0."""
         self.config = config
         self.kv = _MANAGER_TYPES[config.vllm_exact](
-            config.groups, config.num_blocks, config.retention_interval
+            config.groups,
+            config.num_blocks,
+            config.retention_interval,
+            hash_block_size=config.hash_block_size,
         )
         self.connector = connector
         _bind_pool(connector, self)
@@ -132,13 +135,17 @@ class SchedulerState:
     # ------------------------------------------------------------ observations
     def held_outside(self) -> tuple[BlockId, ...]:
         """Block references not held by a table (``GR-1``'s outside holds): those of parked
-        loads and those the connector holds (its pinned store sources)."""
+        loads and those the connector holds (its pinned store sources).
+
+        Frame: nothing changes."""
         parked = tuple(b for p in self.parked.values() for b in p.blocks)
         held = getattr(self.connector, "held_blocks", None)
         return parked + (tuple(held()) if held is not None else ())
 
     def age(self, request: Request) -> int:
-        """Steps since the request arrived."""
+        """Steps since the request arrived.
+
+        Pure."""
         return self.step - request.arrival_step
 
     def freeze(self) -> Hashable:
@@ -148,6 +155,8 @@ class SchedulerState:
         under a deadline, request ages under a liveness bound, each capped just past its
         limit), so states that differ only in elapsed time merge. Cumulative counters are left
         out; the last step's claim and recovery records are kept.
+
+        Frame: nothing changes.
         """
         return (
             self.kv.freeze(),
@@ -205,6 +214,8 @@ class SchedulerState:
         ``last_step`` (``budget``, ``budget_left``, ``scheduled``: ``(id, tokens)``),
         ``num_waiting_for_remote_kvs``, ``counters`` and ``kv_cache_groups`` (the
         coordinator's snapshot with ``held_outside``, for the ``GR-*`` predicates).
+
+        Frame: nothing changes.
         """
         kv_snap = self.kv.snapshot()
         kv_snap["held_outside"] = self.held_outside()

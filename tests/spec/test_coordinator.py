@@ -8,8 +8,8 @@ from typing import ClassVar
 
 import pytest
 
-from spec.block_pool import NULL_BLOCK, BlockPool
-from spec.errors import InvariantViolation
+from spec.block_pool import NULL_BLOCK, BlockPool, Refused
+from spec.errors import ConfigError, InvariantViolation
 from spec.invariants import check_all
 from spec.kinds import GroupKind
 from spec.managers import (
@@ -365,3 +365,61 @@ def test_freeze_separates_exactly_the_states_snapshot_separates(seed: int) -> No
         assert seen.setdefault(frozen, snap) == snap, (seed, step)
     snaps = list(seen.values())
     assert len({repr(s) for s in snaps}) == len(snaps)
+
+
+# ----------------------------------------------------------------- the hash list's granularity
+
+
+def _hashes(tokens: tuple[int, ...], size: int) -> list[str]:
+    from spec.scheduler.request import Request, block_hashes
+
+    return list(block_hashes(Request("x", tokens, 1), size))
+
+
+def test_a_hash_list_finer_than_the_blocks_is_read_at_its_own_granularity() -> None:
+    """One full group of 2-token blocks, hashes every token. r0 (1,2,3,4) caches blocks (1,2)
+    and (3,4); r1 (1,2,9,9,9) shares one block only. Read as if hashes were per block, r1's
+    hashes 0 and 1 would be the hashes of (1) and (1,2), the coarse hashes of r0's two blocks
+    at a 1-token granularity: a false 4-token hit over (3,4)."""
+    group = GroupSpec(GroupKind.FULL, 2)
+    coord = KVCacheCoordinator((group,), 9, hash_block_size=1)
+    r0 = (1, 2, 3, 4)
+    assert not isinstance(coord.allocate_slots("r0", 4, num_computed_tokens=0), Refused)
+    coord.cache_blocks("r0", _hashes(r0, 1), 4)
+    hit = coord.find_longest_cache_hit(_hashes((1, 2, 9, 9, 9), 1), 4)
+    assert hit.num_tokens == 2
+    assert coord.find_longest_cache_hit(_hashes((1, 2, 3, 4, 7), 1), 4).num_tokens == 4
+
+
+def test_the_default_hash_granularity_is_the_gcd_and_a_non_divisor_is_refused() -> None:
+    groups = (GroupSpec(GroupKind.FULL, 4), GroupSpec(GroupKind.MAMBA, 6))
+    assert KVCacheCoordinator(groups, 5).hash_block_size == 2
+    with pytest.raises(ConfigError) as info:
+        KVCacheCoordinator(groups, 5, hash_block_size=4)
+    assert info.value.field == "hash_block_size"
+
+
+def test_data1_no_false_local_hit_when_hashes_are_finer_than_blocks() -> None:
+    """The whole engine on the trace that found it: DATA-1 holds (r1 reads its own content)."""
+    from spec.connector_api import RequestId
+    from spec.scheduler import SchedulerConfig
+    from spec.system.engine import Engine, EngineConfig, RequestSpec
+
+    config = EngineConfig(
+        SchedulerConfig((GroupSpec(GroupKind.FULL, 2),), 9, 8, 2, 1),
+        (
+            RequestSpec(RequestId("r0"), (1, 2, 3, 4, 5), 1),
+            RequestSpec(RequestId("r1"), (1, 2, 9, 9, 9), 1),
+        ),
+        chunk_size=2,
+        store_capacity=8,
+        max_model_len=32,
+    )
+    engine = Engine.create(config)
+    engine.arrive(RequestId("r0"))
+    engine.step()
+    engine.arrive(RequestId("r1"))
+    for _ in range(3):
+        engine.step()
+        assert check_all("system", engine.snapshot()) == {}
+    assert engine.statuses()["r1"].startswith("FINISHED")
