@@ -156,6 +156,7 @@ class ConnectorCore:
         self._delayed: set[RequestId] = set()
         self._unsent_delayed: set[RequestId] = set()
         self._asked: dict[RequestId, int] = {}
+        self._finished: set[RequestId] = set()  # finished while their load was in flight
         self._pool: GpuBlockPool | None = None
         self._requests: dict[RequestId, RequestKeys] = {}
         self._stores_of: dict[RequestId, int] = {}
@@ -339,8 +340,11 @@ class ConnectorCore:
         self._requests.pop(rid, None)
         self._claim_memo.pop(rid, None)
         record = self._loads.get(rid)
-        if record is not None and not record.in_flight:
-            del self._loads[rid]
+        if record is not None:
+            if record.in_flight:
+                self._finished.add(rid)  # dropped when its load's last job reports
+            else:
+                del self._loads[rid]
         if not self._stores_of.get(rid):
             return False
         self._delayed.add(rid)
@@ -517,9 +521,13 @@ class ConnectorCore:
         if not success:
             self._count["load_jobs_failed"] += 1
             self._memory.remember_failed(keys, self._next_job)
-        record = self._loads.get(job.request_id)
+        rid = job.request_id
+        record = self._loads.get(rid)
         if record is not None and job.job_id in record.jobs:
             record.job_reported(job.job_id, job.items, success=success)
+            if rid in self._finished and not record.in_flight:
+                del self._loads[rid]
+                self._finished.discard(rid)
 
     def _store_reported(self, job: TransferJob, keys: tuple[bytes, ...], success: bool) -> None:
         self.store.complete_store(keys, success=success)

@@ -132,6 +132,7 @@ class ReferenceConnector:
         self._delayed: set[RequestId] = set()
         self._unsent_delayed: set[RequestId] = set()
         self._asked: dict[RequestId, int] = {}
+        self._finished: set[RequestId] = set()  # finished while their load was in flight
         self._pool: BlockPool | None = None
 
     def bind_gpu_block_pool(self, pool: BlockPool) -> None:
@@ -310,8 +311,8 @@ class ReferenceConnector:
     def request_finished_all_groups(self, request: RequestView, block_ids: BlockTable) -> bool:
         """True (delay the free until ``finished_sending``) iff a store of it is in flight.
 
-        Post: the request's asked position is forgotten, and its load record unless that load
-        is still in flight (the record then stays: its jobs still report into it); a delayed
+        Post: the request's asked position is forgotten, and its load record; a load still in
+        flight keeps its record until its last job reports (its jobs report into it); a delayed
         request is announced to the worker in the next metadata. A load still in flight is the
         scheduler's own hold (vLLM frees an aborted load's blocks at its finished_recving).
         Never refuses.
@@ -319,8 +320,11 @@ class ReferenceConnector:
         rid = request.request_id
         self._asked.pop(rid, None)
         record = self._loads.get(rid)
-        if record is not None and not record.in_flight:
-            del self._loads[rid]
+        if record is not None:
+            if record.in_flight:
+                self._finished.add(rid)
+            else:
+                del self._loads[rid]
         if not self._stores_of(rid):
             return False
         self._delayed.add(rid)
@@ -414,6 +418,7 @@ class ReferenceConnector:
         twin._delayed = set(self._delayed)
         twin._unsent_delayed = set(self._unsent_delayed)
         twin._asked = dict(self._asked)
+        twin._finished = set(self._finished)
         return twin
 
     def snapshot(self) -> dict[str, Any]:
@@ -449,6 +454,7 @@ class ReferenceConnector:
             tuple(sorted(self._delayed)),
             tuple(sorted(self._unsent_delayed)),
             tuple(self._unsent_loads),
+            tuple(sorted(self._finished)),
             self.store.freeze(),
         )
 
@@ -525,9 +531,14 @@ class ReferenceConnector:
         if not success:
             for key in keys:
                 self._failed.setdefault(key, self._next_job)
-        record = self._loads.get(job.request_id)
+        rid = job.request_id
+        record = self._loads.get(rid)
         if record is not None and job.job_id in record.jobs:
-            self._loads[job.request_id] = record.with_result(job.job_id, job.items, success=success)
+            record = record.with_result(job.job_id, job.items, success=success)
+            self._loads[rid] = record
+            if rid in self._finished and not record.in_flight:
+                del self._loads[rid]  # its request finished while it ran: nothing reads it now
+                self._finished.discard(rid)
 
     def _forget_absent_keys(self) -> None:
         for table in (self._failed, self._key_salts):
