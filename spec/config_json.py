@@ -222,7 +222,15 @@ def _granite_h(cfg: Mapping[str, Any]) -> ModelDescription:
 
 def _jamba(cfg: Mapping[str, Any]) -> ModelDescription:
     n = _int(cfg, "num_hidden_layers")
-    period, offset = _int(cfg, "attn_layer_period"), int(_get(cfg, "attn_layer_offset"))
+    period, offset = _int(cfg, "attn_layer_period"), _get(cfg, "attn_layer_offset")
+    if isinstance(offset, bool) or not isinstance(offset, int) or not 0 <= offset < period:
+        # A bare int() accepted "2" and crashed on "" or [] with a plain ValueError.
+        raise ConfigError(
+            "config.json:attn_layer_offset",
+            offset,
+            f"must be an integer in [0, attn_layer_period={period})",
+            "give the model's published config.json, which has it",
+        )
     kinds = [GroupKind.FULL if i % period == offset else GroupKind.MAMBA for i in range(n)]
     mamba = Mamba1Dims(
         intermediate_size=_int(cfg, "mamba_expand") * _int(cfg, "hidden_size"),

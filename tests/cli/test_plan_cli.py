@@ -131,6 +131,20 @@ def test_config_missing_a_field_names_the_field(
     assert "num_key_value_heads" in lines[0]
 
 
+@pytest.mark.parametrize("offset", ["", [], "2", "period", -1, True])
+def test_a_jamba_attention_offset_that_is_not_a_layer_index_is_named(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], offset: object
+) -> None:
+    cfg = tiny_config("jamba-mini-1.5")
+    # Offsets 0 .. period - 1 name a layer of each period; the period itself does not.
+    cfg["attn_layer_offset"] = cfg["attn_layer_period"] if offset == "period" else offset
+    (tmp_path / "config.json").write_text(json.dumps(cfg), encoding="utf-8")
+    assert main(["plan", "--config", str(tmp_path)]) == 2
+    lines = _stderr_lines(capsys)
+    assert len(lines) == 1
+    assert "attn_layer_offset" in lines[0]
+
+
 @pytest.mark.parametrize(
     ("argv", "field"),
     [
