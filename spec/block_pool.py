@@ -123,19 +123,31 @@ class BlockPool:
         return len(self._ref)
 
     def get_num_free_blocks(self) -> int:
-        """Blocks an allocation may take now (FREE and CACHED_FREE); never the null block."""
+        """Blocks an allocation may take now (FREE and CACHED_FREE); never the null block.
+
+        Pure."""
         return self._num_free
 
     def ref_count(self, block: BlockId) -> int:
-        """The block's reference count (0 for the null block, whose count is not kept)."""
+        """The block's reference count (0 for the null block, whose count is not kept).
+
+        Pure. Pre: ``block`` is a block of this pool (else :class:`ConfigError`, field
+        ``block``).
+        """
         return self._ref[self._checked(block, "block")]
 
     def block_hash(self, block: BlockId) -> HashKey | None:
-        """The cache key the block carries, or ``None`` when it carries none."""
+        """The cache key the block carries, or ``None`` when it carries none.
+
+        Pure (an unknown id carries no hash: ``None``)."""
         return self._key.get(block)
 
     def state(self, block: BlockId) -> BlockState:
-        """The block's lifecycle state."""
+        """The block's lifecycle state.
+
+        Pure. Pre: ``block`` is a block of this pool (else :class:`ConfigError`, field
+        ``block``).
+        """
         block = self._checked(block, "block")
         if block == NULL_BLOCK:
             return BlockState.NULL
@@ -144,7 +156,9 @@ class BlockPool:
         return BlockState.CACHED_FREE if block in self._key else BlockState.FREE
 
     def free_queue(self) -> tuple[BlockId, ...]:
-        """The free queue, front (next to be allocated) first."""
+        """The free queue, front (next to be allocated) first.
+
+        Pure."""
         return tuple(self._free)
 
     def get_cached_block(
@@ -272,7 +286,9 @@ class BlockPool:
 
     # ----------------------------------------------------------------- copies and snapshots
     def clone(self) -> BlockPool:
-        """An independent copy (the explorer branches on it)."""
+        """An independent copy (the explorer branches on it).
+
+        Frame: nothing changes in ``self``. Post: equal :meth:`snapshot`; no container shared."""
         twin = BlockPool.__new__(BlockPool)
         twin._ref = list(self._ref)
         twin._free = list(self._free)
@@ -287,6 +303,8 @@ class BlockPool:
         Keys: ``num_blocks``; ``ref_counts`` (index = block id); ``free_queue`` (front first);
         ``num_free_blocks`` (the hand-kept counter); ``block_hashes``: sorted
         ``(block_id, hash, group_id)``; ``cached``: sorted ``(hash, group_id, (block ids...))``.
+
+        Frame: nothing changes.
         """
         return {
             "num_blocks": self.num_blocks,
@@ -301,7 +319,9 @@ class BlockPool:
 
     def freeze(self) -> tuple[Any, ...]:
         """A hashable value equal exactly for states with equal :meth:`snapshot` (built directly:
-        the explorer calls it for every state)."""
+        the explorer calls it for every state).
+
+        Frame: nothing changes."""
         return (
             tuple(self._ref),
             tuple(self._free),
@@ -337,7 +357,9 @@ def _check_count(value: int, field: str) -> None:
 
 
 def freeze(value: Any) -> Any:
-    """Turn a snapshot (mappings, sequences, scalars) into nested tuples, hashable and ordered."""
+    """Turn a snapshot (mappings, sequences, scalars) into nested tuples, hashable and ordered.
+
+    Pure. Pre: keys of mappings are strings or stringify uniquely."""
     if isinstance(value, Mapping):
         return tuple(sorted((str(k), freeze(v)) for k, v in value.items()))
     if isinstance(value, (list, tuple)):

@@ -49,6 +49,9 @@ def coarse_hashes(
 
     A coarse block's hash is the last fine hash inside it (vLLM's
     ``BlockHashListWithBlockSize``, ``kv_cache_utils.py:1157-1227``).
+
+    Pure. Pre: ``hash_block_size`` divides ``block_size``; a trailing partial coarse block gets no
+    hash.
     """
     scale = block_size // hash_block_size
     return tuple(block_hashes[(i + 1) * scale - 1] for i in range(len(block_hashes) // scale))
@@ -89,7 +92,9 @@ class SingleTypeManager:
 
     # ------------------------------------------------------------ what a kind decides
     def get_num_skipped_tokens(self, num_computed_tokens: int) -> int:
-        """Tokens no future step of this group reads (0: full attention keeps everything)."""
+        """Tokens no future step of this group reads (0: full attention keeps everything).
+
+        Pure."""
         del num_computed_tokens
         return 0
 
@@ -106,6 +111,8 @@ class SingleTypeManager:
 
         ``boundaries`` are the positions a later request can resume at (used by the sparse
         kinds when ``retention_interval`` is 0). Full attention caches every block.
+
+        Pure.
         """
         del start_block, end_block, boundaries
         return None
@@ -208,7 +215,9 @@ class SingleTypeManager:
         return new
 
     def new_step_starts(self) -> None:
-        """A scheduler step starts (vLLM's ``new_step_starts``); nothing to do here."""
+        """A scheduler step starts (vLLM's ``new_step_starts``); nothing to do here.
+
+        Post: nothing changes (subclasses clear per-step state). Never refuses."""
 
     # ------------------------------------------------------------ release and caching
     def remove_skipped_blocks(
@@ -281,11 +290,16 @@ class SingleTypeManager:
 
     # ------------------------------------------------------------ observations and copies
     def blocks(self, request_id: str) -> tuple[BlockId, ...]:
-        """The request's block table (``()`` when it holds none)."""
+        """The request's block table (``()`` when it holds none).
+
+        Pure: an unknown request holds ``()``."""
         return tuple(self.req_to_blocks.get(request_id, ()))
 
     def clone(self) -> SingleTypeManager:
-        """An independent copy of the tables and bookkeeping."""
+        """An independent copy of the tables and bookkeeping.
+
+        Frame: nothing changes in ``self``. Post: equal :meth:`freeze`; no table shared (the pool is
+        not the manager's: the coordinator copies it)."""
         twin = object.__new__(type(self))
         twin.__dict__.update(self.__dict__)
         twin.req_to_blocks = {rid: list(t) for rid, t in self.req_to_blocks.items()}
@@ -297,7 +311,9 @@ class SingleTypeManager:
         """Copy subclass state into ``twin`` (none here)."""
 
     def freeze(self) -> tuple[Any, ...]:
-        """A hashable value of every piece of per-request state (the dedup key of a group)."""
+        """A hashable value of every piece of per-request state (the dedup key of a group).
+
+        Frame: nothing changes."""
         return (
             tuple(sorted((rid, tuple(t)) for rid, t in self.req_to_blocks.items())),
             tuple(sorted(self.num_cached_block.items())),

@@ -17,7 +17,9 @@ __all__ = ["GroupSpec", "cdiv"]
 
 
 def cdiv(a: int, b: int) -> int:
-    """Ceiling division of non-negative ``a`` by positive ``b``."""
+    """Ceiling division of non-negative ``a`` by positive ``b``.
+
+    Pure. Pre: ``a >= 0``, ``b > 0`` (not checked: callers pass counts and block sizes)."""
     return -(-a // b)
 
 

@@ -61,7 +61,9 @@ class MambaManager(SingleTypeManager):
         self.cached_this_step: set[HashKey] = set()
 
     def get_num_skipped_tokens(self, num_computed_tokens: int) -> int:
-        """``n - 1``: only the state after the last computed token is read (0 for ``n = 0``)."""
+        """``n - 1``: only the state after the last computed token is read (0 for ``n = 0``).
+
+        Pure."""
         return max(0, num_computed_tokens - 1)
 
     def get_num_blocks_to_allocate(
@@ -170,7 +172,9 @@ class MambaManager(SingleTypeManager):
     ) -> list[bool] | None:
         """Which new states a later hit can resume from (vLLM's ``reachable_block_mask``,
         1553-1605): every one under dense retention; under sparse retention (0) only the state
-        block ending at each resume boundary, floored to the alignment."""
+        block ending at each resume boundary, floored to the alignment.
+
+        Pure."""
         if self.retention_interval is None:
             return None
         mask = [False] * (end_block - start_block)
@@ -203,7 +207,9 @@ class MambaManager(SingleTypeManager):
                 self.cached_this_step.add(key)
 
     def new_step_starts(self) -> None:
-        """A step starts: states cached from now on are this step's."""
+        """A step starts: states cached from now on are this step's.
+
+        Post: no state counts as cached in this step (a hit may use it again). Never refuses."""
         self.cached_this_step.clear()
 
     def find_longest_cache_hit(
@@ -224,7 +230,10 @@ class MambaManager(SingleTypeManager):
         return GroupHit((), 0)
 
     def free(self, request_id: str, pool: BlockPool) -> None:
-        """As the base, and forget the first-allocation mark."""
+        """As the base, and forget the first-allocation mark.
+
+        Pre and refusal: those of :meth:`SingleTypeManager.free`. Post: as the base, and the
+        request's first-allocation mark is gone."""
         self.allocated.discard(request_id)
         super().free(request_id, pool)
 

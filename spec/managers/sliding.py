@@ -29,7 +29,9 @@ class SlidingWindowManager(SingleTypeManager):
     """A sliding-window group: positions before the window hold the null block."""
 
     def get_num_skipped_tokens(self, num_computed_tokens: int) -> int:
-        """``max(0, n - sliding_window + 1 - extra_retained_tokens)``."""
+        """``max(0, n - sliding_window + 1 - extra_retained_tokens)``.
+
+        Pure."""
         window = self.spec.sliding_window
         return max(0, num_computed_tokens - window + 1 - self.spec.extra_retained_tokens)
 
@@ -77,6 +79,8 @@ class SlidingWindowManager(SingleTypeManager):
         alignment segment (all when ``need`` covers a segment). Sparse retention (0, vLLM's
         default): only the ``need`` blocks ending at each resume boundary (floored to the
         alignment). Alignment that is not whole blocks: every block.
+
+        Pure.
         """
         if self.alignment_tokens % self.block_size:
             return None

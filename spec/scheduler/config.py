@@ -194,6 +194,8 @@ class SchedulerConfig:
         one block of misalignment (``v1/kv_cache_interface.py:918-944``; with no async
         scheduling or pipeline parallelism the in-flight tokens are one step's budget,
         ``config/vllm.py:601-609``); vLLM caps a reservation for an in-flight prefill there.
+
+        Pure.
         """
         if group.kind is not GroupKind.SLIDING:
             return None

@@ -119,11 +119,16 @@ class Request:
         return self.prompt_token_ids + self.output_token_ids
 
     def view(self) -> RequestView:
-        """What a connector may read (:class:`spec.connector_api.RequestView`)."""
+        """What a connector may read (:class:`spec.connector_api.RequestView`).
+
+        Pure."""
         return RequestView(self.request_id, self.token_ids, self.num_prompt_tokens, self.cache_salt)
 
     def evolve(self, **changes: Any) -> Request:
-        """A copy with ``changes`` applied (validated like a new request)."""
+        """A copy with ``changes`` applied (validated like a new request).
+
+        Pure: ``self`` is unchanged. Refusal: changes that make an invalid request raise
+        :class:`ConfigError` naming the field."""
         return dataclasses.replace(self, **changes)
 
 

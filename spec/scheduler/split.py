@@ -20,6 +20,8 @@ def last_cache_position(num_tokens: int, block_size: int) -> int:
 
     ``get_mamba_prefill_checkpoint_position`` without EAGLE or lookahead
     (``v1/kv_cache_interface.py:1169-1186``): ``max((num_tokens - 1) // bs * bs, 0)``.
+
+    Pure. Pre: ``block_size > 0``.
     """
     return max((num_tokens - 1) // block_size * block_size, 0)
 

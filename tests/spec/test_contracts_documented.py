@@ -36,12 +36,6 @@ MARKERS = (
     "Never refuses",
 )
 
-# PENDING: another branch is documenting these files (the scheduler, the managers, the block
-# pool); the lead removes this exclusion once it is merged. A path ending in "/" is a folder.
-# Nothing else may be added here: test_pending_lists_only_the_known_paths guards it.
-PENDING = ("spec/scheduler/", "spec/managers/", "spec/block_pool.py")
-
-_ALLOWED_PENDING = frozenset({"spec/scheduler/", "spec/managers/", "spec/block_pool.py"})
 _PROPERTY_DECORATORS = frozenset({"property", "cached_property"})
 _PROPERTY_ACCESSORS = frozenset({"setter", "getter", "deleter"})
 
@@ -91,21 +85,15 @@ def _routines(body: list[ast.stmt], owner: str) -> Iterator[tuple[str, Routine]]
             yield f"{owner}{node.name}", node
 
 
-def _pending(rel: str) -> bool:
-    return any(rel == p or (p.endswith("/") and rel.startswith(p)) for p in PENDING)
-
-
 def _spec_files() -> list[Path]:
     return sorted(SPEC_DIR.rglob("*.py"))
 
 
-def public_routines(*, skip_pending: bool = True) -> list[Found]:
-    """Every public routine of spec/ (the PENDING files left out unless asked for)."""
+def public_routines() -> list[Found]:
+    """Every public routine of spec/."""
     found = []
     for path in _spec_files():
         rel = path.relative_to(ROOT).as_posix()
-        if skip_pending and _pending(rel):
-            continue
         tree = ast.parse(path.read_text(encoding="utf-8"), filename=rel)
         for name, node in _routines(tree.body, ""):
             found.append(Found(rel, node.lineno, name, ast.get_docstring(node) or ""))
@@ -125,32 +113,16 @@ def test_every_public_routine_states_its_contract() -> None:
     )
 
 
-def test_pending_lists_only_the_known_paths() -> None:
-    unexpected = sorted(set(PENDING) - _ALLOWED_PENDING)
-    assert not unexpected, (
-        f"PENDING may only exempt {sorted(_ALLOWED_PENDING)} (another branch documents them); "
-        f"document these instead of exempting them: {unexpected}"
-    )
-    assert len(set(PENDING)) == len(PENDING), f"PENDING repeats a path: {PENDING}"
-
-
-def test_every_pending_path_still_exists() -> None:
-    rels = [path.relative_to(ROOT).as_posix() for path in _spec_files()]
-    stale = [p for p in PENDING if not any(rel == p or rel.startswith(p) for rel in rels)]
-    assert not stale, f"PENDING names paths with no spec module (drop them): {stale}"
-
-
 def test_the_scan_sees_what_it_should() -> None:
     """Guard: the check is not vacuous, and it applies exactly the documented exclusions."""
-    names = {(r.path, r.name) for r in public_routines(skip_pending=False)}
+    names = {(r.path, r.name) for r in public_routines()}
     # Public routines of every shape: a method, a protocol method, a function, a classmethod.
     assert ("spec/store.py", "HostStore.prepare_store") in names
     assert ("spec/explorer.py", "Model.step") in names
     assert ("spec/hashing.py", "offload_key") in names
     assert ("spec/connector/geometry.py", "Geometry.build") in names
-    assert ("spec/block_pool.py", "BlockPool.clone") in names  # found, then exempted
-    pending = {(r.path, r.name) for r in public_routines()}
-    assert ("spec/block_pool.py", "BlockPool.clone") not in pending
+    assert ("spec/block_pool.py", "BlockPool.clone") in names
+    assert ("spec/scheduler/scheduler.py", "Scheduler.schedule") in names
     # Excluded although defined: a property, an @invariant predicate, a helper, a dunder.
     excluded = [
         ("spec/store.py", "capacity"),
