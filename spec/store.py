@@ -317,6 +317,36 @@ class HostStore:
         self._events.append(StoreEvent(kind, checked))
         self._counters[kind.value] += len(checked)
 
+    def evict(self, keys: Sequence[bytes]) -> tuple[bytes, ...]:
+        """Evict those of ``keys`` that are READY and unpinned: the caller found their data bad.
+
+        A connector whose load of a key failed drops the entry, so the chunk is computed and
+        stored again instead of staying unloadable while present (``prepare_store`` never
+        overwrites a present key). The policy forgets the keys without a ghost: they left for
+        their data, not for room.
+
+        Pre: distinct bytes keys (``ConfigError`` field ``keys`` otherwise, nothing changed).
+        Post: the returned keys (in the given order) were READY with 0 pins and are gone, in one
+        EVICTED event, ``evicted`` grew; keys absent, STORING or pinned are left as they are.
+        Frame: nothing else changes (no event when nothing is evicted).
+        """
+        checked = _checked_keys(keys, distinct=True)
+        victims = tuple(
+            key
+            for key in checked
+            if key in self._entries
+            and self._entries[key].state is EntryState.READY
+            and self._entries[key].pins == 0
+        )
+        if not victims:
+            return ()
+        for key in victims:
+            del self._entries[key]
+            self._policy.on_remove(key)
+        self._events.append(StoreEvent(EventKind.EVICTED, victims))
+        self._counters["evicted"] += len(victims)
+        return victims
+
     # --- events, stats, snapshot ---
 
     def take_events(self) -> tuple[StoreEvent, ...]:

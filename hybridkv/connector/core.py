@@ -521,6 +521,9 @@ class ConnectorCore:
         if not success:
             self._count["load_jobs_failed"] += 1
             self._memory.remember_failed(keys, self._next_job)
+        # Drop the failed entries no other load still pins: their data may be bad, and left in
+        # place they would stay unclaimable while present (the reference's rule).
+        self._memory.departed(self.store.evict([key for key in keys if key in self._memory]))
         rid = job.request_id
         record = self._loads.get(rid)
         if record is not None and job.job_id in record.jobs:

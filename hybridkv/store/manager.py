@@ -260,6 +260,33 @@ class HostStore:
         self._events.append(StoreEvent(kind, checked))
         self._counters[kind.value] += len(checked)
 
+    def evict(self, keys: Sequence[bytes]) -> tuple[bytes, ...]:
+        """Evict those of ``keys`` that are READY and unpinned: the caller found their data bad.
+
+        ``spec.store.HostStore.evict``'s twin: a connector whose load of a key failed drops the
+        entry so the chunk is stored again; the policy forgets the keys without a ghost.
+
+        Pre: distinct bytes keys (field ``keys``, nothing changed). Post: the returned keys (in
+        the given order) were READY with 0 pins and are gone with their slots, in one EVICTED
+        event, ``evicted`` grew; keys absent, STORING or pinned are left as they are. Frame:
+        nothing else changes (no event when nothing is evicted).
+        """
+        state, pins = self._state, self._pins
+        victims = tuple(
+            key
+            for key in _checked_keys(keys, distinct=True)
+            if state.get(key) is _READY and key not in pins
+        )
+        if not victims:
+            return ()
+        for key in victims:
+            del state[key]
+            self._policy.on_remove(key)
+            self._recycled.append(self._slots.pop(key))
+        self._events.append(StoreEvent(EventKind.EVICTED, victims))
+        self._counters["evicted"] += len(victims)
+        return victims
+
     # --- events, stats, snapshot ---
 
     def take_events(self) -> tuple[StoreEvent, ...]:

@@ -13,10 +13,13 @@ Design decisions:
   or ``LoadMode.SYNC`` (loaded before the step's forward). A request with a load in flight is
   answered DEFER (vLLM returns ``(None, False)`` while transfers are in flight).
 - Failure memory: the keys of a failed load job are remembered and count as absent in every
-  later claim, so the re-ask claims the longest prefix that avoids them. A remembered key is
-  forgotten when the host no longer holds it (evicted or dropped: checked at each
-  ``build_connector_meta``) or when a store of it completes successfully: only then can the
-  host hold a fresh copy (``prepare_store`` never overwrites a present key).
+  later claim, so the re-ask claims the longest prefix that avoids them. The entries are then
+  evicted from the host as soon as no load pins them (``HostStore.evict``, at the report of the
+  last load that pinned them): their data may be bad, and ``prepare_store`` never overwrites a
+  present key, so a failed entry left in place would stay unclaimable for as long as the host
+  held it (a hot shared prefix: for good). Evicted, the chunk is computed and stored again by
+  the next request that needs it. A remembered key is forgotten when the host no longer holds
+  it (checked at each ``build_connector_meta``) or when a store of it completes successfully.
 - Store outcomes reach the connector through ``KVConnectorOutput.completed_jobs`` (vLLM's
   ``kv_connector_worker_meta.completed_jobs``); delayed frees reach the worker through
   ``ConnectorMeta.delayed_free_ids``.
@@ -531,6 +534,8 @@ class ReferenceConnector:
         if not success:
             for key in keys:
                 self._failed.setdefault(key, self._next_job)
+        # Drop the failed entries no other load still pins (module docstring).
+        self.store.evict([key for key in keys if key in self._failed])
         rid = job.request_id
         record = self._loads.get(rid)
         if record is not None and job.job_id in record.jobs:

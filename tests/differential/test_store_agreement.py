@@ -54,6 +54,7 @@ OPERATIONS = (
     "lookup",
     "status",
     "prepare_load",
+    "evict",
     "take_events",
     "stats",
     "junk",
@@ -67,6 +68,7 @@ PRESSURE = (
     *("touch",) * 3,
     "prepare_load",
     "complete_load",
+    "evict",
     "lookup",
 )
 MIXES = {"mixed": (OPERATIONS, (1, 60)), "pressure": (PRESSURE, (20, 120))}
@@ -152,6 +154,7 @@ AIM = {
     "prepare_load": ("ready", False),
     "complete_store": ("storing", False),
     "complete_load": ("ready", True),
+    "evict": ("ready", False),  # pinned ones among them are left alone
 }
 # Prepare_store mostly names 1-3 keys, so that eviction (not NO_SPACE) usually answers pressure.
 SIZES = {"prepare_store": ((1, 3), (1, 3), (0, 6)), "complete_store": ((1, 5),)}
@@ -184,7 +187,9 @@ def _draw_operation(
 def _draw_junk(data: st.DataObject) -> tuple[str, tuple[Any, ...], dict]:
     """A call that breaks a pre-condition: both sides must refuse it the same way."""
     target = data.draw(
-        st.sampled_from(("lookup", "prepare_store", "prepare_load", "complete_load", "touch"))
+        st.sampled_from(
+            ("lookup", "prepare_store", "prepare_load", "complete_load", "touch", "evict")
+        )
     )
     shape = data.draw(_sampled(("bad_key", "repeat", "not_a_list", "bad_success")))
     if shape == "bad_key":
@@ -242,7 +247,7 @@ def test_the_two_stores_are_different_code() -> None:
     assert SpecStore is not FastStore
     assert SpecStore.__module__ == "spec.store"
     assert FastStore.__module__ == "hybridkv.store.manager"
-    for method in ("lookup", "prepare_load", "complete_load", "touch", "prepare_store"):
+    for method in ("lookup", "prepare_load", "complete_load", "touch", "prepare_store", "evict"):
         slow_code = getattr(SpecStore, method).__code__
         fast_code = getattr(FastStore, method).__code__
         assert slow_code.co_filename != fast_code.co_filename

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 import pytest
-from connector_harness import Harness, make, view
+from connector_harness import Harness, key, make, view
 
 from spec.connector import ReferenceConnector
 from spec.connector.stores import store_items
@@ -27,7 +27,7 @@ from spec.connector_api import (
 from spec.hashing import request_block_hashes
 from spec.invariants import ALL_INVARIANTS, check_all
 from spec.kinds import GroupKind
-from spec.store import PrepareStoreOutput
+from spec.store import EventKind, LookupResult, PrepareStoreOutput
 
 A6 = (1, 2, 3, 4, 5, 6)
 A8 = (1, 2, 3, 4, 5, 6, 7, 8)
@@ -145,19 +145,27 @@ class ForgetsFailures(ReferenceConnector):
 
 
 def _fail_then_reask(cls: type[ReferenceConnector]) -> tuple[Harness, int]:
+    """B and C load A's 6-token prefix at once; B's last segment fails while C's load still
+    pins its keys, so the failed entries cannot be evicted yet: B's re-ask must avoid them."""
     h = Harness(*make(cls=cls))
     a = view("A", A8)
     for start, table in ((0, ((1,), (2,))), (2, ((1, 3), (0, 4))), (4, ((1, 3, 5), (0, 0, 6)))):
         h.store_all([(a, table, start, 2)])
-    b = view("B", A8)
-    _claim_and_load(h, b, ((11, 12, 13), (0, 0, 14)))
-    last = h.meta.load_jobs[-1].job_id
-    h.step(results=[(j.job_id, j.job_id != last) for j in h.meta.load_jobs])
+    b, c = view("B", A8), view("C", A8)
+    for request, first in ((b, 11), (c, 41)):
+        claim = h.connector.get_num_new_matched_tokens(request, 0)
+        table = ((first, first + 1, first + 2), (0, 0, first + 3))
+        h.connector.update_state_after_alloc(request, table, claim.num_tokens)
+    h.step()  # both loads are in flight
+    b_jobs = [j for j in h.meta.load_jobs if j.request_id == "B"]
+    c_jobs = [j.job_id for j in h.meta.load_jobs if j.request_id == "C"]
+    h.step(results=[(j.job_id, j.job_id != b_jobs[-1].job_id) for j in b_jobs])
     claim = h.connector.get_num_new_matched_tokens(b, 0)
     blocks = claim.num_tokens // 2  # the scheduler's tables: attention blocks, one state block
     table = (tuple(range(21, 21 + blocks)), (0,) * (blocks - 1) + (30,))
     h.connector.update_state_after_alloc(b, table, claim.num_tokens)
     h.step()
+    h.step(results=[(j, True) for j in c_jobs])
     return h, claim.num_tokens
 
 
@@ -166,6 +174,17 @@ def test_mb5_failed_prefix_claimed_again() -> None:
     assert (claimed, _failing(h)) == (4, {})
     h, claimed = _fail_then_reask(ForgetsFailures)
     assert (claimed, set(_failing(h))) == (6, {"MB-5"})
+
+
+def test_a_failed_entry_is_evicted_once_no_load_pins_it() -> None:
+    """The failed segment's keys stay (C still pins them) until C's load reports; then they
+    leave the host, so the next computation of that chunk stores it again."""
+    h, _ = _fail_then_reask(ReferenceConnector)
+    gone = [key(A8, 6, 0), key(A8, 6, 1)]  # the segment at 6: attention and state
+    statuses = [h.connector.store.status(k) for k in gone]
+    assert statuses == [LookupResult.MISS, LookupResult.MISS]
+    evicted = [e for e in h.connector.store.take_events() if e.kind is EventKind.EVICTED]
+    assert [set(e.keys) for e in evicted] == [set(gone)]
 
 
 # ----------------------------------------------------------------- MB-6

@@ -150,6 +150,22 @@ class StoreMachine(RuleBasedStateMachine):
                 self.recency.remove(key)
                 self.recency.append(key)
 
+    @rule(keys=st.lists(st.sampled_from(KEYS), max_size=4, unique=True))
+    def evict(self, keys: list[bytes]) -> None:
+        """A connector drops entries whose load failed: only READY unpinned ones go."""
+        expected = [
+            key
+            for key in keys
+            if key in self.entries and self.entries[key][0] == READY and not self.entries[key][1]
+        ]
+        assert list(self.store.evict(keys)) == expected
+        for key in expected:
+            del self.entries[key]
+            self.recency.remove(key)
+        if expected:
+            self.pending.append(("evicted", tuple(expected)))
+            self.counters["evicted"] += len(expected)
+
     @rule(keys=st.lists(st.sampled_from(KEYS), max_size=5))
     def lookup(self, keys: list[bytes]) -> None:
         expected = LookupOutcome(len(keys), LookupResult.HIT)
@@ -171,7 +187,9 @@ class StoreMachine(RuleBasedStateMachine):
     # --- bad input: a named error, nothing changed ---
 
     @rule(
-        call=st.sampled_from(["prepare_store", "prepare_load", "complete_load", "lookup", "touch"]),
+        call=st.sampled_from(
+            ["prepare_store", "prepare_load", "complete_load", "lookup", "touch", "evict"]
+        ),
         bad=st.sampled_from([b"", "key0", 3, None, bytearray(b"key0"), False]),
     )
     def non_bytes_key(self, call: str, bad: object) -> None:
@@ -189,7 +207,7 @@ class StoreMachine(RuleBasedStateMachine):
         keys = data.draw(st.lists(st.sampled_from(pool), min_size=1, max_size=3, unique=True))
         self._refused("complete_load", (keys,), {}, "keys")
 
-    @rule(call=st.sampled_from(["prepare_store", "prepare_load", "complete_load"]))
+    @rule(call=st.sampled_from(["prepare_store", "prepare_load", "complete_load", "evict"]))
     def repeated_key(self, call: str) -> None:
         self._refused(call, ([KEYS[2], KEYS[2]],), {}, "keys")
 
