@@ -38,7 +38,7 @@ def lint(session: nox.Session) -> None:
 def typecheck(session: nox.Session) -> None:
     """mypy --strict on spec/ and hybridkv/ (configured in pyproject.toml)."""
     _install_torch(session)
-    session.install("mypy>=1.10", "rich>=13", "hypothesis>=6.100", "pytest>=8")
+    session.install("mypy>=1.10", "rich>=13", "hypothesis>=6.100", "pytest>=8", "matplotlib>=3.7")
     session.install("--no-deps", "-e", ".")
     session.run("mypy")
 

@@ -6,7 +6,8 @@ and ``scattered`` (a random slot per block: one copy per block). A ``hybrid`` ro
 attention group (split K/V, 4 layers) and a mamba group (conv + ssm in padded pages, 4 layers)
 in one job each. Every ratio is engine GB/s over the GB/s of ``dst.copy_(src)`` of the same
 total bytes, measured in the same run (best of ``--repeats``). Content is checked once.
-Usage: ``python tools/bench_transfer.py [--quick] [--total-mb N] [--repeats N]``.
+Usage: ``python tools/bench_transfer.py [--quick] [--total-mb N] [--repeats N] [--plot F.png]``
+(``--plot`` draws GB/s against block size; it needs matplotlib).
 """
 
 from __future__ import annotations
@@ -102,6 +103,7 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true", help="16 MB per row, 3 repeats")
     parser.add_argument("--total-mb", type=int, default=128)
     parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--plot", metavar="FILE.png", help="draw GB/s against block size")
     args = parser.parse_args()
     total = (16 if args.quick else args.total_mb) << 20
     repeats = 3 if args.quick else args.repeats
@@ -111,6 +113,7 @@ def main() -> None:
         f"{torch.get_num_threads()} threads), {total >> 20} MB per row, best of {repeats}"
     )
     print(f"{'row':<22}" + "".join(f"{h:>11}" for h in HEADERS))
+    rows: dict[str, list[tuple[int, float, float, float]]] = {"contiguous": [], "scattered": []}
     for kb in SIZES_KB:
         block = kb << 10
         n = max(2, total // block)
@@ -120,10 +123,36 @@ def main() -> None:
             ("contiguous", [TransferPair(0, b, b) for b in range(n)]),
             ("scattered", [TransferPair(0, b, slots[b]) for b in range(n)]),
         ):
-            _row(f"{kb} KB {pattern}", *_measure(cc, pairs, block, repeats))
+            measured = _measure(cc, pairs, block, repeats)
+            _row(f"{kb} KB {pattern}", *measured)
+            rows[pattern].append((kb, *measured))
     cc, pairs = _hybrid(max(4, total // (4 * 163840)))
     slot = max(cc.group_bytes(0), cc.group_bytes(1))
     _row("hybrid mix", *_measure(cc, pairs, slot, repeats))
+    if args.plot:
+        _plot(rows, args.plot, f"CPU transfer engine, torch {torch.__version__}")
+
+
+def _plot(rows: dict[str, list[tuple[int, float, float, float]]], path: str, title: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4), sharey=True)
+    for ax, (pattern, points) in zip(axes, rows.items(), strict=True):
+        sizes = [p[0] for p in points]
+        for index, label in ((1, "engine store"), (2, "engine load"), (3, "one torch copy")):
+            ax.plot(sizes, [p[index] for p in points], marker="o", label=label)
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("block size (KiB)")
+        ax.set_title(f"{pattern} slots")
+    axes[0].set_ylabel("GB/s")
+    axes[0].legend()
+    fig.suptitle(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
 
 
 HEADERS = ("store GB/s", "load GB/s", "copy GB/s", "store/copy", "load/copy")
