@@ -12,16 +12,16 @@ import argparse
 import json
 import math
 from collections.abc import Mapping
-from pathlib import Path
 from typing import Any
 
 from hybridkv.cli.chunking import ChunkOption, chunk_options, recommend
+from hybridkv.cli.model_config import load_model_config
 from hybridkv.errors import HybridKVConfigError
 from hybridkv.kinds import GroupKind as LibKind
 from hybridkv.planner import HybridOffloadPlanner
 from spec.layout import Layout, LayoutSettings, derive_layout, model_from_config
 from spec.platforms import DEFAULT_PLATFORM, PLATFORMS
-from spec.presets import DEFAULT_PRESET, PRESETS, preset_config
+from spec.presets import DEFAULT_PRESET, PRESETS
 
 __all__ = ["SCHEMA_VERSION", "add_parser", "build_plan", "run"]
 
@@ -66,7 +66,7 @@ def run(args: argparse.Namespace) -> int:
     """Execute ``hybridkv plan``; returns the exit code (config errors propagate to main)."""
     if args.list_presets:
         return _list_presets(args.json)
-    source, config = _load_config(args)
+    source, config = load_model_config(args.preset, args.config)
     plan = build_plan(
         config,
         source=source,
@@ -264,38 +264,6 @@ def _context_length(config: Mapping[str, Any]) -> int:
         "the config has no max_position_embeddings",
         "pass --max-model-len N",
     )
-
-
-def _load_config(args: argparse.Namespace) -> tuple[str, Mapping[str, Any]]:
-    if args.config is None:
-        name = args.preset or DEFAULT_PRESET
-        return f"preset:{name}", preset_config(name)
-    path = Path(args.config)
-    if path.is_dir():
-        path = path / "config.json"
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as err:
-        raise HybridKVConfigError(
-            "--config",
-            str(path),
-            f"cannot read it ({err.strerror or err})",
-            "give the path of a Hugging Face config.json",
-        ) from None
-    try:
-        config = json.loads(text)
-    except json.JSONDecodeError as err:
-        raise HybridKVConfigError(
-            "--config",
-            str(path),
-            f"not valid JSON (line {err.lineno}: {err.msg})",
-            "give a config.json file",
-        ) from None
-    if not isinstance(config, dict):
-        raise HybridKVConfigError(
-            "--config", str(path), "the JSON is not an object", "give a config.json file"
-        )
-    return str(path), config
 
 
 def _list_presets(as_json: bool) -> int:

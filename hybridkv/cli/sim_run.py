@@ -8,15 +8,14 @@ table and :mod:`hybridkv.cli.sim_plot` draws its timeline.
 from __future__ import annotations
 
 import argparse
-import json
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import torch
 
 from hybridkv.canonical import build_canonical_caches
+from hybridkv.cli.model_config import load_model_config
 from hybridkv.cli.sim_engine import DataPlane, SimResult, Simulation
 from hybridkv.cli.sim_setup import SimSetup, derive_setup
 from hybridkv.errors import HybridKVConfigError
@@ -78,26 +77,6 @@ class SimOptions:
             max_model_len=args.max_model_len,
             load_deadline_steps=args.load_deadline_steps,
         )
-
-
-def _model_config(options: SimOptions) -> tuple[str, Mapping[str, Any]]:
-    from spec.presets import DEFAULT_PRESET, preset_config
-
-    if options.config is None:
-        name = options.preset or DEFAULT_PRESET
-        return f"preset:{name}", preset_config(name)
-    path = Path(options.config)
-    if path.is_dir():
-        path = path / "config.json"
-    try:
-        config = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError) as err:
-        raise HybridKVConfigError(
-            "--config", str(path), f"cannot be read as JSON ({err})", "give a config.json"
-        ) from None
-    if not isinstance(config, dict):
-        raise HybridKVConfigError("--config", str(path), "is not a JSON object", "fix it")
-    return str(path), config
 
 
 def _trace(options: SimOptions) -> tuple[TraceRequest, ...]:
@@ -176,7 +155,7 @@ def simulate(options: SimOptions, *, progress: bool = False) -> dict[str, Any]:
     Refusal: bad options raise :class:`HybridKVConfigError` (or the spec's ConfigError) naming
     the flag, before anything is allocated.
     """
-    source, config = _model_config(options)
+    source, config = load_model_config(options.preset, options.config)
     trace = _trace(options)
     setup = _setup(options, config, options.gpu_blocks or 1)
     if options.gpu_blocks is None:

@@ -22,15 +22,17 @@ computed tokens) are never written or checked.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import hashlib
+from collections.abc import Hashable, Sequence
 
 import torch
 
+from hybridkv.canonical import CanonicalCaches
 from hybridkv.errors import HybridKVConfigError
 from hybridkv.kinds import GroupKind
 from hybridkv.sim.caches import SimCaches
 
-__all__ = ["ContentCodec", "PrefixHashes", "words"]
+__all__ = ["BlockTags", "ContentCodec", "PrefixHashes", "words"]
 
 _MASK = (1 << 64) - 1
 _PRIME = 0x100000001B3
@@ -193,3 +195,42 @@ class ContentCodec:
                 else:
                     target.fill_(want.item())
         return wrong
+
+
+class BlockTags:
+    """Tags written into a block's canonical bytes and read back from the bytes alone.
+
+    For tests of data paths that move whole canonical blocks (a transfer engine, a worker):
+    every byte of group ``g``'s block derives from the tag written there (a SHA-256 stream of
+    the tag's ``repr``), so the bytes found in a block, wherever they travelled, name the tag
+    that produced them, or nothing when no tag produced them (a torn copy, the wrong slot).
+    """
+
+    def __init__(self, caches: CanonicalCaches) -> None:
+        """Pre: ``caches`` built by :func:`hybridkv.canonical.build_canonical_caches`."""
+        self.caches = caches
+        self._known: dict[tuple[int, bytes], Hashable] = {}
+
+    def _views(self, group: int, block: int) -> list[torch.Tensor]:
+        views: list[torch.Tensor] = []
+        for ref in self.caches.group_refs[group]:
+            row = self.caches.tensors[ref.tensor_index].view[block]
+            views.extend(row[offset : offset + length] for offset, length in ref.runs)
+        return views
+
+    def write(self, group: int, block: int, tag: Hashable) -> None:
+        """Fill group ``group``'s block ``block`` (every layer) with ``tag``'s bytes."""
+        size = self.caches.group_bytes(group)
+        seed = hashlib.sha256(repr(tag).encode()).digest()
+        raw = (seed * (size // len(seed) + 1))[:size]
+        self._known[(group, hashlib.sha256(raw).digest())] = tag
+        data = torch.frombuffer(bytearray(raw), dtype=torch.int8).to(self.caches.device)
+        at = 0
+        for view in self._views(group, block):
+            view.copy_(data[at : at + view.numel()])
+            at += view.numel()
+
+    def read(self, group: int, block: int, default: Hashable = None) -> Hashable:
+        """The tag whose bytes group ``group``'s block holds, else ``default``. Pure."""
+        raw = b"".join(bytes(v.view(torch.uint8).cpu().tolist()) for v in self._views(group, block))
+        return self._known.get((group, hashlib.sha256(raw).digest()), default)

@@ -16,57 +16,28 @@ load job: the failed load is recovered (the request recomputes) and nothing wron
 
 from __future__ import annotations
 
-import hashlib
 from typing import Any
 
 import torch
 
 from hybridkv.cache_layouts import hybrid_overlay_case
-from hybridkv.canonical import CanonicalCaches
 from hybridkv.cli.engine_adapter import CoreConnector, to_core_meta, to_spec_output
 from hybridkv.connector import TransferJob, TransferKind
 from hybridkv.connector.stack import OffloadStack, build_cpu_stack
+from hybridkv.sim.content import BlockTags
 from spec.connector_api import RequestId
 from spec.kinds import GroupKind
 from spec.managers.group_spec import GroupSpec, cdiv
 from spec.scheduler.config import SchedulerConfig
 from spec.scheduler.request import Request
 from spec.scheduler.scheduler import Scheduler
-from spec.system.content import Content, Garbage, Value, attention_holds, state_holds
+from spec.system.content import Content, Garbage, attention_holds, state_holds
+
+UNKNOWN = Garbage("unknown bytes")  # what a block holds that no tag wrote
 
 BS = 16
 NUM_BLOCKS = 24
 FULL, MAMBA = 0, 1
-
-
-class Bytes:
-    """Content tags written as bytes into a group's block, and read back from the bytes."""
-
-    def __init__(self, caches: CanonicalCaches) -> None:
-        self.caches = caches
-        self.known: dict[tuple[int, bytes], Content] = {}
-
-    def _views(self, group: int, block: int) -> list[torch.Tensor]:
-        out = []
-        for ref in self.caches.group_refs[group]:
-            row = self.caches.tensors[ref.tensor_index].view[block]
-            out.extend(row[off : off + n] for off, n in ref.runs)
-        return out
-
-    def write(self, group: int, block: int, value: Content) -> None:
-        size = self.caches.group_bytes(group)
-        seed = hashlib.sha256(repr(tuple(value)).encode()).digest()
-        raw = (seed * (size // len(seed) + 1))[:size]
-        self.known[(group, hashlib.sha256(raw).digest())] = value
-        data = torch.frombuffer(bytearray(raw), dtype=torch.int8)
-        at = 0
-        for view in self._views(group, block):
-            view.copy_(data[at : at + view.numel()])
-            at += view.numel()
-
-    def read(self, group: int, block: int) -> Value:
-        raw = b"".join(bytes(v.view(torch.uint8).tolist()) for v in self._views(group, block))
-        return self.known.get((group, hashlib.sha256(raw).digest()), Garbage("unknown bytes"))
 
 
 class Run:
@@ -74,7 +45,7 @@ class Run:
 
     def __init__(self, stack: OffloadStack) -> None:
         self.stack = stack
-        self.bytes = Bytes(stack.caches)
+        self.bytes = BlockTags(stack.caches)
         config = SchedulerConfig(
             groups=(GroupSpec(GroupKind.FULL, BS), GroupSpec(GroupKind.MAMBA, BS)),
             num_blocks=NUM_BLOCKS,
@@ -107,13 +78,13 @@ class Run:
         full, mamba = s.block_ids
         if start:
             for i in range(cdiv(start, BS)):
-                value = self.bytes.read(FULL, full[i])
+                value = self.bytes.read(FULL, full[i], UNKNOWN)
                 need = min((i + 1) * BS, start)
                 if not attention_holds(
                     value, FULL, tokens, block_index=i, block_size=BS, need_end=need
                 ):
                     self.bad_reads.append(f"{s.request.request_id} full block {i}: {value}")
-            state = self.bytes.read(MAMBA, mamba[cdiv(start, BS) - 1])
+            state = self.bytes.read(MAMBA, mamba[cdiv(start, BS) - 1], UNKNOWN)
             if not state_holds(state, MAMBA, tokens, start):
                 self.bad_reads.append(f"{s.request.request_id} state at {start}: {state}")
             self.loaded_reads += 1

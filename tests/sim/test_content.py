@@ -11,7 +11,7 @@ from hybridkv.canonical import LayoutKind, build_canonical_caches
 from hybridkv.errors import HybridKVConfigError
 from hybridkv.kinds import GroupKind
 from hybridkv.sim.caches import SimGroup, build_sim_caches
-from hybridkv.sim.content import ContentCodec, PrefixHashes, words
+from hybridkv.sim.content import BlockTags, ContentCodec, PrefixHashes, words
 
 BS = 4
 ROW = 8  # bfloat16 elements per token per plane: 16 bytes, two words
@@ -129,3 +129,17 @@ def test_states_that_do_not_fit_are_refused() -> None:
     with pytest.raises(HybridKVConfigError) as info:
         build_sim_caches([too_big], 4)
     assert info.value.field == "groups[0].state_shapes"
+
+
+def test_block_tags_name_the_bytes_wherever_they_travel() -> None:
+    caches = build_sim_caches(_groups(), 6, 2)
+    canonical = build_canonical_caches(caches.kv_caches, caches.groups, 6)
+    tags = BlockTags(canonical)
+    tags.write(1, 3, ("prefix", (1, 2, 3)))
+    assert tags.read(1, 3) == ("prefix", (1, 2, 3))
+    assert tags.read(1, 4, "none") == "none"  # never written
+    assert tags.read(0, 3, "none") == "none"  # another group's bytes are not its tag
+    for view in caches.planes[1][1]:  # a torn copy: one layer's K rows overwritten
+        view[3].zero_()
+        break
+    assert tags.read(1, 3, "torn") == "torn"

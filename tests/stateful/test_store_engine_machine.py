@@ -35,13 +35,16 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from hybridkv.cache_layouts import hybrid_overlay_case
-from hybridkv.canonical import CanonicalCaches, build_canonical_caches
+from hybridkv.canonical import build_canonical_caches
 from hybridkv.hostmem import HostMemory, PinMode
+from hybridkv.sim.content import BlockTags
 from hybridkv.store import HostStore, LookupResult, PrepareLoadOutput, PrepareStoreOutput
 from hybridkv.transfer import CpuTransferEngine, Direction, FinishedJob, TransferPair
 from spec.block_pool import BlockId, BlockPool
 from spec.invariants import check_all
-from spec.system.content import Content, Garbage, Value, encode
+from spec.system.content import Content, Garbage, encode
+
+UNKNOWN = Garbage("unknown bytes")  # what a block holds that no tag wrote
 
 NUM_BLOCKS = 24
 BS = 16  # tokens per block, both groups
@@ -80,37 +83,6 @@ def key_of(group: int, prefix: tuple[int, ...]) -> bytes:
     return hashlib.sha256(repr((group, prefix)).encode()).digest() + group.to_bytes(4, "big")
 
 
-class Bytes:
-    """Writes a content tag into a block's bytes and reads tags back from bytes."""
-
-    def __init__(self, caches: CanonicalCaches) -> None:
-        self.caches = caches
-        self.known: dict[tuple[int, bytes], Content] = {}
-
-    def _views(self, group: int, block: int) -> list[torch.Tensor]:
-        views = []
-        for ref in self.caches.group_refs[group]:
-            row = self.caches.tensors[ref.tensor_index].view[block]
-            views.extend(row[off : off + n] for off, n in ref.runs)
-        return views
-
-    def write(self, group: int, block: int, value: Content) -> None:
-        size = self.caches.group_bytes(group)
-        seed = hashlib.sha256(repr(tuple(value)).encode()).digest()
-        raw = (seed * (size // len(seed) + 1))[:size]
-        self.known[(group, hashlib.sha256(raw).digest())] = value
-        data = torch.frombuffer(bytearray(raw), dtype=torch.int8)
-        at = 0
-        for view in self._views(group, block):
-            view.copy_(data[at : at + view.numel()])
-            at += view.numel()
-
-    def read(self, group: int, block: int) -> Value:
-        raw = b"".join(bytes(v.view(torch.uint8).tolist()) for v in self._views(group, block))
-        found = self.known.get((group, hashlib.sha256(raw).digest()))
-        return found if found is not None else Garbage("unknown bytes")
-
-
 class StoreEngineMachine(RuleBasedStateMachine):
     """The optimized store and the CPU engine, driven as a connector drives them."""
 
@@ -118,7 +90,7 @@ class StoreEngineMachine(RuleBasedStateMachine):
         super().__init__()
         case = hybrid_overlay_case(NUM_BLOCKS, torch.device("cpu"))
         self.caches = build_canonical_caches(case.kv_caches, case.groups, NUM_BLOCKS)
-        self.bytes = Bytes(self.caches)
+        self.bytes = BlockTags(self.caches)
         slot = max(self.caches.group_bytes(g) for g in (FULL, MAMBA))
         self.host = HostMemory(8 * slot, slot, PinMode.OFF)
         self.failing: set[int] = set()  # engine job ids whose copies raise
@@ -249,7 +221,9 @@ class StoreEngineMachine(RuleBasedStateMachine):
         slots = self.store.slots([k for _, k in chosen])
         pairs = [TransferPair(g, b, s) for ((g, b, _), _), s in zip(chosen, slots, strict=True)]
         self.pool.touch(BlockId(b) for (_, b, _), _ in chosen)  # pin the sources (TR-1)
-        items = tuple((g, b, end, encode(self.bytes.read(g, b))) for (g, b, end), _ in chosen)
+        items = tuple(
+            (g, b, end, encode(self.bytes.read(g, b, UNKNOWN))) for (g, b, end), _ in chosen
+        )
         keys = tuple(k for _, k in chosen)
         self._submit(Direction.STORE, pairs, Job(0, "store", rid, items, keys, fails))
 
@@ -328,7 +302,7 @@ class StoreEngineMachine(RuleBasedStateMachine):
             return
         req.loading = False
         for (g, b, end, _), key in zip(job.items, job.keys, strict=True):
-            value = self.bytes.read(g, b)
+            value = self.bytes.read(g, b, UNKNOWN)
             assert value == self.stored[key], "a load brought back other bytes than were stored"
             what = "state" if g == MAMBA else "attention"
             index = end // BS - 1
@@ -353,7 +327,7 @@ class StoreEngineMachine(RuleBasedStateMachine):
             "tables": tuple(tables),
             "in_flight": tuple((job.engine_id, job.kind, job.rid, job.items) for job in self.jobs),
             "gpu": tuple(
-                (b, encode(self.bytes.read(g, b)))
+                (b, encode(self.bytes.read(g, b, UNKNOWN)))
                 for b, g in sorted(owner.items())
                 if not self._being_loaded(b)
             ),
