@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import warnings
 from collections.abc import Sequence
 
 from hybridkv import __version__
@@ -18,6 +19,10 @@ from hybridkv.errors import HybridKVConfigError
 from spec.errors import ConfigError
 
 __all__ = ["build_parser", "main"]
+
+# The CPU build of torch warns on import when numpy is absent; hybridkv never hands torch a
+# numpy array, so the warning tells a user of the command nothing.
+warnings.filterwarnings("ignore", message="Failed to initialize NumPy", category=UserWarning)
 
 EXIT_USAGE = 2
 
