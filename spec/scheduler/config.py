@@ -20,9 +20,12 @@ Divergences (each: what vLLM 0.33 does, what the spec does, the switch):
   restarts from 0 computed tokens. Switch: ``load_deadline_steps`` (``None`` = vLLM).
 - **D4 reserve for every admission.** ``scheduler.py:1420-1430`` subtracts the in-flight
   prefills' remaining blocks only when admitting an ASYNC load, so sync admissions may eat the
-  reserve (vLLM #48433). The spec subtracts it for every admission. Switch:
-  ``reserve_for_async_loads`` (vLLM 0.33 behaviour under ``vllm_exact``; ``False`` = no reserve,
-  the pre-#44560 behaviour).
+  reserve (vLLM #48433). The spec subtracts it for every NEW admission (nothing computed yet):
+  a request resuming with its computed KV is one of the prefills the reserve protects and is
+  never gated, and a new admission refused by the reserve alone keeps its place without
+  stopping the step, so such resumptions behind it still run (both found as deadlocks of a
+  first cut, tests/regressions/test_wedges.py). Switch: ``reserve_for_async_loads`` (vLLM 0.33
+  behaviour under ``vllm_exact``; ``False`` = no reserve, the pre-#44560 behaviour).
 - **D5 delayed free waits for every holder.** ``scheduler.py:3016-3025`` and ``3565-3581`` free a
   finished request's blocks at the FIRST of its load report and its ``finished_sending``; the
   spec frees them when the last holder reports. Switch: ``vllm_exact``.

@@ -55,6 +55,10 @@ class _Verdict(Enum):
     SKIP = "skip"  # leave it at the head of its queue, look at the next one
     STOP = "stop"  # stop admitting this step (FCFS)
     ADMIT = "admit"
+    # Refused only by the in-flight prefills' reserve (D4): it keeps its place, new admissions
+    # behind it wait too (FCFS among them), and requests already holding computed KV (the
+    # prefills the reserve is for) may still resume behind it.
+    RESERVE_WAIT = "reserve_wait"
 
 
 @dataclass(frozen=True, slots=True)
@@ -200,15 +204,22 @@ class Scheduler(SchedulerCompletion):
     ) -> int:
         skipped_kv: list[RequestId] = []
         skipped_waiting: list[RequestId] = []
+        reserve_wait = False
         while budget > 0:
             queue = self.kv_holding if self.kv_holding else self.waiting
             if not queue or len(self.running) >= self.config.max_num_running:
                 break
             rid = queue[0]
-            verdict, n = self._try_admit(rid, budget, claims)
+            if reserve_wait and self._is_new_admission(self.requests[rid]):
+                verdict, n = _Verdict.SKIP, 0  # FCFS: it waits behind the reserve's head too
+            else:
+                verdict, n = self._try_admit(rid, budget, claims)
             if verdict is _Verdict.STOP:
                 break
             queue.pop(0)
+            if verdict is _Verdict.RESERVE_WAIT:
+                reserve_wait = True
+                verdict = _Verdict.SKIP
             if verdict is _Verdict.SKIP:
                 holds = self._holds_kv(self.requests[rid])
                 (skipped_kv if holds else skipped_waiting).append(rid)
@@ -225,6 +236,11 @@ class Scheduler(SchedulerCompletion):
     def _holds_kv(r: Request) -> bool:
         """vLLM ``_holds_kv_blocks`` (2697-2707)."""
         return r.num_computed_tokens > 0 or r.status is _WFR
+
+    @staticmethod
+    def _is_new_admission(r: Request) -> bool:
+        """A request the reserve gates: nothing computed, no load it waits for."""
+        return r.num_computed_tokens == 0 and r.status is not _WFR
 
     def _try_admit(
         self, rid: RequestId, budget: int, claims: list[ClaimRecord]
@@ -256,7 +272,7 @@ class Scheduler(SchedulerCompletion):
         )
         if isinstance(got, Refused):
             self._outcome(claims, plan, ClaimOutcome.NO_SPACE)
-            return _Verdict.STOP, 0
+            return self._refusal(got, reserved), 0
         if self.connector is not None:
             self.connector.update_state_after_alloc(
                 r.view(), self.kv.get_blocks(rid), plan.num_external
@@ -271,6 +287,15 @@ class Scheduler(SchedulerCompletion):
             self.inflight.add(rid)
         self._outcome(claims, plan, ClaimOutcome.SCHEDULED)
         return _Verdict.ADMIT, n
+
+    def _refusal(self, got: Refused, reserved: int) -> _Verdict:
+        """STOP (FCFS), or RESERVE_WAIT when only our every-admission reserve (D4) refused it:
+        the reserve's own prefills must not wait behind the request it turned away, or a
+        prefill whose load landed never resumes (found by tests/stateful's liveness machine)."""
+        fits_without_reserve = got.needed <= got.available + reserved
+        if reserved and fits_without_reserve and self.config.reserve_every_admission:
+            return _Verdict.RESERVE_WAIT
+        return _Verdict.STOP
 
     def _full_sequence(self, r: Request) -> int | None:
         """The tokens a waiting admission must fit whole (``scheduler_reserve_full_isl``)."""

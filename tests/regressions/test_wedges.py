@@ -166,6 +166,50 @@ def test_sc3_two_admitted_async_loads_do_not_wait_for_each_others_reserve() -> N
     assert broken.status("r0") == "WAITING"  # its load landed; it waits on r1's reserve
 
 
+class StopsOnTheReserve(Scheduler):
+    """The first cut of our D4, second flaw: a new admission the reserve turns away stops the
+    step (FCFS), even when the prefill the reserve protects waits behind it."""
+
+    def _refusal(self, got, reserved):  # type: ignore[no-untyped-def]
+        return super()._refusal(got, 0)
+
+
+def _restart_before_a_landed_load(scheduler: type[Scheduler] | None = None) -> Script:
+    cfg = config(
+        FULL_MAMBA,
+        [request("r0", P9, 1), request("r1", P9, 1)],
+        num_blocks=12,
+        budget=8,
+        store_capacity=4,
+        liveness_bound_steps=10,
+    )
+    s = Script(cfg, scheduler_cls=scheduler)
+    s.seed("r0", 2)
+    s.arrive("r0")
+    s.step()  # r0 claims the 2 host tokens and waits for its load
+    s.arrive("r1")
+    s.complete("r0", ok=False)  # r0's load fails: recompute restarts it from 0
+    _steps(s, 12)
+    return s
+
+
+def test_sc3_a_request_the_reserve_turns_away_does_not_hold_back_the_prefill_it_protects() -> None:
+    """Scenario (found by tests/stateful's liveness machine): full + mamba, 11 usable blocks.
+    r0 claims 2 host tokens and waits; r1 (the same prompt) claims them too and waits. r0's load
+    fails and it restarts from 0, at the head of the queue, now a NEW admission: the reserve
+    for r1 (still to prefill 7 tokens) leaves it too little. Stopping the step there (FCFS) keeps
+    r1 behind it; r1's landed load never resumes, r1's reserve never shrinks, and nothing runs
+    again: SC-3. A request the reserve alone turned away keeps its place but lets requests that
+    already hold their computed KV resume behind it; new admissions still wait (FCFS)."""
+    s = _restart_before_a_landed_load()
+    assert s.broken() == set()
+    assert {s.status("r0"), s.status("r1")} == {"FINISHED_LENGTH"}
+
+    broken = _restart_before_a_landed_load(StopsOnTheReserve)
+    assert "SC-3" in broken.broken()
+    assert broken.status("r1") == "WAITING_FOR_REMOTE_KVS"  # its load landed long ago
+
+
 # --------------------------------------------------------------------------------------------
 # #48433: other admissions ate the reserve
 
