@@ -5,7 +5,10 @@ its KV cache manager, and a connector plugged into ``get_num_new_matched_tokens`
 ``update_state_after_alloc``, ``build_connector_meta``, ``update_connector_output`` and
 ``request_finished_all_groups``) runs here against the real scheduler, in lock step with the
 spec in its vLLM-exact mode, and the test asserts what vLLM 0.33 does: the bug reproduces
-(STILL HAS) or the correct outcome of the regression test comes out (FIXED).
+(STILL HAS) or the correct outcome of the regression test comes out (FIXED). Two scenarios have
+no scheduler trace in vLLM 0.33 and are measured on the part of vLLM they concern instead: the
+"39 < 40" allocation on vLLM's KVCacheManager, and #41830's connector without ``SupportsHMA``
+on vLLM's configuration and KV cache specs.
 
 How a scenario gets here: the regression test's own script runs on the spec engine (its helper
 function, imported from ``tests/regressions``), and :func:`diffharness.replay.translate` turns
@@ -263,7 +266,21 @@ def _steps_before(result: RunResult, rid: str) -> set[int]:
 
 
 # --------------------------------------------------------------------------------------------
-# The translation itself
+# The layouts and the translation itself
+
+
+@pytest.mark.parametrize("layout", [Layout.ONE_MAMBA_FULL, Layout.SHORT_SLIDING_FULL])
+def test_regression_layouts_are_vllms_groups(layout: Layout) -> None:
+    """The two replay layouts: vLLM derives the groups the spec side runs with (kind, block,
+    window, in vLLM's group order), and the pool minimum the translator checks is vLLM's."""
+    recipe = RECIPES[layout]
+    built = BuiltEngine(recipe, EngineSettings(recipe.min_num_blocks, 4 * recipe.unit, 2))
+    kinds = {"MambaSpec": "mamba", "SlidingWindowSpec": "sliding", "FullAttentionSpec": "full"}
+    ours = [(g.kind.value, g.block_size, g.sliding_window) for g in recipe.spec_groups()]
+    assert [(kinds[name], block, window) for name, block, window in built.groups()] == ours
+    assert built.block_size == recipe.unit
+    with pytest.raises(ValueError, match="serve at least one request"):
+        BuiltEngine(recipe, EngineSettings(recipe.min_num_blocks - 1, 4 * recipe.unit, 2))
 
 
 def test_translation_keeps_the_scenarios_numbers() -> None:

@@ -1,4 +1,5 @@
-"""The four hybrid layouts of the differential tests, each built from a project preset.
+"""The hybrid layouts of the differential tests, each built from a project preset: the four
+the random traces run on (:data:`RANDOM_TRACE_LAYOUTS`) and two for the regression replay.
 
 A recipe names a preset of :mod:`spec.presets`, how many of its layers to keep
 (:func:`spec.presets.tiny_config`), an optional ``layer_types`` override, the user's
