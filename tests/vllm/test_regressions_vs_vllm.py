@@ -223,7 +223,8 @@ def _final(result: RunResult, rid: str) -> tuple[str, int]:
 
 
 def _scheduled(result: RunResult, rid: str) -> list[tuple[int, int]]:
-    """``(computed before, tokens)`` of every step that ran ``rid`` (``Script.scheduled``)."""
+    """``(computed before, tokens)`` of every step that ran ``rid`` (``Script.scheduled``);
+    both sides advance ``num_computed_tokens`` inside ``schedule()``."""
     found = []
     for obs in result.history:
         if obs.phase is not Phase.SCHEDULE:
@@ -558,7 +559,7 @@ def test_async_loads_reserve_what_in_flight_prefills_need() -> None:
     rep = translate(wedges._two_async_loads(11))
     result = _agreed(rep)
     assert _status(_obs(result, 1), "r0") == "waiting_for_remote_kvs"
-    assert _obs(result, 1).num_free_blocks == 5
+    assert _obs(result, 1).num_free_blocks == 10 - 5  # r0's 4 attention blocks + 1 state
     first_r1 = min(o.step for o in result.history if any(c.request_id == "r1" for c in o.claims))
     for step in range(1, first_r1):
         assert _status(_obs(result, step), "r1") == "waiting"
@@ -577,7 +578,8 @@ def test_two_admitted_async_loads_both_finish() -> None:
     assert translate(wedges._two_resuming_loads()).trace == rep.trace
     result = _agreed(rep)
     assert [c.request_id for c in _obs(result, 1).claims] == ["r0", "r1"]
-    assert _obs(result, 3).num_free_blocks == 0  # r0 resumed into the last 2 blocks
+    # 12 usable - 5 (r0) - 5 (r1) - 2 (r0's next attention block and state): 0 left.
+    assert _obs(result, 3).num_free_blocks == 0
     for rid in ("r0", "r1"):
         assert _final(result, rid) == ("finished_length", 2)
 
@@ -593,7 +595,7 @@ def test_plain_admission_eats_the_async_reserve() -> None:
     step1 = _obs(result, 1)
     assert _status(step1, "r0") == "waiting_for_remote_kvs"
     assert step1.scheduled == (("r1", rep.tokens(8)),)
-    assert step1.num_free_blocks == 0
+    assert step1.num_free_blocks == 10 - 5 - 5  # r0's load; r1's 4 attention blocks + 1 state
     assert _obs(result, 2).preempted == ("r1",)
     assert result.counts["preemptions"] == 1
     for rid in ("r0", "r1"):
