@@ -9,6 +9,7 @@
   the same trace through a scripted ``SupportsHMA`` connector (imports vLLM).
 - :mod:`diffharness.lockstep`: runs two sides step by step and compares every observation.
 - :mod:`diffharness.strategies`: hypothesis strategies for random traces.
+- :mod:`diffharness.replay`: a ``tests/regressions`` scenario's finished script as a trace.
 
 Only ``vllm_side`` imports vLLM; everything else runs without it (``tests/vllm/test_guard``).
 

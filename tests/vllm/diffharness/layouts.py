@@ -1,4 +1,5 @@
-"""The four hybrid layouts of the differential tests, each built from a project preset.
+"""The hybrid layouts of the differential tests, each built from a project preset: the four
+the random traces run on (:data:`RANDOM_TRACE_LAYOUTS`) and two for the regression replay.
 
 A recipe names a preset of :mod:`spec.presets`, how many of its layers to keep
 (:func:`spec.presets.tiny_config`), an optional ``layer_types`` override, the user's
@@ -24,7 +25,7 @@ from spec.layout import LayoutSettings, derive_layout, model_from_config
 from spec.managers import GroupSpec
 from spec.presets import tiny_config
 
-__all__ = ["PLATFORM", "RECIPES", "Layout", "LayoutRecipe"]
+__all__ = ["PLATFORM", "RANDOM_TRACE_LAYOUTS", "RECIPES", "Layout", "LayoutRecipe"]
 
 PLATFORM = "cpu"
 """The platform both sides derive geometry for (vLLM's CpuPlatform, no AVX-512 BF16)."""
@@ -32,7 +33,9 @@ PLATFORM = "cpu"
 
 class Layout(Enum):
     """The layouts the issue asks for: (a) mamba align + full, (b) sliding + full, (c) three
-    groups (two windows + full), (d) one full-attention group as the control."""
+    groups (two windows + full), (d) one full-attention group as the control; and two that
+    replay ``tests/regressions`` scenarios with their group structure (one mamba group and one
+    full-attention group; a window of two blocks), see :data:`RANDOM_TRACE_LAYOUTS`."""
 
     def __repr__(self) -> str:
         return f"Layout.{self.name}"
@@ -41,6 +44,8 @@ class Layout(Enum):
     SLIDING_FULL = "sliding+full"
     THREE_GROUPS = "2sliding+full"
     FULL_ONLY = "full"
+    ONE_MAMBA_FULL = "1mamba+full"
+    SHORT_SLIDING_FULL = "sliding64+full"
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,7 +103,7 @@ class LayoutRecipe:
             )
         return tuple(groups)
 
-    def min_blocks(self, max_num_batched_tokens: int) -> int:
+    def min_blocks(self, max_num_batched_tokens: int, max_model_len: int | None = None) -> int:
         """The smallest pool vLLM's start-up check accepts with this budget.
 
         ``_check_enough_kv_cache_memory`` (``v1/core/kv_cache_planning.py:60-80``) asks for one
@@ -106,14 +111,16 @@ class LayoutRecipe:
         ``v1/kv_cache_interface.py``): full attention ``cdiv(max_model_len, block)``; a sliding
         window its admission cap ``cdiv(min(window - 1 + budget, max_model_len), block) + 1``
         (918-944; the in-flight tokens are one step's budget); a mamba group in align mode two
-        states (1135-1153); plus the null block.
+        states (1135-1153); plus the null block. ``max_model_len``: a trace's own
+        (``EngineSettings.max_model_len``), else the recipe's.
         """
+        longest = self.max_model_len if max_model_len is None else max_model_len
         total = 1
         for g in self.spec_groups():
             if g.kind is GroupKind.FULL:
-                total += -(-self.max_model_len // g.block_size)
+                total += -(-longest // g.block_size)
             elif g.kind is GroupKind.SLIDING:
-                tokens = min(g.sliding_window - 1 + max_num_batched_tokens, self.max_model_len)
+                tokens = min(g.sliding_window - 1 + max_num_batched_tokens, longest)
                 total += -(-tokens // g.block_size) + 1
             else:
                 total += 2
@@ -168,5 +175,36 @@ RECIPES: dict[Layout, LayoutRecipe] = {
             17,
             "Gemma-3-1B, 2 layers made full attention: one full-attention group (control)",
         ),
+        LayoutRecipe(
+            Layout.ONE_MAMBA_FULL,
+            "qwen3-next-80b-a3b",
+            2,
+            ("linear_attention", "full_attention"),
+            None,
+            3200,
+            8,
+            "Qwen3-Next, 2 layers: 1 gated-delta-net group (align) + 1 full attention, block 640 "
+            "(the regression scenarios' full + mamba)",
+        ),
+        LayoutRecipe(
+            Layout.SHORT_SLIDING_FULL,
+            "gpt-oss-20b",
+            2,
+            None,
+            64,
+            512,
+            16,
+            "gpt-oss-20b, 2 layers, block 64: sliding window 128 (two blocks) + full attention "
+            "(the regression scenarios' window of 4 tokens on blocks of 2)",
+        ),
     )
 }
+
+RANDOM_TRACE_LAYOUTS: tuple[Layout, ...] = (
+    Layout.MAMBA_FULL,
+    Layout.SLIDING_FULL,
+    Layout.THREE_GROUPS,
+    Layout.FULL_ONLY,
+)
+"""The layouts the random traces, the narrated scenarios and the divergence tests run on; the
+other two serve the regression replay (``tests/vllm/test_regressions_vs_vllm.py``)."""

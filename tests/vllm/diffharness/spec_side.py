@@ -169,7 +169,7 @@ class SpecSide:
             "hash_block_size": layout.hash_block_size,
             "recovery": recovery,
             "retention_interval": settings.retention_interval,
-            "max_model_len": recipe.max_model_len,
+            "max_model_len": trace.max_model_len,
             "full_sequence_must_fit": settings.reserve_full_sequence,
             "vllm_exact": True,
         }

@@ -267,6 +267,7 @@ class EngineSettings:
             sliding-window and mamba cache entries) or ``None`` (dense).
         reserve_full_sequence: ``scheduler_reserve_full_isl`` (vLLM's default True): admit a
             waiting request only if its whole sequence fits the free blocks.
+        max_model_len: ``--max-model-len`` for this trace; ``None``: the layout recipe's.
     """
 
     num_blocks: int
@@ -275,6 +276,7 @@ class EngineSettings:
     failure_policy: FailurePolicy = FailurePolicy.RECOMPUTE
     retention_interval: int | None = 0
     reserve_full_sequence: bool = True
+    max_model_len: int | None = None
 
     def __post_init__(self) -> None:
         _count("num_blocks", self.num_blocks, 2)
@@ -290,6 +292,8 @@ class EngineSettings:
             raise TraceError(
                 "reserve_full_sequence", self.reserve_full_sequence, "must be a bool", "pass one"
             )
+        if self.max_model_len is not None:
+            _count("max_model_len", self.max_model_len, 2)
 
 
 @dataclass(frozen=True, slots=True)
@@ -310,7 +314,7 @@ class Trace:
         ids = [r.request_id for r in self.requests]
         if len(set(ids)) != len(ids):
             raise TraceError("requests", ids, "duplicate request ids", "give each a new id")
-        limit = RECIPES[self.layout].max_model_len
+        limit = self.max_model_len
         for r in self.requests:
             if len(r.prompt) + r.max_tokens > limit:
                 raise TraceError(
@@ -319,6 +323,12 @@ class Trace:
                     f"prompt + max_tokens exceeds max_model_len {limit}",
                     "shorten it (vLLM stops a request at max_model_len; the spec does not)",
                 )
+
+    @property
+    def max_model_len(self) -> int:
+        """The longest sequence: the settings' ``max_model_len``, else the layout recipe's."""
+        own = self.settings.max_model_len
+        return RECIPES[self.layout].max_model_len if own is None else own
 
     @property
     def by_id(self) -> Mapping[str, RequestScript]:
@@ -342,8 +352,8 @@ class Trace:
             f"layout {self.layout.value}: {s.num_blocks} blocks, budget "
             f"{s.max_num_batched_tokens}, {s.max_num_seqs} running, policy "
             f"{s.failure_policy.value}, retention {s.retention_interval}, full sequence "
-            f"{'reserved' if s.reserve_full_sequence else 'not reserved'}, at most "
-            f"{self.max_steps} steps"
+            f"{'reserved' if s.reserve_full_sequence else 'not reserved'}, max_model_len "
+            f"{self.max_model_len}, at most {self.max_steps} steps"
         ]
         for r in self.requests:
             claims = ", ".join(

@@ -287,9 +287,16 @@ class _Executor:
 
 
 class BuiltEngine:
-    """What the engine core hands its scheduler: config, KV cache config, block sizes."""
+    """What the engine core hands its scheduler: config, KV cache config, block sizes.
 
-    def __init__(self, recipe: LayoutRecipe, settings: EngineSettings) -> None:
+    ``kv_connector`` names an in-tree connector of vLLM's registry instead of
+    :class:`TraceHMAConnector` (the default), to see what vLLM's configuration does with it; the
+    hybrid KV cache manager is then whatever vLLM decides, and no scheduler should be built.
+    """
+
+    def __init__(
+        self, recipe: LayoutRecipe, settings: EngineSettings, *, kv_connector: str | None = None
+    ) -> None:
         from vllm.model_executor.model_loader.utils import initialize_model
         from vllm.platforms import current_platform
         from vllm.utils.torch_utils import set_default_torch_dtype
@@ -299,11 +306,14 @@ class BuiltEngine:
 
         _process_setup()
         directory = _config_dir(recipe.layout)
+        max_model_len = (
+            recipe.max_model_len if settings.max_model_len is None else settings.max_model_len
+        )
         model_config = ModelConfig(
             model=directory,
             tokenizer=directory,
             skip_tokenizer_init=True,
-            max_model_len=recipe.max_model_len,
+            max_model_len=max_model_len,
             seed=0,
             enforce_eager=True,
         )
@@ -318,7 +328,7 @@ class BuiltEngine:
             model_config=model_config,
             cache_config=CacheConfig(**cache_kwargs),
             scheduler_config=SchedulerConfig(
-                max_model_len=recipe.max_model_len,
+                max_model_len=max_model_len,
                 max_num_batched_tokens=settings.max_num_batched_tokens,
                 max_num_seqs=settings.max_num_seqs,
                 enable_chunked_prefill=True,
@@ -327,13 +337,13 @@ class BuiltEngine:
                 scheduler_reserve_full_isl=settings.reserve_full_sequence,
             ),
             kv_transfer_config=KVTransferConfig(
-                kv_connector=TraceHMAConnector.__name__,
-                kv_connector_module_path=__name__,
+                kv_connector=kv_connector or TraceHMAConnector.__name__,
+                kv_connector_module_path=None if kv_connector else __name__,
                 kv_role="kv_both",
                 kv_load_failure_policy=settings.failure_policy.value,
             ),
         )
-        if vllm_config.scheduler_config.disable_hybrid_kv_cache_manager:
+        if kv_connector is None and vllm_config.scheduler_config.disable_hybrid_kv_cache_manager:
             raise AssertionError("vLLM switched the hybrid KV cache manager off")
         with set_default_torch_dtype(model_config.dtype), torch.device("meta"):
             initialize_model(vllm_config=vllm_config)
