@@ -34,20 +34,15 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import re
 import sys
 import types
 from collections.abc import Iterator
 from typing import Any
 
-for _key, _value in {
-    "VLLM_TARGET_DEVICE": "cpu",
-    "HF_HUB_OFFLINE": "1",
-    "TRANSFORMERS_OFFLINE": "1",
-    "VLLM_LOGGING_LEVEL": "WARNING",
-}.items():
-    os.environ.setdefault(_key, _value)
+from _inprocess import InProcessExecutor, init_distributed, set_cpu_env
+
+set_cpu_env()
 
 import torch  # noqa: E402
 
@@ -168,50 +163,6 @@ def _as_h100() -> Iterator[None]:
                 delattr(cls, name)
 
 
-def _init_distributed() -> None:
-    from vllm.config import VllmConfig, set_current_vllm_config
-    from vllm.distributed import parallel_state
-
-    with set_current_vllm_config(VllmConfig()):
-        parallel_state.init_distributed_environment(
-            world_size=1,
-            rank=0,
-            local_rank=0,
-            distributed_init_method=f"tcp://127.0.0.1:{20000 + os.getpid() % 20000}",
-            backend="gloo",
-        )
-        parallel_state.ensure_model_parallel_initialized(1, 1)
-
-
-class _Executor:
-    """Stands in for the model executor: reports the specs of one in-process worker."""
-
-    def __init__(self, vllm_config: Any, layer_specs: dict[str, Any]) -> None:
-        from vllm.v1.worker.worker_base import WorkerBase
-
-        self._worker = types.SimpleNamespace(vllm_config=vllm_config)
-        self._base = WorkerBase
-        self._specs = layer_specs
-
-    def get_kv_cache_specs(self) -> list[dict[str, Any]]:
-        return [self._specs]
-
-    def get_supported_kv_cache_layouts(self) -> list[list[str]]:
-        return [self._base.get_supported_kv_cache_layouts(self._worker)]
-
-    def set_kv_cache_layout(self, layout: str, interleave: int) -> None:
-        self._base.set_kv_cache_layout(self._worker, layout, interleave)
-
-    def determine_available_memory(self) -> list[int]:
-        return [64 << 30]  # only num_blocks depends on it
-
-    def initialize_from_config(self, _configs: Any) -> None:
-        pass
-
-    def compile_or_warm_up_model(self) -> None:
-        pass
-
-
 def _group_summary(group: Any) -> dict[str, Any]:
     from vllm.v1.kv_cache_interface import MambaSpec, SlidingWindowSpec
 
@@ -280,7 +231,7 @@ def _measure(case: dict[str, Any]) -> dict[str, Any]:
     with set_current_vllm_config(vllm_config):
         layer_specs = get_kv_cache_spec(vllm_config)
         engine = types.SimpleNamespace(
-            model_executor=_Executor(vllm_config, layer_specs),
+            model_executor=InProcessExecutor(vllm_config, layer_specs, 64 << 30),
             available_gpu_memory_for_kv_cache=0,
             collective_rpc=lambda *_a, **_k: None,
         )
@@ -308,7 +259,7 @@ def main(platform: str, cases: list[dict[str, Any]]) -> list[dict[str, Any]]:
         has_bf16 = platform == "cpu-avx512bf16"
         torch.cpu._is_avx512_bf16_supported = lambda: has_bf16
     _preimport(sorted({c["config_dir"] for c in cases}))
-    _init_distributed()
+    init_distributed(20000)
     emulate = _as_h100() if platform == "cuda-sm90" else contextlib.nullcontext()
     results = []
     with emulate:

@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from _inprocess import VLLM_CPU_ENV
 
 TORCHVISION_SHIM = Path(__file__).parent / "_torchvision_shim"
 
@@ -48,12 +49,7 @@ _SHIM = _install_torchvision_shim()
 def vllm_subprocess_env() -> dict[str, str]:
     """The environment for a subprocess that imports vLLM on a CPU machine."""
     env = dict(os.environ)
-    env.update(
-        VLLM_TARGET_DEVICE="cpu",
-        HF_HUB_OFFLINE="1",
-        TRANSFORMERS_OFFLINE="1",
-        VLLM_LOGGING_LEVEL="WARNING",
-    )
+    env.update(VLLM_CPU_ENV)
     paths = [str(TORCHVISION_SHIM), *filter(None, env.get("PYTHONPATH", "").split(os.pathsep))]
     env["PYTHONPATH"] = os.pathsep.join(paths)
     return env

@@ -20,12 +20,6 @@ already set are kept.
 
 from __future__ import annotations
 
-import os
+from _inprocess import set_cpu_env
 
-for _key, _value in {
-    "VLLM_TARGET_DEVICE": "cpu",
-    "HF_HUB_OFFLINE": "1",
-    "TRANSFORMERS_OFFLINE": "1",
-    "VLLM_LOGGING_LEVEL": "WARNING",
-}.items():
-    os.environ.setdefault(_key, _value)
+set_cpu_env()

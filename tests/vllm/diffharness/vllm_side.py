@@ -27,7 +27,6 @@ import copy
 import functools
 import json
 import logging
-import os
 import tempfile
 import types
 from dataclasses import replace
@@ -35,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from _inprocess import InProcessExecutor, init_distributed
 from vllm.config import (
     CacheConfig,
     KVTransferConfig,
@@ -233,21 +233,11 @@ class TraceHMAConnector(KVConnectorBase_V1, SupportsHMA):
 def _process_setup() -> None:
     """Once per process: pin the host ISA answer and start vLLM's (one-rank) distributed state,
     which the model constructors read."""
-    from vllm.distributed import parallel_state
 
     # vLLM reads the host ISA: with AVX-512 BF16 the SSM state goes float32 and the hybrid block
     # doubles. Pin "no", the platform spec.platforms calls "cpu".
     torch.cpu._is_avx512_bf16_supported = lambda: False
-    if not parallel_state.model_parallel_is_initialized():
-        with set_current_vllm_config(VllmConfig()):
-            parallel_state.init_distributed_environment(
-                world_size=1,
-                rank=0,
-                local_rank=0,
-                distributed_init_method=f"tcp://127.0.0.1:{21000 + os.getpid() % 20000}",
-                backend="gloo",
-            )
-            parallel_state.ensure_model_parallel_initialized(1, 1)
+    init_distributed(21000)
 
 
 @functools.cache
@@ -255,35 +245,6 @@ def _config_dir(layout: Layout) -> str:
     directory = Path(tempfile.mkdtemp(prefix=f"hybridkv-{layout.name.lower()}-"))
     (directory / "config.json").write_text(json.dumps(RECIPES[layout].config_json()))
     return str(directory)
-
-
-class _Executor:
-    """Stands in for the model executor: one in-process worker reporting the runner's specs."""
-
-    def __init__(self, vllm_config: Any, layer_specs: dict[str, Any]) -> None:
-        from vllm.v1.worker.worker_base import WorkerBase
-
-        self._worker = types.SimpleNamespace(vllm_config=vllm_config)
-        self._base = WorkerBase
-        self._specs = layer_specs
-
-    def get_kv_cache_specs(self) -> list[dict[str, Any]]:
-        return [self._specs]
-
-    def get_supported_kv_cache_layouts(self) -> list[list[str]]:
-        return [self._base.get_supported_kv_cache_layouts(self._worker)]
-
-    def set_kv_cache_layout(self, layout: str, interleave: int) -> None:
-        self._base.set_kv_cache_layout(self._worker, layout, interleave)
-
-    def determine_available_memory(self) -> list[int]:
-        return [1 << 30]  # num_gpu_blocks_override decides the pool size
-
-    def initialize_from_config(self, _configs: Any) -> None:
-        pass
-
-    def compile_or_warm_up_model(self) -> None:
-        pass
 
 
 class BuiltEngine:
@@ -351,7 +312,7 @@ class BuiltEngine:
         with set_current_vllm_config(vllm_config):
             layer_specs = get_kv_cache_spec(vllm_config)
             engine = types.SimpleNamespace(
-                model_executor=_Executor(vllm_config, layer_specs),
+                model_executor=InProcessExecutor(vllm_config, layer_specs, 1 << 30),
                 available_gpu_memory_for_kv_cache=0,
                 collective_rpc=lambda *_a, **_k: None,
             )
