@@ -3,17 +3,19 @@
 The system under test is :class:`spec.managers.KVCacheCoordinator` over one pool (full attention,
 sliding window and mamba groups of 1-token blocks, nine usable blocks), driven as the scheduler
 drives it: allocations that grow a request by a few tokens from its computed count, frees, and
-roll-backs. A roll-back moves a request's computed count back without freeing its tables, as
-vLLM does when it rejects speculative tokens and as a truncation that keeps the tables does.
+roll-backs. A roll-back puts a request's computed count back without freeing its tables, as
+shared truncation does to a running request whose block a report names, and as vLLM does when
+it rejects speculative tokens.
 
 Why this machine exists beside the engine explorer: GR-6 (no negative reservation) catches
 vLLM 0.33's unclamped align-mode mamba count (divergence D1) only when a mamba table is longer
-than the next allocation needs, which takes a roll-back. The engine has none: speculative
-decoding is not modelled, and a failed load never leaves a partial mamba table behind (a load
-restores the state at its claim end only, MB-1, so a truncation resumes there or restarts from 0
-and frees the tables; ``spec.scheduler.recovery``). So no engine scenario reaches a negative
-count, and GR-6's mutation evidence is this machine (listed in
-tests/spec/test_explorer_mutations.py).
+than the next allocation needs, which takes a roll-back. The engine makes none: speculative
+decoding is not modelled, and a failed load's report names the loading request's own blocks,
+never a running request's (the "39 < 40" regression of tests/regressions/test_crashes.py needs
+a scheduler-level script for that reason), and on a mamba layout the loading request itself
+resumes at its claim end (the state is loaded there only, MB-1) or restarts from 0 with its
+tables freed. So no engine scenario reaches a negative count, and GR-6's mutation evidence is
+this machine (listed in tests/spec/test_explorer_mutations.py).
 
 Runs: the profile's max_examples machines (ci: 200) of 12 steps each; the mutation guard runs
 its own 200 (generation only).
