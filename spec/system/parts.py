@@ -193,7 +193,8 @@ def subject_snapshots(scheduler: Scheduler) -> list[tuple[str, Mapping[str, Any]
 
     Frame: nothing changes. Pre: the scheduler drives a :class:`ReferenceConnector`
     (:class:`ConfigError` otherwise). Post: ``scheduler``, ``kv_cache_groups``,
-    ``block_pool``, ``connector`` and ``store``, in that order.
+    ``block_pool``, ``planner`` (the connector's offload geometry), ``connector`` and
+    ``store``, in that order.
     """
     snap = scheduler.snapshot()
     kv = snap["kv_cache_groups"]
@@ -203,6 +204,9 @@ def subject_snapshots(scheduler: Scheduler) -> list[tuple[str, Mapping[str, Any]
         ("block_pool", kv["block_pool"]),
     ]
     connector = connector_of(scheduler)
+    # The planner never changes after construction, but it is checked in every state all the
+    # same: a state is judged on its own, and PL-* costs little next to the other families.
+    found.append(("planner", connector.geometry.planner.snapshot()))
     found.append(("connector", connector.snapshot()))
     found.append(("store", connector.store.snapshot()))
     return found

@@ -20,9 +20,10 @@ preemption happens (:func:`default_num_blocks`).
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from enum import Enum
+from typing import Any
 
 from spec.connector_api import RequestId
 from spec.errors import ConfigError
@@ -188,8 +189,19 @@ def parse_groups(text: str) -> tuple[GroupKind, ...]:
     return kinds
 
 
-def build_engines(scenario: Scenario) -> list[Engine]:
+def build_engines(
+    scenario: Scenario,
+    *,
+    connector_cls: type[Any] | None = None,
+    scheduler_cls: type[Any] | None = None,
+    configure: Callable[[EngineConfig], EngineConfig] | None = None,
+) -> list[Engine]:
     """The initial engines of ``scenario``: one per recovery mode.
+
+    For tests: ``connector_cls`` / ``scheduler_cls`` swap in a subclass of the reference
+    connector or scheduler (a deliberately broken variant, :meth:`Engine.create`), and
+    ``configure`` maps each configuration to the one built (a liveness bound, a smaller host
+    store); ``None`` keeps the scenario as it is.
 
     Pure: fresh engines sharing nothing mutable. Post: a seeded start has every request
     arrived and the shared prefixes READY in the host store, their content recorded. Refusal:
@@ -197,7 +209,8 @@ def build_engines(scenario: Scenario) -> list[Engine]:
     """
     engines = []
     for config in scenario.configs():
-        engine = Engine.create(config)
+        built = configure(config) if configure is not None else config
+        engine = Engine.create(built, connector_cls=connector_cls, scheduler_cls=scheduler_cls)
         if scenario.start is Start.SEEDED:
             _seed(engine)
         engines.append(engine)
