@@ -23,7 +23,6 @@ one short variant and one short test per id, read by id rather than top to botto
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import replace
 from enum import Enum
 from typing import Any
 
@@ -50,6 +49,7 @@ from test_connector_mutations import (
     SaltBlind,
     StoresOverPresentKeys,
 )
+from test_scheduler_mutations import _SingleGroupTruncation
 from test_system_mutations import StoreBeforeCompute, UnpinnedStores
 
 from spec.block_pool import NULL_BLOCK, BlockPool, HashKey
@@ -65,7 +65,6 @@ from spec.managers.mamba import MambaManager
 from spec.managers.sliding import SlidingWindowManager
 from spec.planner import HybridOffloadPlanner
 from spec.policies.arc import ARCPolicy
-from spec.scheduler.recovery import FailureReport, RecoveryRecord, shared_truncation
 from spec.scheduler.request import RequestStatus
 from spec.scheduler.scheduler import Scheduler
 from spec.store import EntryState, EventKind, HostStore, PrepareStoreOutput, StoreEvent, _Entry
@@ -537,28 +536,11 @@ def test_sc3_deadlock_without_a_reserve_for_async_loads() -> None:
     )
 
 
-class SingleGroupTruncation(Scheduler):
-    """Shared truncation at group 0's point only, the other groups ignored (#50687's class)."""
-
-    def _recover_load(self, rid: RequestId, report: FailureReport | None) -> RecoveryRecord:
-        record = super()._recover_load(rid, report)
-        invalid = report.invalid_blocks if report else frozenset()
-        point = shared_truncation(
-            self.config.groups[:1],
-            self.kv.get_blocks(rid)[:1],
-            invalid,
-            record.computed_before,
-            self.kv.scheduler_block_size,
-        ).point
-        self.requests[rid] = self.requests[rid].evolve(num_computed_tokens=point)
-        return replace(record, truncated_to=point)
-
-
 @pytest.mark.mutation("SC-4")
 def test_sc4_single_group_truncation_on_a_two_group_layout() -> None:
     """The first load job (full attention up to 1) lands, the second (up to 2, with the mamba
     state) fails: full attention alone could resume at 1, the mamba group only at 0."""
-    found = caught("SC-4", whole_prefix(Recovery.SHARED, scheduler_cls=SingleGroupTruncation), 4)
+    found = caught("SC-4", whole_prefix(Recovery.SHARED, scheduler_cls=_SingleGroupTruncation), 4)
     assert found.trace == "step | load job 1 of r0 completes | load job 2 of r0 fails | step"
     assert found.messages[0] == "r0: truncated to 1, group 1 valid only at (0,)"
 

@@ -40,7 +40,7 @@ import types
 from collections.abc import Iterator
 from typing import Any
 
-from _inprocess import InProcessExecutor, init_distributed, set_cpu_env
+from _inprocess import init_distributed, plan_kv_caches, set_cpu_env
 
 set_cpu_env()
 
@@ -194,14 +194,8 @@ def _measure(case: dict[str, Any]) -> dict[str, Any]:
         ModelConfig,
         SchedulerConfig,
         VllmConfig,
-        set_current_vllm_config,
     )
-    from vllm.model_executor.model_loader.utils import initialize_model
     from vllm.platforms import current_platform
-    from vllm.utils.torch_utils import set_default_torch_dtype
-    from vllm.v1.core.kv_cache_utils import resolve_kv_cache_block_sizes
-    from vllm.v1.engine.core import EngineCore
-    from vllm.v1.worker.gpu.attn_utils import get_kv_cache_spec
 
     directory, max_len = case["config_dir"], case["max_model_len"]
     model_config = ModelConfig(
@@ -225,18 +219,7 @@ def _measure(case: dict[str, Any]) -> dict[str, Any]:
             is_encoder_decoder=False,
         ),
     )
-    with set_default_torch_dtype(model_config.dtype), torch.device("meta"):
-        initialize_model(vllm_config=vllm_config)
-    current_platform.update_block_size_for_backend(vllm_config)
-    with set_current_vllm_config(vllm_config):
-        layer_specs = get_kv_cache_spec(vllm_config)
-        engine = types.SimpleNamespace(
-            model_executor=InProcessExecutor(vllm_config, layer_specs, 64 << 30),
-            available_gpu_memory_for_kv_cache=0,
-            collective_rpc=lambda *_a, **_k: None,
-        )
-        kv_config = EngineCore._initialize_kv_caches(engine, vllm_config)
-        scheduler_block_size, hash_block_size = resolve_kv_cache_block_sizes(kv_config, vllm_config)
+    kv_config, scheduler_block_size, hash_block_size = plan_kv_caches(vllm_config, 64 << 30)
     cache = vllm_config.cache_config
     return {
         "case": case,

@@ -83,3 +83,35 @@ class InProcessExecutor:
 
     def compile_or_warm_up_model(self) -> None:
         pass
+
+
+def plan_kv_caches(vllm_config: Any, available_bytes: int) -> tuple[Any, int, int]:
+    """vLLM's own KV-cache planning for ``vllm_config``, as its engine core runs it.
+
+    The model is built on the meta device by vLLM's loader, the platform raises the block size
+    for its backends, each layer reports its own KV spec, and ``EngineCore._initialize_kv_caches``
+    plans the groups over an :class:`InProcessExecutor`. Returns ``(KVCacheConfig,
+    scheduler_block_size, hash_block_size)`` (vLLM's ``resolve_kv_cache_block_sizes``).
+    """
+    import torch
+    from vllm.config import set_current_vllm_config
+    from vllm.model_executor.model_loader.utils import initialize_model
+    from vllm.platforms import current_platform
+    from vllm.utils.torch_utils import set_default_torch_dtype
+    from vllm.v1.core.kv_cache_utils import resolve_kv_cache_block_sizes
+    from vllm.v1.engine.core import EngineCore
+    from vllm.v1.worker.gpu.attn_utils import get_kv_cache_spec
+
+    with set_default_torch_dtype(vllm_config.model_config.dtype), torch.device("meta"):
+        initialize_model(vllm_config=vllm_config)
+    current_platform.update_block_size_for_backend(vllm_config)
+    with set_current_vllm_config(vllm_config):
+        layer_specs = get_kv_cache_spec(vllm_config)
+        engine = types.SimpleNamespace(
+            model_executor=InProcessExecutor(vllm_config, layer_specs, available_bytes),
+            available_gpu_memory_for_kv_cache=0,
+            collective_rpc=lambda *_a, **_k: None,
+        )
+        kv_cache_config = EngineCore._initialize_kv_caches(engine, vllm_config)
+        block_size, hash_block_size = resolve_kv_cache_block_sizes(kv_cache_config, vllm_config)
+    return kv_cache_config, block_size, hash_block_size

@@ -28,20 +28,18 @@ import functools
 import json
 import logging
 import tempfile
-import types
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import torch
-from _inprocess import InProcessExecutor, init_distributed
+from _inprocess import init_distributed, plan_kv_caches
 from vllm.config import (
     CacheConfig,
     KVTransferConfig,
     ModelConfig,
     SchedulerConfig,
     VllmConfig,
-    set_current_vllm_config,
 )
 from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     KVConnectorBase_V1,
@@ -258,12 +256,6 @@ class BuiltEngine:
     def __init__(
         self, recipe: LayoutRecipe, settings: EngineSettings, *, kv_connector: str | None = None
     ) -> None:
-        from vllm.model_executor.model_loader.utils import initialize_model
-        from vllm.platforms import current_platform
-        from vllm.utils.torch_utils import set_default_torch_dtype
-        from vllm.v1.core.kv_cache_utils import resolve_kv_cache_block_sizes
-        from vllm.v1.engine.core import EngineCore
-        from vllm.v1.worker.gpu.attn_utils import get_kv_cache_spec
 
         _process_setup()
         directory = _config_dir(recipe.layout)
@@ -306,18 +298,7 @@ class BuiltEngine:
         )
         if kv_connector is None and vllm_config.scheduler_config.disable_hybrid_kv_cache_manager:
             raise AssertionError("vLLM switched the hybrid KV cache manager off")
-        with set_default_torch_dtype(model_config.dtype), torch.device("meta"):
-            initialize_model(vllm_config=vllm_config)
-        current_platform.update_block_size_for_backend(vllm_config)
-        with set_current_vllm_config(vllm_config):
-            layer_specs = get_kv_cache_spec(vllm_config)
-            engine = types.SimpleNamespace(
-                model_executor=InProcessExecutor(vllm_config, layer_specs, 1 << 30),
-                available_gpu_memory_for_kv_cache=0,
-                collective_rpc=lambda *_a, **_k: None,
-            )
-            kv_cache_config = EngineCore._initialize_kv_caches(engine, vllm_config)
-            block_size, hash_block_size = resolve_kv_cache_block_sizes(kv_cache_config, vllm_config)
+        kv_cache_config, block_size, hash_block_size = plan_kv_caches(vllm_config, 1 << 30)
         self.recipe = recipe
         self.settings = settings
         self.vllm_config = vllm_config
