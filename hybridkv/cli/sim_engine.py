@@ -159,6 +159,8 @@ class SimResult:
     failed_loads: int = 0
     failed_stores: int = 0
     failures_recovered: int = 0
+    recovered_loads: int = 0
+    recovered_stores: int = 0
     failures_ended: int = 0
     tokens_discarded_by_recovery: int = 0
     blocks_verified: int = 0
@@ -305,6 +307,7 @@ class Simulation:
             lambda rid: self.scheduler.requests[rid].status in _ENDED,
         )
         r.failed_loads, r.failed_stores = outcome.failed_loads, outcome.failed_stores
+        r.recovered_loads, r.recovered_stores = outcome.recovered_loads, outcome.recovered_stores
         r.failures_recovered, r.failures_ended = outcome.recovered, outcome.ended
 
     def _continuations(self) -> None:

@@ -321,6 +321,8 @@ def _report(  # noqa: PLR0917 - the report reads every part of the run
         "failed_loads": r.failed_loads,
         "failed_stores": r.failed_stores,
         "failures_recovered": r.failures_recovered,
+        "recovered_loads": r.recovered_loads,
+        "recovered_stores": r.recovered_stores,
         "failures_ended": r.failures_ended,
         "tokens_discarded_by_recovery": r.tokens_discarded_by_recovery,
         "blocks_verified": r.blocks_verified,
