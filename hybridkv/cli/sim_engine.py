@@ -16,6 +16,15 @@ One step, in vLLM's order (``v1/worker/gpu/kv_connector.py:76-160``):
    reads); each block a successful load wrote is checked against recomputation;
 6. ``update_from_output`` with one sampled token per request whose prefill is complete.
 
+The report's figures come from the step's events, kept apart from the loop's policy: the
+:class:`~hybridkv.cli.sim_ledger.TokenLedger` counts each prompt token the first time its KV is
+in place (a GPU hit at admission, a load job when it lands, a forward) and again when a failure
+or a preemption took it back; the :class:`~hybridkv.cli.sim_recovery.RecoveryWatch` follows
+each failed job until its recovery is seen. Neither assumes a load lands in the step that
+issued it: a job issued before its request lost its blocks (preemption, abandonment at the
+deadline) serves nothing when it lands, and an abandoned load's tokens count when they are
+recomputed or reloaded.
+
 Transfers are drained every step, so a run is deterministic (the same trace and seed give the
 same report) and a load is reported in the step that started it, the fastest vLLM allows.
 """

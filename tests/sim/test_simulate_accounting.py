@@ -20,6 +20,7 @@ from hybridkv.cli.sim_ledger import Cause, Source, TokenLedger
 from hybridkv.cli.sim_plot import plot_series
 from hybridkv.cli.sim_report import identity_line, rows
 from hybridkv.cli.sim_run import SimOptions, simulate
+from hybridkv.cli.sim_setup import derive_setup
 from spec.connector import ReferenceConnector
 from spec.connector_api import JobResult, KVConnectorOutput, RequestId, TransferKind
 from spec.scheduler import RecoveryMode, RecoveryRecord, Scheduler
@@ -134,7 +135,7 @@ def test_requests_failed_by_design_leave_the_identity_as_unserved_tokens(
 ) -> None:
     """vLLM's ``fail`` recovery ends a request whose load failed: its unserved prompt tokens are
     a term of the identity, and its failure is counted as ended with the request."""
-    failing = partial(sim_run.derive_setup, recovery=RecoveryMode.VLLM_FAIL)
+    failing = partial(derive_setup, recovery=RecoveryMode.VLLM_FAIL)
     monkeypatch.setattr(sim_run, "derive_setup", failing)
     report = simulate(dataclasses.replace(SIZE, faults=0.3))
     assert report["finished"].get("finished_error", 0) > 0
