@@ -211,12 +211,13 @@ class _Live:
 
 @dataclass(frozen=True, slots=True)
 class _LoadJob:
-    """A load job in flight: the positions it brings and the ledger epoch it was issued in."""
+    """A load job in flight: the positions it brings, the ledger epoch it was issued in."""
 
     job: TransferJob
     lo: int
     hi: int
     epoch: int
+    wrong_before: int  # its request's wrong-content count when it was issued
 
 
 class Simulation:
@@ -480,7 +481,7 @@ class Simulation:
             rid = job.request_id
             lo, end, epoch = self._load_cursor.get(rid, (0, 0, -1))
             hi = min(end, max(item.end_token for item in job.items))
-            self._load_jobs[job.job_id] = _LoadJob(job, lo, hi, epoch)
+            self._load_jobs[job.job_id] = _LoadJob(job, lo, hi, epoch, self._live[rid].wrong)
             self._load_cursor[rid] = (hi, end, epoch)
             self.watch.load_issued(item.key for item in job.items)
         for job in meta.store_jobs:
@@ -565,7 +566,8 @@ class Simulation:
             live = self._live[rid]
             if not result.success:
                 failed_loads += 1
-                self.watch.load_failed(rid, entry.lo, entry.hi, live.wrong)
+                missing = self.ledger.missing(rid, entry.lo, entry.hi)
+                self.watch.load_failed(rid, entry.lo, missing, entry.wrong_before)
                 continue
             self._verify_load(entry.job, live)
             current = entry.epoch == self.ledger.epoch(rid)

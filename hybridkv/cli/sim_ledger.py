@@ -130,6 +130,12 @@ class TokenLedger:
         self.unaccounted_reads += missing
         return missing
 
+    def missing(self, rid: RequestId, lo: int, hi: int) -> bytes:
+        """One byte per position of ``[lo, hi)``: 1 where it is not in place now."""
+        track = self._tracks[rid]
+        track.grow(hi)
+        return bytes(int(code != _HELD) for code in track.state[lo:hi])
+
     def ended(self, rid: RequestId) -> None:
         """The request was aborted or failed: its never-served prompt tokens leave the identity."""
         track = self._tracks[rid]

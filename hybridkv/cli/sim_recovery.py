@@ -48,7 +48,7 @@ class _LoadFailure:
     rid: RequestId
     lo: int
     owed: bytearray  # 1 per position of [lo, lo + len) not served again since the failure
-    wrong_before: int  # the request's wrong-content count when it failed
+    wrong_before: int  # the request's wrong-content count when the job was issued
 
 
 @dataclass
@@ -99,10 +99,11 @@ class RecoveryWatch:
                 failure.gone = True
 
     # ----------------------------------------------------------------- loads
-    def load_failed(self, rid: RequestId, lo: int, hi: int, wrong_before: int) -> None:
-        """A load job of ``rid`` for positions ``[lo, hi)`` failed."""
-        owed = bytearray(b"\x01" * max(0, hi - lo))
-        self._loads.append(_LoadFailure(rid, lo, owed, wrong_before))
+    def load_failed(self, rid: RequestId, lo: int, missing: bytes, wrong_before: int) -> None:
+        """A load job of ``rid`` for the positions from ``lo`` failed; ``missing`` has a 1 per
+        position not in place when it reported (a load its request lost before the report,
+        at a deadline or a preemption, may find some served again already)."""
+        self._loads.append(_LoadFailure(rid, lo, bytearray(missing), wrong_before))
 
     def served(self, rid: RequestId, lo: int, hi: int) -> None:
         """Positions ``[lo, hi)`` of ``rid`` were served (any source)."""

@@ -1,5 +1,6 @@
 """``hybridkv simulate``'s accounting: the token identity balances, recovery is observed (and a
-broken recovery shows), and the plot draws the table's figures.
+broken recovery shows), the plot draws the table's figures, and loads reported steps after
+they ran (landing late, or abandoned at their deadline) keep every figure exact.
 
 The runs are 12 requests of the default multi-turn workload: at that size the GPU prefix cache
 hits, the host store loads, and ``--faults 0.05``/``0.3`` fail loads whose tokens are then both
@@ -15,14 +16,20 @@ from typing import Any
 
 import pytest
 
-from hybridkv.cli import sim_engine, sim_run
+from hybridkv.cli import sim_engine, sim_reference
 from hybridkv.cli.sim_ledger import Cause, Source, TokenLedger
 from hybridkv.cli.sim_plot import plot_series
 from hybridkv.cli.sim_report import identity_line, rows
 from hybridkv.cli.sim_run import SimOptions, simulate
 from hybridkv.cli.sim_setup import derive_setup
 from spec.connector import ReferenceConnector
-from spec.connector_api import JobResult, KVConnectorOutput, RequestId, TransferKind
+from spec.connector_api import (
+    ConnectorMeta,
+    JobResult,
+    KVConnectorOutput,
+    RequestId,
+    TransferKind,
+)
 from spec.scheduler import RecoveryMode, RecoveryRecord, Scheduler
 from spec.scheduler.recovery import FailureReport
 
@@ -136,7 +143,7 @@ def test_requests_failed_by_design_leave_the_identity_as_unserved_tokens(
     """vLLM's ``fail`` recovery ends a request whose load failed: its unserved prompt tokens are
     a term of the identity, and its failure is counted as ended with the request."""
     failing = partial(derive_setup, recovery=RecoveryMode.VLLM_FAIL)
-    monkeypatch.setattr(sim_run, "derive_setup", failing)
+    monkeypatch.setattr("hybridkv.cli.sim_run.derive_setup", failing)
     report = simulate(dataclasses.replace(SIZE, faults=0.3))
     assert report["finished"].get("finished_error", 0) > 0
     unserved = report["prompt_tokens_unserved"]
@@ -170,3 +177,55 @@ def test_the_plot_draws_the_tables_figures() -> None:
     for i, step in enumerate(series.steps[1:], start=1):
         if series.loaded[i] > series.loaded[i - 1]:
             assert moved[step] > moved[series.steps[i - 1]]
+
+
+# ---------------------------------------------------------------- loads that span steps
+
+
+class _LateLoads(sim_reference.ReferencePlane):
+    """A plane that reports each load job two steps after the step that ran it, as an engine
+    whose copies complete later would: a one-step deadline abandons every load, whose report
+    then comes for parked blocks."""
+
+    DELAY = 2
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self._late: list[tuple[int, JobResult]] = []
+        self._load_ids: set[int] = set()
+        self._steps = 0
+
+    def bind_connector_metadata(self, meta: ConnectorMeta) -> None:
+        super().bind_connector_metadata(meta)
+        self._load_ids.update(job.job_id for job in meta.load_jobs)
+
+    def get_transfer_results(self) -> KVConnectorOutput:
+        self._steps += 1
+        now = self._results
+        self._late += [(self._steps + self.DELAY, r) for r in now if r.job_id in self._load_ids]
+        due = [r for when, r in self._late if when <= self._steps]
+        self._late = [(when, r) for when, r in self._late if when > self._steps]
+        self._results = [r for r in now if r.job_id not in self._load_ids] + due
+        return super().get_transfer_results()
+
+
+@pytest.mark.parametrize("deadline", [1, 64], ids=["abandoned", "landing-late"])
+def test_loads_reported_steps_later_keep_the_accounting_exact(
+    monkeypatch: pytest.MonkeyPatch, deadline: int
+) -> None:
+    monkeypatch.setattr(sim_reference, "ReferencePlane", _LateLoads)
+    options = dataclasses.replace(
+        SIZE, faults=0.3, connector="reference", load_deadline_steps=deadline
+    )
+    report = simulate(options)
+    assert report["identity_holds"] is True
+    assert report["unaccounted_reads"] == 0
+    assert report["failed_loads"] > 0
+    assert report["failures_recovered"] == report["failures_injected"]
+    assert report["verdict"] == "pass"
+    if deadline == 1:
+        # Every load outlived its deadline: its tokens were recomputed, none counted loaded.
+        assert report["prefill_tokens_loaded"] == 0
+        assert report["tokens_discarded_by_recovery"] > 0
+    else:
+        assert report["prefill_tokens_loaded"] > 0
