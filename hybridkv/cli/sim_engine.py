@@ -16,6 +16,15 @@ One step, in vLLM's order (``v1/worker/gpu/kv_connector.py:76-160``):
    reads); each block a successful load wrote is checked against recomputation;
 6. ``update_from_output`` with one sampled token per request whose prefill is complete.
 
+The report's figures come from the step's events, kept apart from the loop's policy: the
+:class:`~hybridkv.cli.sim_ledger.TokenLedger` counts each prompt token the first time its KV is
+in place (a GPU hit at admission, a load job when it lands, a forward) and again when a failure
+or a preemption took it back; the :class:`~hybridkv.cli.sim_recovery.RecoveryWatch` follows
+each failed job until its recovery is seen. Neither assumes a load lands in the step that
+issued it: a job issued before its request lost its blocks (preemption, abandonment at the
+deadline) serves nothing when it lands, and an abandoned load's tokens count when they are
+recomputed or reloaded.
+
 Transfers are drained every step, so a run is deterministic (the same trace and seed give the
 same report) and a load is reported in the step that started it, the fastest vLLM allows.
 """
@@ -27,6 +36,8 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from hybridkv.cli.sim_ledger import Cause, Source, TokenLedger
+from hybridkv.cli.sim_recovery import RecoveryWatch
 from hybridkv.errors import HybridKVConfigError
 from hybridkv.sim.content import ContentCodec, PrefixHashes
 from hybridkv.sim.trace import TraceRequest
@@ -41,12 +52,21 @@ from spec.connector_api import (
 from spec.invariants import check_all
 from spec.kinds import GroupKind
 from spec.managers.group_spec import GroupSpec, cdiv
-from spec.scheduler import ClaimOutcome, Request, RequestStatus, Scheduler, SchedulerConfig
+from spec.scheduler import (
+    ClaimOutcome,
+    Request,
+    RequestStatus,
+    Scheduler,
+    SchedulerConfig,
+    SchedulerOutput,
+)
 from spec.system.parts import failure_reports
 
 __all__ = ["DataPlane", "PlaneStats", "SimResult", "Simulation", "StepSample"]
 
 _VOCAB = 100_000
+# Requests that end without their prompt served, by design of how they end.
+_ENDED = (RequestStatus.FINISHED_ABORTED, RequestStatus.FINISHED_ERROR)
 
 
 class PlaneStats(Protocol):
@@ -94,6 +114,10 @@ class DataPlane(Protocol):
         """The host store's snapshot in the spec's schema (``None``: not available)."""
         ...
 
+    def store_holds(self, key: bytes) -> bool:
+        """Whether the host store holds ``key`` (READY or STORING)."""
+        ...
+
     def close(self) -> None:
         """Release threads and memory."""
         ...
@@ -101,11 +125,16 @@ class DataPlane(Protocol):
 
 @dataclass(frozen=True, slots=True)
 class StepSample:
-    """One step of the timeline (``--plot``)."""
+    """One step of the timeline (``--plot``): the prompt tokens first served in the step by
+    each source (the ledger's figures, so their sums are the report's), the failed jobs it
+    reported, the bytes loaded so far and the host store's occupancy."""
 
     step: int
     hit_tokens: int
     loaded_tokens: int
+    computed_tokens: int
+    failed_loads: int
+    failed_stores: int
     bytes_loaded: int
     host_used: int
     host_capacity: int
@@ -123,6 +152,9 @@ class SimResult:
     prefill_tokens_computed: int = 0
     prefill_tokens_loaded: int = 0
     local_hit_tokens: int = 0
+    prompt_tokens_unserved: int = 0
+    served_again: dict[str, dict[str, int]] = field(default_factory=dict)
+    unaccounted_reads: int = 0
     continuation_turns: int = 0
     continuation_hits: int = 0
     continuation_hit_tokens: int = 0
@@ -133,7 +165,12 @@ class SimResult:
     load_jobs: int = 0
     store_jobs: int = 0
     failures_injected: int = 0
+    failed_loads: int = 0
+    failed_stores: int = 0
     failures_recovered: int = 0
+    recovered_loads: int = 0
+    recovered_stores: int = 0
+    failures_ended: int = 0
     tokens_discarded_by_recovery: int = 0
     blocks_verified: int = 0
     wrong_content_loads: int = 0
@@ -142,6 +179,13 @@ class SimResult:
     invariant_violations: int = 0
     violations: list[str] = field(default_factory=list)
     timeline: list[StepSample] = field(default_factory=list)
+
+    @property
+    def identity_holds(self) -> bool:
+        """Prompt tokens = first-time computed + loaded + GPU hit (+ those of requests that
+        ended before their prompt was served)."""
+        served = self.prefill_tokens_computed + self.prefill_tokens_loaded + self.local_hit_tokens
+        return self.prompt_tokens == served + self.prompt_tokens_unserved
 
     @property
     def hit_rate(self) -> float:
@@ -161,9 +205,19 @@ class _Live:
     previous_prompt_len: int | None  # the previous turn's prompt (a conversation turn)
     previous_total: int | None  # ... and its prompt plus answer
     trusted_end: int = 0  # positions [.., trusted_end) were written by its own forwards
-    claimed: bool = False
-    first_load: int = 0  # tokens its first admission's async load brings, until it resolves
-    failed_load: bool = False
+    admitted: bool = False  # its GPU hit since it last lost every position is counted
+    wrong: int = 0  # blocks it read or loaded that failed the content check
+
+
+@dataclass(frozen=True, slots=True)
+class _LoadJob:
+    """A load job in flight: the positions it brings, the ledger epoch it was issued in."""
+
+    job: TransferJob
+    lo: int
+    hi: int
+    epoch: int
+    wrong_before: int  # its request's wrong-content count when it was issued
 
 
 class Simulation:
@@ -197,14 +251,18 @@ class Simulation:
         self.max_steps = max_steps
         self.progress = progress
         self.result = SimResult(requests=len(self.trace))
+        self.ledger = TokenLedger()
+        self.watch = RecoveryWatch()
         self._pending = list(range(len(self.trace)))  # trace indices not yet arrived
         self._live: dict[RequestId, _Live] = {}
         self._conversations: dict[str, tuple[tuple[int, ...], int]] = {}  # tokens, prompt_len
         self._busy: set[str] = set()  # conversations with a turn in flight
-        self._load_jobs: dict[int, TransferJob] = {}
+        self._load_jobs: dict[int, _LoadJob] = {}
         self._store_jobs: set[int] = set()
-        self._failed_loads: list[RequestId] = []  # the request of each failed load job
-        self._failed_stores = 0
+        # Per request with a load being issued: the next position its jobs start from, the
+        # load's end, and the ledger epoch of its admission (jobs tile the load in id order).
+        self._load_cursor: dict[RequestId, tuple[int, int, int]] = {}
+        self._step_failed = (0, 0)  # failed (loads, stores) reported in this step
 
     # ----------------------------------------------------------------- the run
     def run(self) -> SimResult:
@@ -227,8 +285,12 @@ class Simulation:
             self._step(step)
         self.result.steps = step
         self.result.seconds = time.perf_counter() - start
-        stats = self.plane.stats()
+        self._finish_result()
+        return self.result
+
+    def _finish_result(self) -> None:
         r = self.result
+        stats = self.plane.stats()
         r.bytes_loaded, r.bytes_stored = stats.bytes_loaded, stats.bytes_stored
         r.load_seconds, r.store_seconds = stats.load_seconds, stats.store_seconds
         r.failures_injected = stats.failures_injected
@@ -239,13 +301,38 @@ class Simulation:
         for req in self.scheduler.requests.values():
             name = req.status.value
             r.finished[name] = r.finished.get(name, 0) + 1
-        # A failed store is recovered when its entry was dropped, never served (content checks
-        # would show it); a failed load when its request still finished normally.
-        done = (RequestStatus.FINISHED_LENGTH, RequestStatus.FINISHED_STOPPED)
-        r.failures_recovered = self._failed_stores + sum(
-            1 for rid in self._failed_loads if self.scheduler.requests[rid].status in done
+        ledger = self.ledger
+        r.prefill_tokens_computed = ledger.first[Source.COMPUTED]
+        r.prefill_tokens_loaded = ledger.first[Source.LOADED]
+        r.local_hit_tokens = ledger.first[Source.HIT]
+        r.prompt_tokens_unserved = ledger.unserved_ended
+        r.unaccounted_reads = ledger.unaccounted_reads
+        r.served_again = {
+            cause.value: {source.value: ledger.again[(cause, source)] for source in Source}
+            for cause in Cause
+        }
+        self._continuations()
+        outcome = self.watch.outcome(
+            lambda rid: self._live[rid].wrong,
+            lambda rid: self.scheduler.requests[rid].status in _ENDED,
         )
-        return r
+        r.failed_loads, r.failed_stores = outcome.failed_loads, outcome.failed_stores
+        r.recovered_loads, r.recovered_stores = outcome.recovered_loads, outcome.recovered_stores
+        r.failures_recovered, r.failures_ended = outcome.recovered, outcome.ended
+
+    def _continuations(self) -> None:
+        """Answer tokens of a conversation's previous turn first served from a cache."""
+        r = self.result
+        for rid, live in self._live.items():
+            if live.previous_prompt_len is None or live.previous_total is None:
+                continue
+            r.continuation_turns += 1
+            past = self.ledger.first_served_by_cache(
+                rid, live.previous_prompt_len, live.previous_total
+            )
+            if past > 0:
+                r.continuation_hits += 1
+                r.continuation_hit_tokens += past
 
     def _has_work(self) -> bool:
         if self._pending:
@@ -255,38 +342,52 @@ class Simulation:
         return unfinished or bool(s.loads or s.parked or s.holds)
 
     def _step(self, step: int) -> None:
+        first_before = dict(self.ledger.first)
+        self._step_failed = (0, 0)
         self._arrive(step)
         output = self.scheduler.schedule()
-        meta = output.meta
-        for job in meta.load_jobs:
-            self._load_jobs[job.job_id] = job
-        self._store_jobs.update(job.job_id for job in meta.store_jobs)
-        self.result.load_jobs += len(meta.load_jobs)
-        self.result.store_jobs += len(meta.store_jobs)
-        self.plane.bind_connector_metadata(meta)
+        self._schedule_losses(output)
+        self._admissions(output)
+        self._take_jobs(output.meta)
+        self.plane.bind_connector_metadata(output.meta)
         self.plane.start_load_kv()
         for scheduled in output.scheduled:
             self._forward(scheduled)
         self.plane.wait_for_save()
         kv_output = self.plane.get_transfer_results()
         failures = failure_reports(self.scheduler, self.plane.get_block_ids_with_load_errors())
-        self._verify_loads(kv_output)
-        hit_tokens, loaded_tokens = self._admissions(output)
+        self._job_results(kv_output)
+        self._account_forwards(output.scheduled)
         sampled = self._sample(output.scheduled)
         before = {rid for rid, r in self.scheduler.requests.items() if r.status.is_finished}
         self.scheduler.update_from_output(output, sampled, kv_output, failures)
-        self._settle_first_loads(output.abandoned_ids, kv_output)
+        self._recovery_losses()
+        self.watch.check_gone(self.plane.store_holds)
         self._after_update(before)
         if self.check:
             self._check_invariants(step)
-        stats = self.plane.stats()
-        used, capacity = self.plane.store_occupancy()
-        self.result.timeline.append(
-            StepSample(step, hit_tokens, loaded_tokens, stats.bytes_loaded, used, capacity)
-        )
+        self._sample_timeline(step, first_before)
         if self.progress is not None:
             done = sum(1 for r in self.scheduler.requests.values() if r.status.is_finished)
             self.progress(done, len(self.trace))
+
+    def _sample_timeline(self, step: int, first_before: Mapping[Source, int]) -> None:
+        first = self.ledger.first
+        new = {s: first[s] - first_before.get(s, 0) for s in Source}
+        stats = self.plane.stats()
+        used, capacity = self.plane.store_occupancy()
+        self.result.timeline.append(
+            StepSample(
+                step,
+                new[Source.HIT],
+                new[Source.LOADED],
+                new[Source.COMPUTED],
+                *self._step_failed,
+                stats.bytes_loaded,
+                used,
+                capacity,
+            )
+        )
 
     # ----------------------------------------------------------------- arrivals
     def _arrive(self, step: int) -> None:
@@ -327,7 +428,85 @@ class Simulation:
         self.scheduler.add_request(
             Request(rid, tokens, item.max_tokens, cache_salt=item.cache_salt, arrival_step=0)
         )
+        self.ledger.add(rid, len(tokens))
         self.result.prompt_tokens += len(tokens)
+
+    # ----------------------------------------------------------------- the ledger's events
+    def _schedule_losses(self, output: SchedulerOutput) -> None:
+        """A preempted request lost every block; an abandoned load's request restarts from 0."""
+        for rid in sorted(output.preempted_ids):
+            self._lose(rid, 0, Cause.PREEMPTION)
+        for rid in sorted(output.abandoned_ids):
+            self._lose(rid, 0, Cause.FAILURE)
+
+    def _recovery_losses(self) -> None:
+        """A recovery truncated its request (a failed load, or a block it read was invalid)."""
+        for record in self.scheduler.recoveries:
+            self._lose(record.request_id, record.truncated_to, Cause.FAILURE)
+
+    def _lose(self, rid: RequestId, keep: int, cause: Cause) -> None:
+        self.ledger.lose(rid, keep, cause)
+        self._load_cursor.pop(rid, None)
+        if keep == 0:
+            self._live[rid].admitted = False  # its next admission finds a new GPU hit
+
+    def _admissions(self, output: SchedulerOutput) -> None:
+        """The GPU prefix hit of each admission, and the positions its load will bring.
+
+        An async admission's hit is the scheduler's load record (its local tokens); a
+        scheduled one's is where its first chunk starts, less what a sync load brings. An
+        admission the connector was not asked about (a load still parked, D7) hits up to where
+        it starts (:meth:`_account_forwards`).
+        """
+        starts = {s.request.request_id: s.num_computed_tokens for s in output.scheduled}
+        for claim in output.claims:
+            rid = claim.request_id
+            if claim.outcome is ClaimOutcome.WAITING_FOR_REMOTE_KVS:
+                load = self.scheduler.loads[rid]
+                hit, end = load.num_local_tokens, load.claim_end
+            elif claim.outcome is ClaimOutcome.SCHEDULED:
+                end = starts[rid]
+                hit = end - claim.accepted
+            else:
+                continue
+            self._serve(rid, Source.HIT, 0, hit)
+            self._live[rid].admitted = True
+            if end > hit:
+                self._load_cursor[rid] = (hit, end, self.ledger.epoch(rid))
+
+    def _take_jobs(self, meta: ConnectorMeta) -> None:
+        """Follow the step's jobs: each load job brings the positions from where the previous
+        job of its load ended to its last item's end (the jobs of a load tile it in id order)."""
+        for job in sorted(meta.load_jobs, key=lambda j: j.job_id):
+            rid = job.request_id
+            lo, end, epoch = self._load_cursor.get(rid, (0, 0, -1))
+            hi = min(end, max(item.end_token for item in job.items))
+            self._load_jobs[job.job_id] = _LoadJob(job, lo, hi, epoch, self._live[rid].wrong)
+            self._load_cursor[rid] = (hi, end, epoch)
+            self.watch.load_issued(item.key for item in job.items)
+        for job in meta.store_jobs:
+            self._store_jobs.add(job.job_id)
+            self.watch.store_issued(job.job_id, (item.key for item in job.items))
+        self.result.load_jobs += len(meta.load_jobs)
+        self.result.store_jobs += len(meta.store_jobs)
+
+    def _account_forwards(self, scheduled: Iterable[ScheduledRequest]) -> None:
+        """Each forward reads ``[0, start)`` (every position must be in place) and computes
+        ``[start, end)``."""
+        for s in scheduled:
+            rid = s.request.request_id
+            start = s.num_computed_tokens
+            live = self._live[rid]
+            if not live.admitted:
+                self._serve(rid, Source.HIT, 0, start)  # admitted without a claim
+                live.admitted = True
+            self.ledger.read(rid, start)
+            self._serve(rid, Source.COMPUTED, start, start + s.num_scheduled_tokens)
+
+    def _serve(self, rid: RequestId, source: Source, lo: int, hi: int) -> None:
+        if lo < hi:
+            self.ledger.serve(rid, source, lo, hi)
+            self.watch.served(rid, lo, hi)
 
     # ----------------------------------------------------------------- the forward
     def _forward(self, scheduled: ScheduledRequest) -> None:
@@ -340,8 +519,6 @@ class Simulation:
             live.hashes.extend(tokens[len(live.hashes) :])
         if start > 0 and (self.check or start != live.trusted_end):
             self._verify_reads(scheduled, live, start)
-        prompt = live.prompt_len
-        self.result.prefill_tokens_computed += max(0, min(end, prompt) - min(start, prompt))
         for g, group in enumerate(self.config.groups):
             table = scheduled.block_ids[g]
             if group.kind is GroupKind.MAMBA:
@@ -354,6 +531,7 @@ class Simulation:
 
     def _verify_reads(self, scheduled: ScheduledRequest, live: _Live, start: int) -> None:
         """Check every block the forward from ``start`` reads (DATA-1 on real bytes)."""
+        wrong = 0
         for g, group in enumerate(self.config.groups):
             table = scheduled.block_ids[g]
             size = group.block_size
@@ -362,32 +540,48 @@ class Simulation:
                 block = table[slot] if slot < len(table) else 0
                 self.result.blocks_verified += 1
                 if not block or not self.codec.check_state(g, block, live.hashes, start):
-                    self.result.wrong_content_reads += 1
+                    wrong += 1
                 continue
             low = _window_low(group, start)
             self.result.blocks_verified += cdiv(start, size) - low // size
-            self.result.wrong_content_reads += self.codec.check_rows(
-                g, table, live.hashes, low, start
-            )
+            wrong += self.codec.check_rows(g, table, live.hashes, low, start)
+        self.result.wrong_content_reads += wrong
+        live.wrong += wrong
 
-    def _verify_loads(self, kv_output: KVConnectorOutput) -> None:
-        """Each block a successful load wrote must hold what recomputation would write."""
+    def _job_results(self, kv_output: KVConnectorOutput) -> None:
+        """Fold the reported jobs: a store's outcome, a load's content check, and what each
+        load brought to its request (served when it lands, unless the request lost the load
+        since it was issued or has finished)."""
+        failed_loads = failed_stores = 0
         for result in kv_output.completed_jobs:
             if result.job_id in self._store_jobs:
                 self._store_jobs.discard(result.job_id)
-                self._failed_stores += not result.success
+                self.watch.store_reported(result.job_id, success=result.success)
+                failed_stores += not result.success
                 continue
-            job = self._load_jobs.pop(result.job_id, None)
-            if job is None:
+            entry = self._load_jobs.pop(result.job_id, None)
+            if entry is None:
                 continue
+            rid = entry.job.request_id
+            live = self._live[rid]
             if not result.success:
-                self._failed_loads.append(job.request_id)
+                failed_loads += 1
+                missing = self.ledger.missing(rid, entry.lo, entry.hi)
+                self.watch.load_failed(rid, entry.lo, missing, entry.wrong_before)
                 continue
-            live = self._live[job.request_id]
-            for item in job.items:
-                self.result.blocks_verified += 1
-                if not self._unit_holds(live, item.group_idx, item.block_id, item.end_token):
-                    self.result.wrong_content_loads += 1
+            self._verify_load(entry.job, live)
+            current = entry.epoch == self.ledger.epoch(rid)
+            if current and not self.scheduler.requests[rid].status.is_finished:
+                self._serve(rid, Source.LOADED, entry.lo, entry.hi)
+        self._step_failed = (failed_loads, failed_stores)
+
+    def _verify_load(self, job: TransferJob, live: _Live) -> None:
+        """Each block a successful load wrote must hold what recomputation would write."""
+        for item in job.items:
+            self.result.blocks_verified += 1
+            if not self._unit_holds(live, item.group_idx, item.block_id, item.end_token):
+                self.result.wrong_content_loads += 1
+                live.wrong += 1
 
     def _unit_holds(self, live: _Live, g: int, block: int, end: int) -> bool:
         group = self.config.groups[g]
@@ -410,53 +604,14 @@ class Simulation:
                 sampled[rid] = (end * 2_654_435_761 + index * 40_503) % _VOCAB
         return sampled
 
-    def _admissions(self, output: Any) -> tuple[int, int]:
-        """Hit tokens of this step's admissions: the local prefix hit and the claimed load."""
-        hits = loaded = 0
-        for claim in output.claims:
-            if claim.outcome not in (ClaimOutcome.SCHEDULED, ClaimOutcome.WAITING_FOR_REMOTE_KVS):
-                continue
-            live = self._live[claim.request_id]
-            if live.claimed:
-                continue  # a re-ask after recovery: the first admission is what a user saw
-            live.claimed = True
-            hits += claim.num_computed_tokens
-            loaded += claim.accepted
-            self.result.local_hit_tokens += claim.num_computed_tokens
-            self.result.prefill_tokens_loaded += claim.accepted
-            if claim.outcome is ClaimOutcome.WAITING_FOR_REMOTE_KVS:
-                live.first_load = claim.accepted  # counted; taken back if the load is lost
-            if live.previous_prompt_len is not None and live.previous_total is not None:
-                self.result.continuation_turns += 1
-                reach = claim.num_computed_tokens + claim.accepted
-                past = min(reach, live.previous_total) - live.previous_prompt_len
-                if past > 0:
-                    self.result.continuation_hits += 1
-                    self.result.continuation_hit_tokens += past
-        return hits + loaded, loaded
-
-    def _settle_first_loads(
-        self, abandoned: frozenset[RequestId], kv_output: KVConnectorOutput
-    ) -> None:
-        """Take back what a request's first load lost: all of it past its deadline, the
-        recovered part when it failed; a first load that landed whole keeps its tokens."""
-        lost: dict[RequestId, int] = {rid: self._live[rid].first_load for rid in abandoned}
-        for record in self.scheduler.recoveries:
-            live = self._live[record.request_id]
-            if live.first_load:
-                lost[record.request_id] = min(live.first_load, max(0, record.discarded))
-        for rid in kv_output.finished_recving:
-            lost.setdefault(rid, 0)
-        for rid, tokens in lost.items():
-            if self._live[rid].first_load:
-                self.result.prefill_tokens_loaded -= tokens
-                self._live[rid].first_load = 0
-
     def _after_update(self, before: set[RequestId]) -> None:
         for rid, request in self.scheduler.requests.items():
             if rid in before or not request.status.is_finished:
                 continue
             live = self._live[rid]
+            self._load_cursor.pop(rid, None)
+            if request.status in _ENDED:
+                self.ledger.ended(rid)
             if live.conversation is not None:
                 self._busy.discard(live.conversation)
                 self._conversations[live.conversation] = (request.token_ids, live.prompt_len)

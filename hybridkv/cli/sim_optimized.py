@@ -30,7 +30,7 @@ from hybridkv.errors import HybridKVConfigError
 from hybridkv.hostmem import HostMemory, PinMode
 from hybridkv.kinds import GroupKind
 from hybridkv.sim.faults import FaultPlan
-from hybridkv.store import HostStore
+from hybridkv.store import HostStore, LookupResult
 from hybridkv.transfer import CpuTransferEngine, TransferEngine
 from spec.connector_api import ConnectorMeta, KVConnectorOutput, RequestId
 
@@ -92,6 +92,10 @@ class OptimizedPlane:
     def store_snapshot(self) -> Mapping[str, Any]:
         """The optimized store's snapshot (the spec's ST-* schema)."""
         return self.store.snapshot()
+
+    def store_holds(self, key: bytes) -> bool:
+        """Whether the store holds ``key``, READY or STORING (not MISS)."""
+        return self.store.status(key) is not LookupResult.MISS
 
     def close(self) -> None:
         """Stop the engine and release host memory."""

@@ -31,7 +31,7 @@ from spec.connector_api import (
     RequestId,
     TransferJob,
 )
-from spec.store import EventKind
+from spec.store import EventKind, LookupResult
 
 __all__ = ["PlaneCounts", "ReferencePlane"]
 
@@ -139,6 +139,10 @@ class ReferencePlane:
     def store_snapshot(self) -> Mapping[str, Any]:
         """The reference store's snapshot (the ST-* schema)."""
         return self.connector.store.snapshot()
+
+    def store_holds(self, key: bytes) -> bool:
+        """Whether the store holds ``key``, READY or STORING (not MISS)."""
+        return self.connector.store.status(key) is not LookupResult.MISS
 
     def close(self) -> None:
         """Stop the engine's thread and release host memory."""

@@ -254,6 +254,16 @@ def _gbps(nbytes: int, seconds: float) -> float:
     return round(nbytes / seconds / 1e9, 3) if seconds > 0 else 0.0
 
 
+def _verdict(r: SimResult) -> str:
+    """pass: no wrong content, no broken invariant, the token identity holds, every read was
+    served by a counted event, and every injected failure was observed to recover (or its
+    request ended by design)."""
+    wrong = r.wrong_content_loads + r.wrong_content_reads
+    recovered = r.failures_recovered + r.failures_ended == r.failures_injected
+    clean = wrong == 0 and r.invariant_violations == 0 and r.unaccounted_reads == 0
+    return "pass" if clean and r.identity_holds and recovered else "fail"
+
+
 def _report(  # noqa: PLR0917 - the report reads every part of the run
     options: SimOptions,
     source: str,
@@ -262,10 +272,10 @@ def _report(  # noqa: PLR0917 - the report reads every part of the run
     slot_bytes: int,
     r: SimResult,
 ) -> dict[str, Any]:
-    wrong = r.wrong_content_loads + r.wrong_content_reads
-    verdict = "pass" if wrong == 0 and r.invariant_violations == 0 else "fail"
+    from hybridkv.cli.simulate import SCHEMA_VERSION
+
     return {
-        "schema_version": 1,
+        "schema_version": SCHEMA_VERSION,
         "setup": {
             "model": source,
             "groups": list(setup.group_kinds),
@@ -293,6 +303,10 @@ def _report(  # noqa: PLR0917 - the report reads every part of the run
         "prefill_tokens_computed": r.prefill_tokens_computed,
         "prefill_tokens_loaded": r.prefill_tokens_loaded,
         "local_hit_tokens": r.local_hit_tokens,
+        "prompt_tokens_unserved": r.prompt_tokens_unserved,
+        "identity_holds": r.identity_holds,
+        "served_again": r.served_again,
+        "unaccounted_reads": r.unaccounted_reads,
         "hit_rate": round(r.hit_rate, 4),
         "continuation_turns": r.continuation_turns,
         "continuation_hits": r.continuation_hits,
@@ -304,7 +318,12 @@ def _report(  # noqa: PLR0917 - the report reads every part of the run
         "load_gbps": _gbps(r.bytes_loaded, r.load_seconds),
         "store_gbps": _gbps(r.bytes_stored, r.store_seconds),
         "failures_injected": r.failures_injected,
+        "failed_loads": r.failed_loads,
+        "failed_stores": r.failed_stores,
         "failures_recovered": r.failures_recovered,
+        "recovered_loads": r.recovered_loads,
+        "recovered_stores": r.recovered_stores,
+        "failures_ended": r.failures_ended,
         "tokens_discarded_by_recovery": r.tokens_discarded_by_recovery,
         "blocks_verified": r.blocks_verified,
         "wrong_content_loads": r.wrong_content_loads,
@@ -312,12 +331,15 @@ def _report(  # noqa: PLR0917 - the report reads every part of the run
         "invariant_checks": r.invariant_checks,
         "invariant_violations": r.invariant_violations,
         "violations": r.violations[:20],
-        "verdict": verdict,
+        "verdict": _verdict(r),
         "timeline": [
             {
                 "step": s.step,
                 "hit_tokens": s.hit_tokens,
                 "loaded_tokens": s.loaded_tokens,
+                "computed_tokens": s.computed_tokens,
+                "failed_loads": s.failed_loads,
+                "failed_stores": s.failed_stores,
                 "bytes_loaded": s.bytes_loaded,
                 "host_used": s.host_used,
                 "host_capacity": s.host_capacity,

@@ -25,7 +25,7 @@ from hybridkv.errors import HybridKVConfigError
 
 __all__ = ["SCHEMA_VERSION", "add_parser", "parse_bytes", "run"]
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: first-time token identity, served_again, observed recovery
 
 _UNITS = {
     "": 1,

@@ -106,7 +106,13 @@ def test_human_output_and_plot(tmp_path: Path, capsys: pytest.CaptureFixture[str
     plot = tmp_path / "run.png"
     assert main([*SMALL, "--plot", str(plot)]) == 0
     out = capsys.readouterr().out
-    for phrase in ("prefill tokens computed", "wrong-content loads", "GB/s", "verdict: pass"):
+    for phrase in (
+        "computed (first time)",
+        "(holds)",
+        "wrong-content loads",
+        "GB/s",
+        "verdict: pass",
+    ):
         assert phrase in out
     assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
