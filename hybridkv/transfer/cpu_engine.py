@@ -18,7 +18,7 @@ from hybridkv.errors import HybridKVConfigError
 from hybridkv.hostmem import HostMemory
 from hybridkv.transfer._jobs import JobBook
 from hybridkv.transfer.api import Direction, FinishedJob, JobId, TransferEngine, TransferPair
-from hybridkv.transfer.plan import CopyRun, check_fits, plan_copies
+from hybridkv.transfer.plan import CopyPlanner, CopyRun, check_fits
 
 __all__ = ["CpuTransferEngine", "FaultHook"]
 
@@ -41,6 +41,7 @@ class CpuTransferEngine(TransferEngine):
         self._host = host
         self._host_i8 = host.tensor.view(torch.int8)  # same dtype as the canonical views
         self._device_flat = [t.flat for t in caches.tensors]
+        self._planner = CopyPlanner(caches, host.num_slots, host.slot_bytes)
         self._fault_hook = fault_hook
         self._book = JobBook()
         self._queue: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
@@ -51,9 +52,7 @@ class CpuTransferEngine(TransferEngine):
     def submit(self, direction: Direction, pairs: Sequence[TransferPair]) -> JobId:
         if self._closed:
             raise HybridKVConfigError("engine", "closed", "submit after close", "open a new engine")
-        runs = plan_copies(
-            self._caches, self._host.num_slots, self._host.slot_bytes, direction, pairs
-        )
+        runs = self._planner.plan(direction, pairs).runs()
         job = self._book.new_id()
         self._queue.put((job, direction, runs))
         return job
