@@ -6,11 +6,18 @@ Ordering (why each step is there):
   current (compute) stream. A store therefore reads its GPU source only after the compute
   that wrote it (vLLM #39306: relaxing this is unsafe for stores); a load overwrites its GPU
   blocks only after compute already queued that may still read their previous content.
-- Loads and stores run on two streams, so the directions overlap each other and the compute;
-  within a direction jobs run in submission order (one stream each).
-- Runs are coalesced by :mod:`hybridkv.transfer.plan`, then submitted in one
-  ``cuMemcpyBatchAsync`` call when the driver has it, else one ``cudaMemcpyAsync``
+- Loads and stores run on two dedicated non-blocking streams (created through the driver, not
+  drawn from torch's stream pool, whose streams vLLM's own side streams may alias), so the
+  directions overlap each other and the compute; within a direction jobs run in submission
+  order (one stream each).
+- Runs are planned as arrays and coalesced by :mod:`hybridkv.transfer.plan` (never across two
+  host registrations), then submitted in one ``cuMemcpyBatchAsync`` call that reads the
+  descriptor tensor in place when the driver has it, else one ``cudaMemcpyAsync``
   (``copy_(non_blocking=True)``) per run.
+- ``submit`` issues under the engine's device (the calling thread's current device may be
+  another GPU) and under the engine's lock: the job id, the copies' place in the stream and
+  the job's place in the in-flight list are one step, so a ``wait`` on another thread always
+  finds the job, and the list's order is the stream's.
 - Completion is an event recorded after the copies; ``poll`` queries events in order, ``wait``
   synchronises them. An exception while issuing, or a CUDA error seen on the event, finishes
   the job as failed; a failed job still waits for its event, so nothing reuses a destination
@@ -31,6 +38,7 @@ from typing import Any
 
 import torch
 
+from hybridkv import cuda_driver
 from hybridkv.canonical import CanonicalCaches
 from hybridkv.errors import HybridKVConfigError
 from hybridkv.hostmem import HostMemory
@@ -43,7 +51,7 @@ from hybridkv.transfer.cuda_batch import (
     BatchCopier,
     resolve_batch_copier,
 )
-from hybridkv.transfer.plan import CopyRun, check_fits, plan_copies
+from hybridkv.transfer.plan import CopyPlan, CopyPlanner, check_fits
 
 __all__ = ["BatchMode", "CudaTransferEngine"]
 
@@ -66,7 +74,14 @@ class _InFlight:
 
 
 class CudaTransferEngine(TransferEngine):
-    """Moves blocks between canonical caches on a CUDA device and (pinned) host memory."""
+    """Moves blocks between canonical caches on a CUDA device and (pinned) host memory.
+
+    ``batch_chunk``: descriptors per cuMemcpyBatchAsync call. The driver takes about 0.8 us per
+    descriptor before it returns (measured on an H100, docs/benchmarks): one call for a whole
+    job would keep the copy engines idle that long, chunks let copying overlap submission.
+    """
+
+    batch_chunk = 512
 
     def __init__(
         self,
@@ -96,10 +111,21 @@ class CudaTransferEngine(TransferEngine):
         self._caches = caches
         self._host = host
         self._host_i8 = host.tensor.view(torch.int8)
+        self._planner = CopyPlanner(caches, host.num_slots, host.slot_bytes, host.region_bytes)
+        self._flats = [t.flat for t in caches.tensors]
+        self._flat_ptrs = torch.tensor([f.data_ptr() for f in self._flats], dtype=torch.int64)
         self._copier: BatchCopier | None = copier
+        self._orders = {Direction.STORE: SRC_ORDER_STREAM, Direction.LOAD: SRC_ORDER_ANY}
         self._fault_hook = fault_hook
         self._device = caches.device
-        self._streams = {d: _stream(self._device) for d in Direction}
+        index = caches.device.index
+        self._device_index: int = torch.cuda.current_device() if index is None else index
+        self._stream_handles = {
+            d: cuda_driver.nonblocking_stream(self._device_index) for d in Direction
+        }
+        self._streams = {
+            d: _external_stream(h, self._device_index) for d, h in self._stream_handles.items()
+        }
         self._in_flight: dict[Direction, deque[_InFlight]] = {d: deque() for d in Direction}
         self._lock = threading.Lock()
         self._book = JobBook()
@@ -113,29 +139,34 @@ class CudaTransferEngine(TransferEngine):
     def submit(self, direction: Direction, pairs: Sequence[TransferPair]) -> JobId:
         if self._closed:
             raise HybridKVConfigError("engine", "closed", "submit after close", "open a new engine")
-        runs = plan_copies(
-            self._caches, self._host.num_slots, self._host.slot_bytes, direction, pairs
-        )
-        job = self._book.new_id()
+        plan = self._planner.plan(direction, pairs)
+        with self._lock, torch.cuda.device(self._device_index):
+            job = self._book.new_id()
+            flight = self._enqueue(job, direction, plan)
+            if flight is None:  # the context is unusable: nothing more will run, fail now
+                self._book.finish(job, False)
+            else:
+                self._in_flight[direction].append(flight)
+        return job
+
+    def _enqueue(self, job: JobId, direction: Direction, plan: CopyPlan) -> _InFlight | None:
+        """Queue the job behind the compute and mark its end; None if no event could be."""
         stream = self._streams[direction]
         keep: object = None
         try:
             ready = _event()
             ready.record(torch.cuda.current_stream(self._device))
             stream.wait_event(ready)
-            keep = self._issue(job, direction, runs, stream)
+            keep = self._issue(job, direction, plan, stream)
             issued = True
         except Exception:  # the job fails; its event still orders the copies already queued
             issued = False
         try:
             done = _event()
             done.record(stream)
-        except Exception:  # the context is unusable: nothing more will run, fail now
-            self._book.finish(job, False)
-            return job
-        with self._lock:
-            self._in_flight[direction].append(_InFlight(job, done, issued, keep))
-        return job
+        except Exception:
+            return None
+        return _InFlight(job, done, issued, keep)
 
     def poll(self) -> list[FinishedJob]:
         self._collect()
@@ -159,23 +190,28 @@ class CudaTransferEngine(TransferEngine):
             with contextlib.suppress(Exception):  # failures are reported by _collect
                 stream.synchronize()
         self._collect()
+        for handle in self._stream_handles.values():
+            with contextlib.suppress(OSError, cuda_driver.CudaDriverError):
+                cuda_driver.destroy_stream(handle, self._device_index)
 
-    def _issue(self, job: JobId, direction: Direction, runs: list[CopyRun], stream: Any) -> object:
+    def _issue(self, job: JobId, direction: Direction, plan: CopyPlan, stream: Any) -> object:
         """Queue the job's copies on ``stream``; return what must outlive them."""
         if self._fault_hook is not None:
-            for i in range(len(runs)):
+            for i in range(len(plan)):
                 self._fault_hook(job, direction, i)
-        flats = [t.flat for t in self._caches.tensors]
         if self._copier is not None:
-            dev = [flats[r.tensor].data_ptr() + r.device_offset for r in runs]
-            hst = [self._host_i8.data_ptr() + r.host_offset for r in runs]
-            sizes = [r.nbytes for r in runs]
+            dev = self._flat_ptrs[plan.tensor] + plan.device_offset
+            hst = plan.host_offset + self._host_i8.data_ptr()
             if direction is Direction.STORE:
-                return self._copier.copy(hst, dev, sizes, stream.cuda_stream, SRC_ORDER_STREAM)
-            return self._copier.copy(dev, hst, sizes, stream.cuda_stream, SRC_ORDER_ANY)
+                desc = torch.stack((hst, dev, plan.nbytes))
+            else:
+                desc = torch.stack((dev, hst, plan.nbytes))
+            return self._copier.copy(
+                desc, stream.cuda_stream, self._orders[direction], self.batch_chunk
+            )
         with torch.cuda.stream(stream):
-            for r in runs:
-                d = flats[r.tensor][r.device_offset : r.device_offset + r.nbytes]
+            for r in plan.runs():
+                d = self._flats[r.tensor][r.device_offset : r.device_offset + r.nbytes]
                 h = self._host_i8[r.host_offset : r.host_offset + r.nbytes]
                 if direction is Direction.STORE:
                     h.copy_(d, non_blocking=True)
@@ -207,5 +243,6 @@ def _query(event: Any) -> bool:
     return bool(event.query())
 
 
-def _stream(device: torch.device) -> Any:
-    return torch.cuda.Stream(device=device)  # type: ignore[no-untyped-call]
+def _external_stream(handle: int, device: int) -> Any:
+    """torch's view of a stream the engine created (and destroys at close)."""
+    return torch.cuda.ExternalStream(handle, device=device)  # type: ignore[no-untyped-call]
