@@ -23,13 +23,16 @@ from typing import Any
 __all__ = [
     "CudaDriverError",
     "destroy_stream",
+    "host_device_pointer",
     "host_register",
     "host_unregister",
     "library",
     "nonblocking_stream",
 ]
 
-_PORTABLE = 0x01  # CU_MEMHOSTREGISTER_PORTABLE: pinned for every context, not just one
+# CU_MEMHOSTREGISTER_PORTABLE | CU_MEMHOSTREGISTER_DEVICEMAP: pinned for every context and
+# mapped into the device address space (at the same address, under unified addressing).
+_REGISTER_FLAGS = 0x01 | 0x02
 _NON_BLOCKING = 0x01  # CU_STREAM_NON_BLOCKING: no implicit sync with the legacy stream
 
 
@@ -51,12 +54,12 @@ def library() -> Any:
 
 
 def host_register(ptr: int, size: int, device: int) -> None:
-    """Pin ``size`` bytes at ``ptr`` for every context (raises CudaDriverError)."""
+    """Pin and map ``size`` bytes at ``ptr`` for every context (raises CudaDriverError)."""
     lib = library()
     # The registration keeps a reference on the context it lives in (released on unregister),
     # so it outlives a context torch has not retained yet.
     with _primary_context(device, keep=True) as dev:
-        err = lib.cuMemHostRegister_v2(ctypes.c_void_p(ptr), ctypes.c_size_t(size), _PORTABLE)
+        err = lib.cuMemHostRegister_v2(ctypes.c_void_p(ptr), ctypes.c_size_t(size), _REGISTER_FLAGS)
         if err != 0:
             lib.cuDevicePrimaryCtxRelease_v2(dev)
     _check(lib, "cuMemHostRegister", err)
@@ -70,6 +73,16 @@ def host_unregister(ptr: int, device: int) -> None:
         if err == 0:
             lib.cuDevicePrimaryCtxRelease_v2(dev)  # the reference host_register kept
     _check(lib, "cuMemHostUnregister", err)
+
+
+def host_device_pointer(ptr: int, device: int) -> int:
+    """The device address of registered host memory at ``ptr`` (raises CudaDriverError)."""
+    lib = library()
+    out = ctypes.c_uint64(0)
+    with _primary_context(device):
+        err = lib.cuMemHostGetDevicePointer_v2(ctypes.byref(out), ctypes.c_void_p(ptr), 0)
+    _check(lib, "cuMemHostGetDevicePointer", err)
+    return int(out.value)
 
 
 def nonblocking_stream(device: int) -> int:

@@ -10,10 +10,13 @@ Ordering (why each step is there):
   drawn from torch's stream pool, whose streams vLLM's own side streams may alias), so the
   directions overlap each other and the compute; within a direction jobs run in submission
   order (one stream each).
-- Runs are planned as arrays and coalesced by :mod:`hybridkv.transfer.plan` (never across two
-  host registrations), then submitted in one ``cuMemcpyBatchAsync`` call that reads the
-  descriptor tensor in place when the driver has it, else one ``cudaMemcpyAsync``
-  (``copy_(non_blocking=True)``) per run.
+- Pairs are validated into an int64 table by :mod:`hybridkv.transfer.plan`. A job then moves
+  by DMA or by index kernels (``CopyMethod``; AUTO picks per job from a cost model measured on
+  an H100). DMA: runs coalesced as arrays (never across two host registrations), submitted by
+  ``cuMemcpyBatchAsync`` reading the descriptor tensor in place, in chunks, when the driver
+  has it, else one ``cudaMemcpyAsync`` (``copy_(non_blocking=True)``) per run. Kernels: two
+  index kernels per template run over host memory mapped into the device
+  (:mod:`hybridkv.transfer.cuda_kernels`); they use SMs, DMA does not.
 - ``submit`` issues under the engine's device (the calling thread's current device may be
   another GPU) and under the engine's lock: the job id, the copies' place in the stream and
   the job's place in the in-flight list are one step, so a ``wait`` on another thread always
@@ -51,9 +54,33 @@ from hybridkv.transfer.cuda_batch import (
     BatchCopier,
     resolve_batch_copier,
 )
-from hybridkv.transfer.plan import CopyPlan, CopyPlanner, check_fits
+from hybridkv.transfer.cuda_kernels import KernelCopier
+from hybridkv.transfer.plan import CopyPlanner, check_fits
 
-__all__ = ["BatchMode", "CudaTransferEngine"]
+__all__ = ["BatchMode", "CopyMethod", "CudaTransferEngine"]
+
+
+class CopyMethod(Enum):
+    """How a job's bytes move. ``DMA``: copy-engine descriptors (batched per ``BatchMode``).
+    ``KERNEL``: index kernels over mapped host memory (:mod:`cuda_kernels`). ``AUTO``: per
+    job, whichever the cost model below says is cheaper."""
+
+    AUTO = "auto"
+    DMA = "dma"
+    KERNEL = "kernel"
+
+
+# Cost model of AUTO, in microseconds, from tools/bench_gpu_transfer.py on an H100 (PCIe 5,
+# docs/benchmarks). DMA: the driver takes about 0.8 us per batched descriptor on the submitting
+# thread, then the copy engines move about 53 GB/s; the two add up (measured: 64 KB scattered
+# blocks take the sum). Kernels: about 5 us per launch, then about 46 GB/s. Decided on the
+# uncoalesced run count (an upper bound: coalescing only merges), so a kernel job never pays
+# for coalescing.
+_US_PER_DESCRIPTOR = 0.8
+_US_PER_RUN_COPY = 10.0  # one cudaMemcpyAsync per run, when the driver cannot batch
+_US_PER_LAUNCH = 5.0
+_DMA_BYTES_PER_US = 53_000.0
+_KERNEL_BYTES_PER_US = 46_000.0
 
 
 class BatchMode(Enum):
@@ -77,8 +104,9 @@ class CudaTransferEngine(TransferEngine):
     """Moves blocks between canonical caches on a CUDA device and (pinned) host memory.
 
     ``batch_chunk``: descriptors per cuMemcpyBatchAsync call. The driver takes about 0.8 us per
-    descriptor before it returns (measured on an H100, docs/benchmarks): one call for a whole
-    job would keep the copy engines idle that long, chunks let copying overlap submission.
+    descriptor before it returns (measured on an H100, docs/benchmarks); one call for 32,768
+    scattered 32 KB blocks moved 18.1 GB/s, calls of 512 descriptors 23.2 GB/s (64 to 2,048
+    measured within 7% of that).
     """
 
     batch_chunk = 512
@@ -89,6 +117,7 @@ class CudaTransferEngine(TransferEngine):
         host: HostMemory,
         batch: BatchMode = BatchMode.AUTO,
         fault_hook: FaultHook | None = None,
+        method: CopyMethod = CopyMethod.AUTO,
     ) -> None:
         """Pre: the caches live on a CUDA device; every group's block fits one host slot.
         Frame: a refused call creates no stream."""
@@ -120,6 +149,19 @@ class CudaTransferEngine(TransferEngine):
         self._device = caches.device
         index = caches.device.index
         self._device_index: int = torch.cuda.current_device() if index is None else index
+        self._method = method
+        self._kernels = (
+            KernelCopier(caches, host, self._device_index)
+            if method is not CopyMethod.DMA and host.pinned
+            else None
+        )
+        if method is CopyMethod.KERNEL and self._kernels is None:
+            raise HybridKVConfigError(
+                "method",
+                method.value,
+                "kernel copies need pinned (mapped) host memory",
+                "pin the host memory or use CopyMethod.DMA",
+            )
         self._stream_handles = {
             d: cuda_driver.nonblocking_stream(self._device_index) for d in Direction
         }
@@ -132,6 +174,11 @@ class CudaTransferEngine(TransferEngine):
         self._closed = False
 
     @property
+    def caches(self) -> CanonicalCaches:
+        """The canonical caches this engine copies from and to."""
+        return self._caches
+
+    @property
     def uses_batch(self) -> bool:
         """Whether jobs go to the driver in one cuMemcpyBatchAsync call."""
         return self._copier is not None
@@ -139,17 +186,17 @@ class CudaTransferEngine(TransferEngine):
     def submit(self, direction: Direction, pairs: Sequence[TransferPair]) -> JobId:
         if self._closed:
             raise HybridKVConfigError("engine", "closed", "submit after close", "open a new engine")
-        plan = self._planner.plan(direction, pairs)
+        table = self._planner.validated(direction, pairs)
         with self._lock, torch.cuda.device(self._device_index):
             job = self._book.new_id()
-            flight = self._enqueue(job, direction, plan)
+            flight = self._enqueue(job, direction, table)
             if flight is None:  # the context is unusable: nothing more will run, fail now
                 self._book.finish(job, False)
             else:
                 self._in_flight[direction].append(flight)
         return job
 
-    def _enqueue(self, job: JobId, direction: Direction, plan: CopyPlan) -> _InFlight | None:
+    def _enqueue(self, job: JobId, direction: Direction, table: torch.Tensor) -> _InFlight | None:
         """Queue the job behind the compute and mark its end; None if no event could be."""
         stream = self._streams[direction]
         keep: object = None
@@ -157,7 +204,7 @@ class CudaTransferEngine(TransferEngine):
             ready = _event()
             ready.record(torch.cuda.current_stream(self._device))
             stream.wait_event(ready)
-            keep = self._issue(job, direction, plan, stream)
+            keep = self._issue(job, direction, table, stream)
             issued = True
         except Exception:  # the job fails; its event still orders the copies already queued
             issued = False
@@ -194,11 +241,20 @@ class CudaTransferEngine(TransferEngine):
             with contextlib.suppress(OSError, cuda_driver.CudaDriverError):
                 cuda_driver.destroy_stream(handle, self._device_index)
 
-    def _issue(self, job: JobId, direction: Direction, plan: CopyPlan, stream: Any) -> object:
+    def _issue(self, job: JobId, direction: Direction, table: torch.Tensor, stream: Any) -> object:
         """Queue the job's copies on ``stream``; return what must outlive them."""
+        kernels = self._kernels
+        use_kernels = kernels is not None and (
+            self._method is CopyMethod.KERNEL or not self._dma_is_cheaper(table, kernels)
+        )
+        plan = None if use_kernels else self._planner.coalesced(table)
         if self._fault_hook is not None:
-            for i in range(len(plan)):
+            for i in range(len(plan) if plan is not None else table.shape[0]):
                 self._fault_hook(job, direction, i)
+        if plan is None:
+            assert kernels is not None
+            with torch.cuda.stream(stream):
+                return kernels.copy(direction, table)
         if self._copier is not None:
             dev = self._flat_ptrs[plan.tensor] + plan.device_offset
             hst = plan.host_offset + self._host_i8.data_ptr()
@@ -218,6 +274,16 @@ class CudaTransferEngine(TransferEngine):
                 else:
                     d.copy_(h, non_blocking=True)
         return None
+
+    def _dma_is_cheaper(self, table: torch.Tensor, kernels: KernelCopier) -> bool:
+        """The AUTO cost model: estimated microseconds of each method for this job."""
+        groups = len(self._caches.group_refs)
+        counts: list[int] = torch.bincount(table[:, 0], minlength=groups).tolist()
+        nbytes = sum(self._caches.group_bytes(g) * n for g, n in enumerate(counts))
+        runs, launches = kernels.runs_and_launches(counts)
+        per_run = _US_PER_DESCRIPTOR if self._copier is not None else _US_PER_RUN_COPY
+        dma = runs * per_run + nbytes / _DMA_BYTES_PER_US
+        return dma <= launches * _US_PER_LAUNCH + nbytes / _KERNEL_BYTES_PER_US
 
     def _collect(self) -> None:
         """Finish, in order per direction, every job whose event has completed."""

@@ -27,7 +27,7 @@ from hybridkv.transfer import (
     TransferPair,
     cuda_batch,
 )
-from hybridkv.transfer.cuda_engine import BatchMode, CudaTransferEngine
+from hybridkv.transfer.cuda_engine import BatchMode, CopyMethod, CudaTransferEngine
 
 pytestmark = [
     pytest.mark.gpu,
@@ -60,7 +60,7 @@ def _pair_of_cases(name: str, seed: int) -> tuple[LayoutCase, LayoutCase]:
 
 
 def _engines(
-    cpu: LayoutCase, gpu: LayoutCase, batch: BatchMode
+    cpu: LayoutCase, gpu: LayoutCase, batch: BatchMode, method: CopyMethod
 ) -> tuple[CpuTransferEngine, CudaTransferEngine, HostMemory, HostMemory]:
     ccpu = build_canonical_caches(cpu.kv_caches, cpu.groups, NUM_BLOCKS)
     cgpu = build_canonical_caches(gpu.kv_caches, gpu.groups, NUM_BLOCKS)
@@ -69,7 +69,8 @@ def _engines(
     hgpu = HostMemory(8 * slot, slot, PinMode.AUTO)
     hcpu.tensor.zero_()
     hgpu.tensor.zero_()
-    return CpuTransferEngine(ccpu, hcpu), CudaTransferEngine(cgpu, hgpu, batch), hcpu, hgpu
+    egpu = CudaTransferEngine(cgpu, hgpu, batch, method=method)
+    return CpuTransferEngine(ccpu, hcpu), egpu, hcpu, hgpu
 
 
 def _jobs(groups: int, seed: int) -> list[tuple[Direction, list[TransferPair]]]:
@@ -83,11 +84,19 @@ def _jobs(groups: int, seed: int) -> list[tuple[Direction, list[TransferPair]]]:
     return jobs
 
 
-@pytest.mark.parametrize("batch", [BatchMode.REQUIRED, BatchMode.OFF])
+# The batched path is required where it runs (no silent fallback to run-by-run copies).
+WAYS = [
+    (BatchMode.REQUIRED, CopyMethod.DMA),
+    (BatchMode.OFF, CopyMethod.DMA),
+    (BatchMode.OFF, CopyMethod.KERNEL),
+]
+
+
+@pytest.mark.parametrize(("batch", "method"), WAYS, ids=["batched", "per-run", "kernel"])
 @pytest.mark.parametrize("name", NAMES)
-def test_cuda_engine_matches_cpu_engine(name: str, batch: BatchMode) -> None:
+def test_cuda_engine_matches_cpu_engine(name: str, batch: BatchMode, method: CopyMethod) -> None:
     cpu, gpu = _pair_of_cases(name, seed=11)
-    ecpu, egpu, hcpu, hgpu = _engines(cpu, gpu, batch)
+    ecpu, egpu, hcpu, hgpu = _engines(cpu, gpu, batch, method)
     with ecpu, egpu:
         for direction, pairs in _jobs(len(cpu.groups), seed=5):
             # a load reads slots a store wrote: wait for each job (the contract orders nothing
@@ -166,7 +175,8 @@ def _flat_cuda(blocks: int, block: int, seed: int) -> tuple[torch.Tensor, Canoni
     return t, build_canonical_caches({"flat": t}, [spec], blocks)
 
 
-def test_concurrent_jobs_from_several_threads_all_land() -> None:
+@pytest.mark.parametrize("method", [CopyMethod.DMA, CopyMethod.KERNEL])
+def test_concurrent_jobs_from_several_threads_all_land(method: CopyMethod) -> None:
     # Four threads each keep several store jobs in flight before waiting for any; then loads
     # of the slots into other blocks. The batched path is required (no silent fallback).
     blocks, block = 64, 4096
@@ -175,7 +185,7 @@ def test_concurrent_jobs_from_several_threads_all_land() -> None:
     host = HostMemory(blocks * block, block, PinMode.REQUIRED)
     slots = random.Random(1).sample(range(blocks), blocks)
     errors: list[BaseException] = []
-    with CudaTransferEngine(cc, host, BatchMode.REQUIRED) as engine:
+    with CudaTransferEngine(cc, host, BatchMode.REQUIRED, method=method) as engine:
 
         def worker(t: int) -> None:
             try:
@@ -207,14 +217,15 @@ def test_concurrent_jobs_from_several_threads_all_land() -> None:
     assert torch.equal(cache.roll(-1, 0), original)
 
 
-def test_load_waits_for_compute_still_reading_its_destination() -> None:
+@pytest.mark.parametrize("method", [CopyMethod.DMA, CopyMethod.KERNEL])
+def test_load_waits_for_compute_still_reading_its_destination(method: CopyMethod) -> None:
     # Compute queued before submit still reads block 5 (behind a long sleep); the load that
     # overwrites block 5 must start only after that read.
     cache, cc = _flat_cuda(8, 1 << 20, seed=4)
     before = cache[5].clone()
     host = HostMemory(8 << 20, 1 << 20, PinMode.REQUIRED)
     host.slot(2).fill_(9)
-    with CudaTransferEngine(cc, host, BatchMode.REQUIRED) as engine:
+    with CudaTransferEngine(cc, host, BatchMode.REQUIRED, method=method) as engine:
         torch.cuda._sleep(50_000_000)
         snapshot = cache[5].clone()  # queued on the compute stream, after the sleep
         job = engine.submit(Direction.LOAD, [TransferPair(0, 5, 2)])
@@ -229,7 +240,7 @@ def test_a_driver_error_fails_the_job_and_the_engine_goes_on() -> None:
     cache, cc = _flat_cuda(8, 4096, seed=5)
     host = HostMemory(8 * 4096, 4096, PinMode.REQUIRED)
     host.tensor.zero_()
-    with CudaTransferEngine(cc, host, BatchMode.REQUIRED) as engine:
+    with CudaTransferEngine(cc, host, BatchMode.REQUIRED, method=CopyMethod.DMA) as engine:
         # An invalid source access order: cuMemcpyBatchAsync refuses the whole batch.
         engine._orders[Direction.STORE] = 0
         bad = engine.submit(Direction.STORE, [TransferPair(0, 1, 1)])
@@ -294,3 +305,29 @@ def test_submit_from_a_fresh_thread_uses_the_engines_device() -> None:
     assert len(out) == 1
     assert out[0].success
     assert torch.equal(host.slot(0).view(torch.int8), cache[3].cpu())
+
+
+def test_auto_picks_kernels_for_many_small_runs_and_dma_for_few_large_ones() -> None:
+    # The cost model, observed through which path ran: kernel jobs never call the batch
+    # copier, DMA jobs do.
+    cache, cc = _flat_cuda(2048, 4096, seed=8)
+    host = HostMemory(2048 * 4096, 4096, PinMode.REQUIRED)
+    with CudaTransferEngine(cc, host, BatchMode.REQUIRED) as engine:
+        calls: list[int] = []
+        copier = engine._copier
+        assert copier is not None
+        real = copier.copy
+
+        def counting(desc: torch.Tensor, *args: object) -> object:
+            calls.append(int(desc.shape[1]))
+            return real(desc, *args)  # type: ignore[arg-type]
+
+        copier.copy = counting  # type: ignore[method-assign]
+        slots = random.Random(2).sample(range(2048), 2048)
+        many = engine.submit(Direction.STORE, [TransferPair(0, b, slots[b]) for b in range(2048)])
+        few = engine.submit(Direction.STORE, [TransferPair(0, 7, slots[7])])
+        engine.wait([many, few])
+        assert sorted(engine.poll()) == [FinishedJob(many, True), FinishedJob(few, True)]
+    assert calls == [1]
+    host_rows = host.tensor.view(torch.int8).view(2048, 4096)
+    assert torch.equal(host_rows[torch.tensor(slots)], cache.cpu())

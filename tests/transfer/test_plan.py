@@ -50,26 +50,28 @@ def _outcome(fn: object, *args: object) -> object:
         return ("refused", err.field, repr(err.value), err.problem, err.fix)
 
 
+@pytest.mark.parametrize("scalar_runs", [0, 128], ids=["vectorised", "short-job loop"])
 @given(data=st.data())
-def test_vectorised_planner_matches_the_reference(data: st.DataObject) -> None:
+def test_vectorised_planner_matches_the_reference(scalar_runs: int, data: st.DataObject) -> None:
     i = data.draw(st.integers(0, len(CASES) - 1))
     cc = CACHES[i]
     groups = len(CASES[i].groups)
     slot_bytes = max(cc.group_bytes(g) for g in range(groups))
     direction = data.draw(st.sampled_from([Direction.STORE, Direction.LOAD, "store"]))
     pairs = data.draw(st.lists(_pair(groups), max_size=10))
-    planner = CopyPlanner(cc, NUM_SLOTS, slot_bytes)
+    planner = CopyPlanner(cc, NUM_SLOTS, slot_bytes, scalar_runs=scalar_runs)
     got = _outcome(lambda: planner.plan(direction, pairs).runs())  # type: ignore[arg-type]
     want = _outcome(reference_plan, cc, NUM_SLOTS, slot_bytes, direction, pairs)
     assert got == want
 
 
+@pytest.mark.parametrize("scalar_runs", [0, 128], ids=["vectorised", "short-job loop"])
 @pytest.mark.parametrize("index", range(len(CASES)), ids=[c.name for c in CASES])
-def test_every_layout_plans_valid_jobs_like_the_reference(index: int) -> None:
-    # Well-formed jobs (the vectorised path end to end, no fallback), every group at once.
+def test_every_layout_plans_valid_jobs_like_the_reference(index: int, scalar_runs: int) -> None:
+    # Well-formed jobs (each path end to end, no fallback), every group at once.
     cc, groups = CACHES[index], len(CASES[index].groups)
     slot_bytes = max(cc.group_bytes(g) for g in range(groups))
-    planner = CopyPlanner(cc, NUM_SLOTS, slot_bytes)
+    planner = CopyPlanner(cc, NUM_SLOTS, slot_bytes, scalar_runs=scalar_runs)
     stores = [TransferPair(b % groups, b, (5 * b + 3) % NUM_SLOTS) for b in range(NUM_BLOCKS)]
     loads = [TransferPair(b % groups, (b + 1) % NUM_BLOCKS, b) for b in range(NUM_BLOCKS)]
     for direction, pairs in ((Direction.STORE, stores), (Direction.LOAD, loads)):
@@ -93,14 +95,16 @@ def test_runs_never_cross_a_host_region_boundary() -> None:
     pairs = [TransferPair(0, b, b + 1) for b in range(6)]
     whole = CopyPlanner(cc, 8, 256).plan(Direction.STORE, pairs).runs()
     assert whole == [CopyRun(0, 0, 256, 6 * 256)]
-    split = CopyPlanner(cc, 8, 256, host_region_bytes=512).plan(Direction.LOAD, pairs).runs()
-    assert split == [
-        CopyRun(0, 0, 256, 256),
-        CopyRun(0, 256, 512, 512),
-        CopyRun(0, 768, 1024, 512),
-        CopyRun(0, 1280, 1536, 256),
-    ]
-    assert all(r.host_offset // 512 == (r.host_offset + r.nbytes - 1) // 512 for r in split)
+    for scalar_runs in (0, 128):
+        planner = CopyPlanner(cc, 8, 256, host_region_bytes=512, scalar_runs=scalar_runs)
+        split = planner.plan(Direction.LOAD, pairs).runs()
+        assert split == [
+            CopyRun(0, 0, 256, 256),
+            CopyRun(0, 256, 512, 512),
+            CopyRun(0, 768, 1024, 512),
+            CopyRun(0, 1280, 1536, 256),
+        ]
+        assert all(r.host_offset // 512 == (r.host_offset + r.nbytes - 1) // 512 for r in split)
 
 
 def test_a_job_of_thousands_of_blocks_plans_as_arrays() -> None:
