@@ -25,7 +25,7 @@ from hybridkv.errors import HybridKVConfigError
 from hybridkv.hostmem import HostMemory
 from hybridkv.transfer._jobs import JobBook
 from hybridkv.transfer.api import Direction, FinishedJob, JobId, TransferEngine, TransferPair
-from hybridkv.transfer.plan import CopyPlan, CopyPlanner, check_fits
+from hybridkv.transfer.plan import CopyPlan, CopyPlanner, check_fits, take
 
 __all__ = ["CpuTransferEngine", "FaultHook"]
 
@@ -102,7 +102,7 @@ class CpuTransferEngine(TransferEngine):
         self, job: JobId, direction: Direction, plan: CopyPlan, flat_ptrs: torch.Tensor
     ) -> None:
         """``memmove`` per run; the planner bounded every run inside its tensor and slot."""
-        device = (flat_ptrs[plan.tensor] + plan.device_offset).tolist()
+        device = (take(flat_ptrs, plan.tensor) + plan.device_offset).tolist()
         host = (plan.host_offset + self._host_i8.data_ptr()).tolist()
         dst, src = (host, device) if direction is Direction.STORE else (device, host)
         hook = self._fault_hook

@@ -55,7 +55,7 @@ from hybridkv.transfer.cuda_batch import (
     resolve_batch_copier,
 )
 from hybridkv.transfer.cuda_kernels import KernelCopier
-from hybridkv.transfer.plan import CopyPlanner, check_fits
+from hybridkv.transfer.plan import CopyPlanner, check_fits, take
 
 __all__ = ["BatchMode", "CopyMethod", "CudaTransferEngine"]
 
@@ -256,7 +256,7 @@ class CudaTransferEngine(TransferEngine):
             with torch.cuda.stream(stream):
                 return kernels.copy(direction, table)
         if self._copier is not None:
-            dev = self._flat_ptrs[plan.tensor] + plan.device_offset
+            dev = take(self._flat_ptrs, plan.tensor) + plan.device_offset
             hst = plan.host_offset + self._host_i8.data_ptr()
             if direction is Direction.STORE:
                 desc = torch.stack((hst, dev, plan.nbytes))

@@ -27,6 +27,7 @@ from hybridkv import cuda_driver
 from hybridkv.canonical import CanonicalCaches
 from hybridkv.hostmem import HostMemory
 from hybridkv.transfer.api import Direction
+from hybridkv.transfer.plan import take
 
 __all__ = ["KernelCopier"]
 
@@ -71,9 +72,12 @@ class KernelCopier:
         groups = table[:, 0]
         single = int(groups.min()) == int(groups.max()) if groups.numel() else False
         for g, runs in enumerate(self._runs):
-            # Boolean-mask indexing costs about 0.5 ms even for a few thousand rows: a job of
-            # one group (the common case) skips it.
-            rows = (table if int(groups[0]) == g else table[:0]) if single else table[groups == g]
+            # Selecting rows costs a few torch calls: a job of one group (the common case)
+            # skips it.
+            if single:
+                rows = table if int(groups[0]) == g else table[:0]
+            else:
+                rows = take(table, (groups == g).nonzero()[:, 0])
             if rows.shape[0] == 0 or not runs:
                 continue
             ids = torch.empty((2, rows.shape[0]), dtype=torch.int64, pin_memory=True)

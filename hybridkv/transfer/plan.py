@@ -21,7 +21,15 @@ from hybridkv.canonical import CanonicalCaches
 from hybridkv.errors import HybridKVConfigError
 from hybridkv.transfer.api import Direction, TransferPair
 
-__all__ = ["CopyPlan", "CopyPlanner", "CopyRun", "check_fits", "coalesce", "plan_copies"]
+__all__ = [
+    "CopyPlan",
+    "CopyPlanner",
+    "CopyRun",
+    "check_fits",
+    "coalesce",
+    "plan_copies",
+    "take",
+]
 
 _I64 = torch.int64
 
@@ -186,7 +194,7 @@ class CopyPlanner:
         for g, tpl in enumerate(self._templates):
             if only is not None and g != only:
                 continue
-            rows = table if only is not None else table[groups == g]
+            rows = table if only is not None else _take(table, (groups == g).nonzero()[:, 0])
             if rows.shape[0] == 0 or tpl.nbytes.numel() == 0:
                 continue
             block, slot = rows[:, 1:2], rows[:, 2:3]
@@ -247,9 +255,9 @@ def _merge(
     if dev.numel() == 0:
         return CopyPlan(tensor, dev, host, size)
     order = torch.argsort(host, stable=True)
-    key = (tensor_base[tensor] + dev)[order]
-    order = order[torch.argsort(key, stable=True)]
-    tensor, dev, host, size = tensor[order], dev[order], host[order], size[order]
+    key = _take(_take(tensor_base, tensor) + dev, order)
+    order = _take(order, torch.argsort(key, stable=True))
+    tensor, dev, host, size = (_take(c, order) for c in (tensor, dev, host, size))
     joins = (
         (tensor[1:] == tensor[:-1])
         & (dev[:-1] + size[:-1] == dev[1:])
@@ -260,7 +268,26 @@ def _merge(
     starts = torch.cat((torch.ones(1, dtype=torch.bool), ~joins)).nonzero().reshape(-1)
     ends = torch.cat((starts[1:], torch.tensor([dev.numel()], dtype=_I64)))
     total = torch.cat((torch.zeros(1, dtype=_I64), size.cumsum(0)))
-    return CopyPlan(tensor[starts], dev[starts], host[starts], total[ends] - total[starts])
+    return CopyPlan(
+        _take(tensor, starts),
+        _take(dev, starts),
+        _take(host, starts),
+        _take(total, ends) - _take(total, starts),
+    )
+
+
+def take(values: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """``values[index]`` along the first dimension, by ``index_select``.
+
+    Advanced indexing (``values[index]``) runs its loop on torch's intra-op threads: on a
+    busy 2-core machine with a second thread of this process alive, one gather of 8,192
+    elements took 15.8 ms that way and 0.03 ms by ``index_select`` (a whole plan: 110 ms
+    against 2).
+    """
+    return torch.index_select(values, 0, index)
+
+
+_take = take
 
 
 def _template(caches: CanonicalCaches, group: int) -> _Template:
