@@ -150,18 +150,7 @@ class CudaTransferEngine(TransferEngine):
         index = caches.device.index
         self._device_index: int = torch.cuda.current_device() if index is None else index
         self._method = method
-        self._kernels = (
-            KernelCopier(caches, host, self._device_index)
-            if method is not CopyMethod.DMA and host.pinned
-            else None
-        )
-        if method is CopyMethod.KERNEL and self._kernels is None:
-            raise HybridKVConfigError(
-                "method",
-                method.value,
-                "kernel copies need pinned (mapped) host memory",
-                "pin the host memory or use CopyMethod.DMA",
-            )
+        self._kernels = _kernel_copier(caches, host, self._device_index, method)
         self._stream_handles = {
             d: cuda_driver.nonblocking_stream(self._device_index) for d in Direction
         }
@@ -299,6 +288,28 @@ class CudaTransferEngine(TransferEngine):
                         ok = False
                     queue.popleft()
                     self._book.finish(head.job, ok)
+
+
+def _kernel_copier(
+    caches: CanonicalCaches, host: HostMemory, device: int, method: CopyMethod
+) -> KernelCopier | None:
+    """The kernel path where the method allows it and the host memory is mapped at its own
+    address; AUTO falls back to DMA without it, KERNEL refuses."""
+    if method is CopyMethod.DMA:
+        return None
+    try:
+        if not host.pinned:
+            raise RuntimeError("host memory is not pinned")
+        return KernelCopier(caches, host, device)
+    except (RuntimeError, OSError) as exc:  # CudaDriverError is a RuntimeError
+        if method is CopyMethod.KERNEL:
+            raise HybridKVConfigError(
+                "method",
+                method.value,
+                f"kernel copies need pinned host memory mapped at its own address ({exc})",
+                "pin the host memory or use CopyMethod.DMA",
+            ) from exc
+        return None
 
 
 def _event() -> Any:

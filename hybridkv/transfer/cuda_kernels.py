@@ -192,6 +192,10 @@ class _MappedHost:
         if not host.pinned:
             raise RuntimeError("host memory must be pinned (and mapped) for kernel copies")
         address = cuda_driver.host_device_pointer(host.tensor.data_ptr(), device)
+        if address != host.tensor.data_ptr():
+            # Without unified addressing each registered region has its own device address,
+            # and one tensor cannot span them.
+            raise RuntimeError("host memory is not mapped at its own address (no UVA)")
         self._shape = (ctypes.c_int64 * 1)(host.nbytes)
         self._record = _DLManagedTensor()
         dl = self._record.dl_tensor
