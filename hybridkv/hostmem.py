@@ -2,26 +2,30 @@
 
 torch's pinned caching allocator rounds every request up to a power of two (60 GB asked,
 80 GB used). We allocate one plain tensor of exactly ``num_slots * slot_bytes`` bytes and, on a
-CUDA machine, register it with the driver (``cudaHostRegister``), which pins exactly those
-pages. Registration goes in chunks of at most 64 GiB and is rolled back if any chunk fails.
-Host slots are fixed-size chunks of the allocation: slot ``i`` is bytes
-``[i * slot_bytes, (i + 1) * slot_bytes)``.
+CUDA machine, register it with the driver (``cuMemHostRegister``, portable), which pins exactly
+those pages. The driver API, not ``cudaHostRegister``: a failed runtime registration would
+leave the runtime's last error set and torch's next kernel launch would fail with it.
+Registration goes in regions of whole slots, at most 64 GiB each (one slot where a slot is
+larger), and is rolled back if any region fails; ``region_bytes`` tells the copy planner where
+runs must not be merged across. Host slots are fixed-size chunks of the allocation: slot ``i``
+is bytes ``[i * slot_bytes, (i + 1) * slot_bytes)``.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import weakref
 from enum import Enum
-from typing import Any
 
 import torch
 
+from hybridkv import cuda_driver
 from hybridkv.errors import HybridKVConfigError
 
 __all__ = ["HostMemory", "PinMode"]
 
-_REGISTER_CHUNK = 64 << 30  # cudaHostRegister is given at most this many bytes per call
+_REGISTER_CHUNK = 64 << 30  # one registration covers at most this many bytes (whole slots)
 
 
 class PinMode(Enum):
@@ -40,6 +44,9 @@ class HostMemory:
         slot_bytes: bytes per slot.
         num_slots: ``host_bytes // slot_bytes``; the remainder (less than a slot) is not allocated.
         pinned: whether the allocation is registered with the CUDA driver.
+        region_bytes: the allocation is registered in separate regions of this many bytes (a
+            whole number of slots; the last region may be shorter). Copies never cross a
+            region boundary in one run.
     """
 
     def __init__(self, host_bytes: int, slot_bytes: int, pin: PinMode = PinMode.AUTO) -> None:
@@ -73,6 +80,7 @@ class HostMemory:
             )
         self.slot_bytes = slot_bytes
         self.num_slots = host_bytes // slot_bytes
+        self.region_bytes = max(1, _REGISTER_CHUNK // slot_bytes) * slot_bytes
         try:
             self.tensor = torch.empty(self.num_slots * slot_bytes, dtype=torch.uint8)
         except RuntimeError as exc:
@@ -80,11 +88,11 @@ class HostMemory:
                 "host_bytes", host_bytes, f"cannot be allocated ({exc})", "lower host_bytes"
             ) from exc
         self.pinned = pin is not PinMode.OFF and torch.cuda.is_available()
-        self._unpin: weakref.finalize[[int, int, torch.Tensor], HostMemory] | None = None
+        self._unpin: weakref.finalize[[list[int], int, torch.Tensor], HostMemory] | None = None
         if self.pinned:
-            ptr, size = self.tensor.data_ptr(), self.tensor.numel()
-            _register(ptr, size)
-            self._unpin = weakref.finalize(self, _unregister, ptr, size, self.tensor)
+            device = torch.cuda.current_device()
+            regions = _register(self.tensor.data_ptr(), self.nbytes, self.region_bytes, device)
+            self._unpin = weakref.finalize(self, _unregister, regions, device, self.tensor)
 
     @property
     def nbytes(self) -> int:
@@ -124,32 +132,29 @@ def _physical_bytes() -> int:
         return 1 << 62  # unknown platform: let the allocation itself decide
 
 
-def _cudart() -> Any:
-    """torch's CUDA runtime bindings (untyped in torch's stubs)."""
-    return torch.cuda.cudart()  # type: ignore[no-untyped-call]
-
-
-def _register(ptr: int, size: int) -> None:
-    """cudaHostRegister in chunks; on failure unregister what was registered and refuse."""
-    cudart = _cudart()
+def _register(ptr: int, size: int, region: int, device: int) -> list[int]:
+    """Register ``[ptr, ptr + size)`` in regions of ``region`` bytes; return their starts. On
+    a failure unregister what was registered and refuse."""
     done: list[int] = []
-    for start in range(0, size, _REGISTER_CHUNK):
-        n = min(_REGISTER_CHUNK, size - start)
-        err = cudart.cudaHostRegister(ptr + start, n, 0)
-        if int(getattr(err, "value", err)) != 0:
-            for p in done:
-                cudart.cudaHostUnregister(p)
+    for start in range(0, size, region):
+        try:
+            cuda_driver.host_register(ptr + start, min(region, size - start), device)
+        except (OSError, cuda_driver.CudaDriverError) as exc:
+            _unregister(done, device, None)
             raise HybridKVConfigError(
                 "host_bytes",
                 size,
-                f"cudaHostRegister failed ({err}) at byte {start}",
+                f"pinning failed at byte {start} ({exc})",
                 "lower host_bytes (the driver could not pin that much) or use PinMode.OFF",
-            )
+            ) from exc
         done.append(ptr + start)
+    return done
 
 
-def _unregister(ptr: int, size: int, keep_alive: torch.Tensor) -> None:
-    cudart = _cudart()
-    for start in range(0, size, _REGISTER_CHUNK):
-        cudart.cudaHostUnregister(ptr + start)
+def _unregister(regions: list[int], device: int, keep_alive: torch.Tensor | None) -> None:
+    """Unpin every region (the tensor is kept alive until then). Best effort: at interpreter
+    exit the driver may already be shut down, and an unpin has no failure to recover from."""
+    for start in regions:
+        with contextlib.suppress(OSError, cuda_driver.CudaDriverError):
+            cuda_driver.host_unregister(start, device)
     del keep_alive

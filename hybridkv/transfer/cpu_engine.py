@@ -3,10 +3,17 @@
 It implements :class:`~hybridkv.transfer.api.TransferEngine` over canonical caches that live in
 CPU memory (or any device torch can copy from a worker thread). Jobs run in submission order,
 both directions on one thread, which is one legal order of the contract.
+
+Caches in CPU memory are copied run by run with ``memmove`` on addresses computed as arrays by
+the planner: a ``Tensor.copy_`` costs several microseconds of dispatch per run, a ``memmove``
+call well under one, and ctypes releases the GIL during it. Indexed copies (``index_select``
+into scratch, then ``index_copy_``) were measured slower on this path: 0.05-0.10 of one copy
+for 16-256 KB rows against 0.54-1.14 for the ``memmove`` loop (docs/benchmarks).
 """
 
 from __future__ import annotations
 
+import ctypes
 import queue
 import threading
 from collections.abc import Callable, Iterable, Sequence
@@ -18,7 +25,7 @@ from hybridkv.errors import HybridKVConfigError
 from hybridkv.hostmem import HostMemory
 from hybridkv.transfer._jobs import JobBook
 from hybridkv.transfer.api import Direction, FinishedJob, JobId, TransferEngine, TransferPair
-from hybridkv.transfer.plan import CopyRun, check_fits, plan_copies
+from hybridkv.transfer.plan import CopyPlan, CopyPlanner, check_fits, take
 
 __all__ = ["CpuTransferEngine", "FaultHook"]
 
@@ -26,7 +33,7 @@ __all__ = ["CpuTransferEngine", "FaultHook"]
 # job. Used for fault injection by tests and `hybridkv simulate --faults`.
 FaultHook = Callable[[JobId, Direction, int], None]
 
-_Job = tuple[JobId, Direction, list[CopyRun]]
+_Job = tuple[JobId, Direction, CopyPlan]
 
 
 class CpuTransferEngine(TransferEngine):
@@ -41,6 +48,13 @@ class CpuTransferEngine(TransferEngine):
         self._host = host
         self._host_i8 = host.tensor.view(torch.int8)  # same dtype as the canonical views
         self._device_flat = [t.flat for t in caches.tensors]
+        self._planner = CopyPlanner(caches, host.num_slots, host.slot_bytes)
+        # Raw addresses only where both sides are plain CPU memory.
+        self._flat_ptrs = (
+            torch.tensor([f.data_ptr() for f in self._device_flat], dtype=torch.int64)
+            if caches.device.type == "cpu"
+            else None
+        )
         self._fault_hook = fault_hook
         self._book = JobBook()
         self._queue: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
@@ -51,11 +65,9 @@ class CpuTransferEngine(TransferEngine):
     def submit(self, direction: Direction, pairs: Sequence[TransferPair]) -> JobId:
         if self._closed:
             raise HybridKVConfigError("engine", "closed", "submit after close", "open a new engine")
-        runs = plan_copies(
-            self._caches, self._host.num_slots, self._host.slot_bytes, direction, pairs
-        )
+        plan = self._planner.plan(direction, pairs)
         job = self._book.new_id()
-        self._queue.put((job, direction, runs))
+        self._queue.put((job, direction, plan))
         return job
 
     def poll(self) -> list[FinishedJob]:
@@ -75,17 +87,33 @@ class CpuTransferEngine(TransferEngine):
             item = self._queue.get()
             if item is None:
                 return
-            job, direction, runs = item
+            job, direction, plan = item
             try:
-                self._copy(job, direction, runs)
+                if self._flat_ptrs is not None:
+                    self._move(job, direction, plan, self._flat_ptrs)
+                else:
+                    self._copy(job, direction, plan)
             except Exception:  # any failure fails the job; the worker keeps serving
                 self._book.finish(job, False)
             else:
                 self._book.finish(job, True)
 
-    def _copy(self, job: JobId, direction: Direction, runs: list[CopyRun]) -> None:
+    def _move(
+        self, job: JobId, direction: Direction, plan: CopyPlan, flat_ptrs: torch.Tensor
+    ) -> None:
+        """``memmove`` per run; the planner bounded every run inside its tensor and slot."""
+        device = (take(flat_ptrs, plan.tensor) + plan.device_offset).tolist()
+        host = (plan.host_offset + self._host_i8.data_ptr()).tolist()
+        dst, src = (host, device) if direction is Direction.STORE else (device, host)
+        hook = self._fault_hook
+        for i, (d, s, n) in enumerate(zip(dst, src, plan.nbytes.tolist(), strict=True)):
+            if hook is not None:
+                hook(job, direction, i)
+            _memmove(d, s, n)
+
+    def _copy(self, job: JobId, direction: Direction, plan: CopyPlan) -> None:
         host = self._host_i8
-        for i, run in enumerate(runs):
+        for i, run in enumerate(plan.runs()):
             if self._fault_hook is not None:
                 self._fault_hook(job, direction, i)
             dev = self._device_flat[run.tensor][run.device_offset : run.device_offset + run.nbytes]
@@ -94,3 +122,6 @@ class CpuTransferEngine(TransferEngine):
                 hst.copy_(dev)
             else:
                 dev.copy_(hst)
+
+
+_memmove = ctypes.memmove

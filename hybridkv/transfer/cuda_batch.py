@@ -10,9 +10,16 @@ when importable, else through ctypes on ``libcuda.so.1``. Without a driver that 
 from __future__ import annotations
 
 import ctypes
-from collections.abc import Sequence
 
-__all__ = ["SRC_ORDER_ANY", "SRC_ORDER_STREAM", "BatchCopier", "resolve_batch_copier"]
+import torch
+
+__all__ = [
+    "ATTRIBUTES_SIZE",
+    "SRC_ORDER_ANY",
+    "SRC_ORDER_STREAM",
+    "BatchCopier",
+    "resolve_batch_copier",
+]
 
 # CUmemcpySrcAccessOrder. STREAM: the source is read in stream order (required for stores,
 # whose source the compute may still be writing). ANY: the source may be read early (loads:
@@ -27,6 +34,9 @@ class _MemLocation(ctypes.Structure):
 
 
 class _MemcpyAttributes(ctypes.Structure):
+    """CUmemcpyAttributes (cuda.h, 12.8+): the access order enum, two CUmemLocation hints
+    {type enum, int id}, unsigned flags; 24 bytes, 4-byte aligned."""
+
     _fields_ = [
         ("srcAccessOrder", ctypes.c_uint),
         ("srcLocHint", _MemLocation),
@@ -34,6 +44,8 @@ class _MemcpyAttributes(ctypes.Structure):
         ("flags", ctypes.c_uint),
     ]
 
+
+ATTRIBUTES_SIZE = 24  # sizeof(CUmemcpyAttributes) in cuda.h; a test checks the struct above
 
 # CUresult cuMemcpyBatchAsync(CUdeviceptr *dsts, CUdeviceptr *srcs, size_t *sizes, size_t count,
 #     CUmemcpyAttributes *attrs, size_t *attrsIdxs, size_t numAttrs, size_t *failIdx,
@@ -59,42 +71,48 @@ class BatchCopier:
         self._fn = _SIGNATURE(address)
 
     def copy(
-        self,
-        dsts: Sequence[int],
-        srcs: Sequence[int],
-        sizes: Sequence[int],
-        stream: int,
-        src_order: int,
+        self, descriptors: torch.Tensor, stream: int, src_order: int, chunk: int = 1 << 62
     ) -> object:
         """Queue the copies on ``stream``; return what must stay alive until they finish.
 
-        Raises RuntimeError with the CUresult and the failing descriptor on a driver error.
+        ``descriptors``: a (3, n) int64 CPU tensor of destination addresses, source addresses
+        and sizes; the driver reads its rows in place (int64 and CUdeviceptr/size_t share
+        their bit layout for every address and size there is). ``chunk``: descriptors per
+        driver call; the driver spends about a microsecond per descriptor before it returns,
+        so smaller calls let the copy engines start on one chunk while the next is submitted.
+        Raises RuntimeError with the CUresult and the failing descriptor on a driver error
+        (chunks before the failing one stay queued).
         """
-        n = len(sizes)
+        if descriptors.dtype != torch.int64 or descriptors.dim() != 2 or descriptors.shape[0] != 3:
+            raise ValueError("descriptors must be a (3, n) int64 tensor")
+        descriptors = descriptors.contiguous()
+        n = int(descriptors.shape[1])
         if n == 0:
             return None
-        d = (ctypes.c_uint64 * n)(*dsts)
-        s = (ctypes.c_uint64 * n)(*srcs)
-        z = (ctypes.c_size_t * n)(*sizes)
+        base = descriptors.data_ptr()
+        row = n * descriptors.element_size()
         attrs = _MemcpyAttributes(srcAccessOrder=src_order)
         attr_idx = ctypes.c_size_t(0)
         fail = ctypes.c_size_t(0)
-        err = self._fn(
-            ctypes.addressof(d),
-            ctypes.addressof(s),
-            ctypes.addressof(z),
-            n,
-            ctypes.addressof(attrs),
-            ctypes.addressof(attr_idx),
-            1,
-            ctypes.addressof(fail),
-            stream or None,
-        )
-        if err != 0:
-            raise RuntimeError(
-                f"cuMemcpyBatchAsync failed: CUresult {err}, descriptor {fail.value}"
+        for start in range(0, n, chunk):
+            count = min(chunk, n - start)
+            at = base + start * descriptors.element_size()
+            err = self._fn(
+                at,
+                at + row,
+                at + 2 * row,
+                count,
+                ctypes.addressof(attrs),
+                ctypes.addressof(attr_idx),
+                1,
+                ctypes.addressof(fail),
+                stream or None,
             )
-        return (d, s, z, attrs, attr_idx, fail)
+            if err != 0:
+                raise RuntimeError(
+                    f"cuMemcpyBatchAsync failed: CUresult {err}, descriptor {start + fail.value}"
+                )
+        return (descriptors, attrs, attr_idx, fail)
 
 
 def resolve_batch_copier() -> BatchCopier | None:

@@ -7,6 +7,7 @@ import os
 import pytest
 import torch
 
+from hybridkv import cuda_driver, hostmem
 from hybridkv.errors import HybridKVConfigError
 from hybridkv.hostmem import HostMemory, PinMode
 
@@ -63,3 +64,65 @@ def test_required_pinning_without_cuda_is_refused() -> None:
     auto = HostMemory(1024, 64, PinMode.AUTO)  # AUTO falls back to plain memory
     assert not auto.pinned
     auto.close()
+
+
+class _FakeDriver:
+    """Records host (un)registrations; fails the registration at ``fail_at`` (a byte offset)."""
+
+    def __init__(self, fail_at: int | None = None) -> None:
+        self.fail_at = fail_at
+        self.base = 0
+        self.registered: list[tuple[int, int]] = []
+        self.unregistered: list[int] = []
+
+    def host_register(self, ptr: int, size: int, device: int) -> None:
+        if ptr - self.base == self.fail_at:
+            raise cuda_driver.CudaDriverError("cuMemHostRegister", 2, "CUDA_ERROR_OUT_OF_MEMORY")
+        self.registered.append((ptr - self.base, size))
+
+    def host_unregister(self, ptr: int, device: int) -> None:
+        self.unregistered.append(ptr - self.base)
+
+
+def _pin_with(monkeypatch: pytest.MonkeyPatch, fake: _FakeDriver) -> None:
+    # A CPU machine playing a CUDA one: regions of whole slots, at most 1000 bytes each.
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(hostmem, "_REGISTER_CHUNK", 1000)
+    monkeypatch.setattr(cuda_driver, "host_register", fake.host_register)
+    monkeypatch.setattr(cuda_driver, "host_unregister", fake.host_unregister)
+    real_empty = torch.empty
+
+    def empty(*args: object, **kwargs: object) -> torch.Tensor:
+        t = real_empty(*args, **kwargs)  # type: ignore[call-overload]
+        fake.base = t.data_ptr()
+        return t  # type: ignore[no-any-return]
+
+    monkeypatch.setattr(torch, "empty", empty)
+
+
+def test_pinning_goes_in_regions_of_whole_slots(monkeypatch: pytest.MonkeyPatch) -> None:
+    fake = _FakeDriver()
+    _pin_with(monkeypatch, fake)
+    mem = HostMemory(3000, 300, PinMode.AUTO)
+    assert mem.pinned
+    assert mem.region_bytes == 900
+    assert fake.registered == [(0, 900), (900, 900), (1800, 900), (2700, 300)]
+    mem.close()
+    assert fake.unregistered == [0, 900, 1800, 2700]
+    assert not mem.pinned
+
+
+def test_a_failed_region_unpins_the_others_and_names_host_bytes(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The driver API reports the failure as a status: no runtime error is left behind for
+    # torch's next call (the GPU test checks that on a device), and nothing stays pinned.
+    fake = _FakeDriver(fail_at=1800)
+    _pin_with(monkeypatch, fake)
+    with pytest.raises(HybridKVConfigError, match="CUDA_ERROR_OUT_OF_MEMORY") as err:
+        HostMemory(3000, 300, PinMode.AUTO)
+    assert err.value.field == "host_bytes"
+    assert err.value.problem.startswith("pinning failed at byte 1800")
+    assert fake.registered == [(0, 900), (900, 900)]
+    assert fake.unregistered == [0, 900]
