@@ -16,8 +16,12 @@ One step, in vLLM's order (``v1/worker/gpu/kv_connector.py:76-160``):
    reads); each block a successful load wrote is checked against recomputation;
 6. ``update_from_output`` with one sampled token per request whose prefill is complete.
 
-Transfers are drained every step, so a run is deterministic (the same trace and seed give the
-same report) and a load is reported in the step that started it, the fastest vLLM allows.
+A transfer is reported in the step the data plane's copy-time model says it completes
+(:mod:`hybridkv.sim.copy_time`), so a load may span steps; the model's time is exact, so a run
+is deterministic (the same trace and seed give the same report). What that timing made happen
+(loads across steps, deadlines, preemptions and aborts during loads) is counted by
+:class:`hybridkv.cli.sim_transfers.TransferEvents`; client aborts come from
+:class:`hybridkv.sim.aborts.AbortPlan` at the end of a step.
 """
 
 from __future__ import annotations
@@ -27,7 +31,9 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from hybridkv.cli.sim_transfers import TransferCounts, TransferEvents, tr1_messages
 from hybridkv.errors import HybridKVConfigError
+from hybridkv.sim.aborts import AbortPlan
 from hybridkv.sim.content import ContentCodec, PrefixHashes
 from hybridkv.sim.trace import TraceRequest
 from spec.connector_api import (
@@ -142,6 +148,7 @@ class SimResult:
     invariant_violations: int = 0
     violations: list[str] = field(default_factory=list)
     timeline: list[StepSample] = field(default_factory=list)
+    transfers: TransferCounts = field(default_factory=TransferCounts)
 
     @property
     def hit_rate(self) -> float:
@@ -182,6 +189,7 @@ class Simulation:
         connector_snapshot: Callable[[], Mapping[str, Any]] | None = None,
         max_steps: int = 1_000_000,
         progress: Callable[[int, int], None] | None = None,
+        aborts: AbortPlan | None = None,
     ) -> None:
         """Pre: ``connector`` and ``plane`` share one host store; ``codec`` wraps the caches
         the plane moves; ``units`` are the connector's offload units per group (tokens).
@@ -205,6 +213,11 @@ class Simulation:
         self._store_jobs: set[int] = set()
         self._failed_loads: list[RequestId] = []  # the request of each failed load job
         self._failed_stores = 0
+        self.transfers = TransferEvents()
+        self.result.transfers = self.transfers.counts
+        self.aborts = aborts
+        self._abort_seen = 0  # requests of _live given their abort step
+        self._abort_at: dict[int, list[RequestId]] = {}  # step -> requests the client cancels
 
     # ----------------------------------------------------------------- the run
     def run(self) -> SimResult:
@@ -252,7 +265,7 @@ class Simulation:
             return True
         s = self.scheduler
         unfinished = any(not r.status.is_finished for r in s.requests.values())
-        return unfinished or bool(s.loads or s.parked or s.holds)
+        return unfinished or bool(s.loads or s.parked or s.holds) or self.transfers.in_flight()
 
     def _step(self, step: int) -> None:
         self._arrive(step)
@@ -263,12 +276,14 @@ class Simulation:
         self._store_jobs.update(job.job_id for job in meta.store_jobs)
         self.result.load_jobs += len(meta.load_jobs)
         self.result.store_jobs += len(meta.store_jobs)
+        self.transfers.scheduled(step, output.preempted_ids, output.abandoned_ids, meta)
         self.plane.bind_connector_metadata(meta)
         self.plane.start_load_kv()
         for scheduled in output.scheduled:
             self._forward(scheduled)
         self.plane.wait_for_save()
         kv_output = self.plane.get_transfer_results()
+        self.transfers.reported(step, kv_output)
         failures = failure_reports(self.scheduler, self.plane.get_block_ids_with_load_errors())
         self._verify_loads(kv_output)
         hit_tokens, loaded_tokens = self._admissions(output)
@@ -277,6 +292,8 @@ class Simulation:
         self.scheduler.update_from_output(output, sampled, kv_output, failures)
         self._settle_first_loads(output.abandoned_ids, kv_output)
         self._after_update(before)
+        if self.aborts is not None:
+            self._abort_due(step, self.aborts)
         if self.check:
             self._check_invariants(step)
         stats = self.plane.stats()
@@ -461,6 +478,28 @@ class Simulation:
                 self._busy.discard(live.conversation)
                 self._conversations[live.conversation] = (request.token_ids, live.prompt_len)
 
+    def _abort_due(self, step: int, plan: AbortPlan) -> None:
+        """Impatient clients whose patience ran out with no first token cancel their requests
+        (:class:`AbortPlan`; vLLM handles an abort between two steps)."""
+        if len(self._live) > self._abort_seen:
+            for rid in list(self._live)[self._abort_seen :]:  # arrived this step
+                patience = plan.patience(self._live[rid].index)
+                if patience is not None:
+                    self._abort_at.setdefault(step + patience, []).append(rid)
+            self._abort_seen = len(self._live)
+        due = [
+            rid
+            for rid in self._abort_at.pop(step, ())
+            if not (r := self.scheduler.requests[rid]).status.is_finished and not r.output_token_ids
+        ]
+        if not due:
+            return
+        before = {rid for rid, r in self.scheduler.requests.items() if r.status.is_finished}
+        for rid in due:
+            self.transfers.aborted(rid)
+            self.scheduler.abort_request(rid)
+        self._after_update(before)
+
     def _check_invariants(self, step: int) -> None:
         snapshot = self.scheduler.snapshot()
         kv = snapshot["kv_cache_groups"]
@@ -481,6 +520,11 @@ class Simulation:
             for inv_id, messages in check_all(subject, snap).items():
                 self.result.invariant_violations += 1
                 self.result.violations.append(f"step {step}: {inv_id}: {messages[0]}")
+        self.result.invariant_checks += 1  # TR-1 on the jobs in flight, the real schedule's
+        tr1 = tr1_messages(self.scheduler, self.transfers)
+        if tr1:
+            self.result.invariant_violations += 1
+            self.result.violations.append(f"step {step}: TR-1: {tr1[0]}")
 
 
 def _window_low(group: GroupSpec, start: int) -> int:
