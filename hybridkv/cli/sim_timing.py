@@ -65,8 +65,8 @@ def rows(report: Mapping[str, Any]) -> list[tuple[str, str]]:
     return [
         (
             "copy-time model",
-            f"{t['gbps']:g} GB/s, {t['latency_us']:g} us a job, {t['step_ms']:g} ms a step, "
-            f"bytes x{t['byte_scale']:g}",
+            f"{t['gbps']:g} GB/s, {t['latency_us']:g} us/job, {t['step_ms']:g} ms/step, "
+            f"x{t['byte_scale']:g} bytes",
         ),
         (
             "loads that spanned steps",
