@@ -7,9 +7,9 @@ loads and stores are in flight and for which request. From that and the schedule
 
 - ``load_jobs_spanning_steps``: load jobs reported in a later step than the one that started
   them (``longest_load_steps``: the most steps one took, its start step included);
-- ``deadlines_fired``: loads the scheduler abandoned at ``--load-deadline-steps`` while their
-  copy was in flight; ``abandoned_loads_reported``: such copies whose report came later (the
-  scheduler holds their blocks until then);
+- ``deadlines_fired``: loads the scheduler abandoned at ``--load-deadline-steps``;
+  ``abandoned_loads_reported``: those whose copy was in flight when abandoned and reported later
+  (the scheduler holds their blocks until then);
 - ``preemptions_during_loads``: preemptions made while some load was in flight (the preempted
   request's freed blocks must not be blocks a load is writing); ``preemptions_of_loading_requests``:
   of those, the ones whose request had its own (abandoned) load in flight;
@@ -110,8 +110,8 @@ class TransferEvents:
                 c.preemptions_during_loads += 1
                 c.preemptions_of_loading_requests += self.loading(rid)
         for rid in abandoned:
+            c.deadlines_fired += 1
             if self.loading(rid):
-                c.deadlines_fired += 1
                 self._abandoned.add(rid)
         for job in (*meta.load_jobs, *meta.store_jobs):
             self._jobs[job.job_id] = _Started(job, step)

@@ -1,5 +1,6 @@
-"""The copy-time model, the timed transfer engine and the client-abort plan of ``hybridkv
-simulate``, unit by unit: arithmetic, when a job is reported, when its bytes move, refusals."""
+"""The copy-time model, the timed transfer engine, the client-abort plan and the event counts
+of ``hybridkv simulate``, unit by unit: arithmetic, when a job is reported, when its bytes
+move, refusals, what counts as a preemption or abort during a load."""
 
 from __future__ import annotations
 
@@ -12,12 +13,23 @@ import torch
 from hybridkv.cache_layouts import all_layout_cases
 from hybridkv.canonical import CanonicalCaches, build_canonical_caches
 from hybridkv.cli.main import main
+from hybridkv.cli.sim_transfers import TransferEvents
 from hybridkv.errors import HybridKVConfigError
 from hybridkv.hostmem import HostMemory, PinMode
 from hybridkv.sim.aborts import ABORT_WINDOW_STEPS, AbortPlan
 from hybridkv.sim.copy_time import CopyTimeModel
 from hybridkv.sim.timed_engine import TimedTransferEngine
 from hybridkv.transfer import CpuTransferEngine, Direction, FinishedJob, JobId, TransferPair
+from spec.connector_api import (
+    ConnectorMeta,
+    JobResult,
+    KVConnectorOutput,
+    RequestId,
+    TransferItem,
+    TransferJob,
+    TransferKind,
+)
+from spec.connector_api import JobId as SpecJobId
 
 # ----------------------------------------------------------------- the model
 
@@ -223,3 +235,48 @@ def test_abort_plan_refuses_a_rate_that_is_not_a_probability(rate: float) -> Non
     with pytest.raises(HybridKVConfigError) as err:
         AbortPlan(rate)
     assert err.value.field == "--aborts"
+
+
+# ----------------------------------------------------------------- the event counts
+
+
+def _job(job_id: int, kind: str, rid: str) -> TransferJob:
+    item = TransferItem(0, job_id, b"k%d" % job_id, 16)
+    return TransferJob(SpecJobId(job_id), TransferKind(kind), RequestId(rid), (item,))
+
+
+def _done(*job_ids: int) -> KVConnectorOutput:
+    return KVConnectorOutput(completed_jobs=tuple(JobResult(SpecJobId(j), True) for j in job_ids))
+
+
+def test_transfer_events_count_what_they_saw_in_flight() -> None:
+    events = TransferEvents()
+    a, b = RequestId("a"), RequestId("b")
+    # Step 1: a's load and b's store start; the store is reported in step 1, the load is not.
+    events.scheduled(1, (), (), ConnectorMeta((_job(1, "load", "a"),), (_job(2, "store", "b"),)))
+    events.reported(1, _done(2))
+    assert events.loading(a)
+    assert not events.loading(b)
+    assert events.in_flight()
+    # Step 2: b is preempted while a's load copies; a's load passes its deadline.
+    events.scheduled(2, (b,), (a,), ConnectorMeta())
+    events.aborted(b)  # b has no load of its own
+    # Step 3: a is preempted, its abandoned load still copying; then the client cancels a.
+    events.scheduled(3, (a,), (), ConnectorMeta())
+    events.aborted(a)
+    events.reported(4, _done(1))
+    assert not events.in_flight()
+    assert events.counts.as_dict() == {
+        "load_jobs_spanning_steps": 1,
+        "longest_load_steps": 4,
+        "store_jobs_spanning_steps": 0,
+        "deadlines_fired": 1,
+        "abandoned_loads_reported": 1,
+        "preemptions_during_loads": 2,
+        "preemptions_of_loading_requests": 1,
+        "aborts": 2,
+        "aborts_during_load": 1,
+    }
+    # A preemption with nothing loading counts nowhere.
+    events.scheduled(5, (b,), (), ConnectorMeta())
+    assert events.counts.preemptions_during_loads == 2
