@@ -283,7 +283,7 @@ class Simulation:
             self._forward(scheduled)
         self.plane.wait_for_save()
         kv_output = self.plane.get_transfer_results()
-        self.transfers.reported(step, kv_output)
+        self.transfers.reported(step, kv_output, self._wrong_store_sources)
         failures = failure_reports(self.scheduler, self.plane.get_block_ids_with_load_errors())
         self._verify_loads(kv_output)
         hit_tokens, loaded_tokens = self._admissions(output)
@@ -405,6 +405,13 @@ class Simulation:
                 self.result.blocks_verified += 1
                 if not self._unit_holds(live, item.group_idx, item.block_id, item.end_token):
                     self.result.wrong_content_loads += 1
+
+    def _wrong_store_sources(self, job: TransferJob) -> int:
+        """Blocks of a finished store whose source no longer holds its key's content (TR-2)."""
+        live = self._live[job.request_id]
+        return sum(
+            not self._unit_holds(live, i.group_idx, i.block_id, i.end_token) for i in job.items
+        )
 
     def _unit_holds(self, live: _Live, g: int, block: int, end: int) -> bool:
         group = self.config.groups[g]

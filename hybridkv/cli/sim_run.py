@@ -284,7 +284,7 @@ def _report(  # noqa: PLR0917 - the report reads every part of the run
     slot_bytes: int,
     r: SimResult,
 ) -> dict[str, Any]:
-    wrong = r.wrong_content_loads + r.wrong_content_reads
+    wrong = r.wrong_content_loads + r.wrong_content_reads + r.transfers.wrong_content_stores
     verdict = "pass" if wrong == 0 and r.invariant_violations == 0 else "fail"
     return {
         "schema_version": 1,

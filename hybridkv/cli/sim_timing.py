@@ -79,4 +79,8 @@ def rows(report: Mapping[str, Any]) -> list[tuple[str, str]]:
             f"({t['preemptions_of_loading_requests']} of a request with its own load)",
         ),
         ("aborts during load", f"{t['aborts_during_load']} of {t['aborts']} aborts"),
+        (
+            "wrong-content stores",
+            f"{t['wrong_content_stores']} of {t['store_blocks_verified']:,} source blocks",
+        ),
     ]

@@ -14,7 +14,11 @@ loads and stores are in flight and for which request. From that and the schedule
   request's freed blocks must not be blocks a load is writing); ``preemptions_of_loading_requests``:
   of those, the ones whose request had its own (abandoned) load in flight;
 - ``aborts`` and ``aborts_during_load``: client cancels, and those of a request whose load was
-  in flight (its blocks stay held until the load reports).
+  in flight (its blocks stay held until the load reports);
+- ``store_blocks_verified`` and ``wrong_content_stores``: the source blocks of every successful
+  store, checked when it is reported against what recomputation writes for its key. The timed
+  engine copies a store's bytes at its modelled completion, so a source rewritten before then
+  (``TR-2``) is what the host got, and shows here.
 
 It also gives the in-flight jobs in the TR-* snapshot form, so ``--check`` can judge ``TR-1``
 (:func:`tr1_messages`) on the real schedule.
@@ -22,7 +26,7 @@ It also gives the in-flight jobs in the TR-* snapshot form, so ``--check`` can j
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
@@ -45,6 +49,8 @@ class TransferCounts:
     preemptions_of_loading_requests: int = 0
     aborts: int = 0
     aborts_during_load: int = 0
+    store_blocks_verified: int = 0
+    wrong_content_stores: int = 0
 
     def as_dict(self) -> dict[str, int]:
         """The counts by name."""
@@ -116,8 +122,14 @@ class TransferEvents:
         for job in (*meta.load_jobs, *meta.store_jobs):
             self._jobs[job.job_id] = _Started(job, step)
 
-    def reported(self, step: int, kv_output: KVConnectorOutput) -> None:
-        """The step's output reported these jobs complete (or failed)."""
+    def reported(
+        self,
+        step: int,
+        kv_output: KVConnectorOutput,
+        wrong_sources: Callable[[TransferJob], int] | None = None,
+    ) -> None:
+        """The step's output reported these jobs complete (or failed). ``wrong_sources`` counts
+        the blocks of a successful store that do not hold their key's true content."""
         c = self.counts
         for result in kv_output.completed_jobs:
             started = self._jobs.pop(result.job_id, None)
@@ -126,6 +138,9 @@ class TransferEvents:
             steps = step - started.step + 1
             if started.job.kind.value == "store":
                 c.store_jobs_spanning_steps += steps > 1
+                if result.success and wrong_sources is not None:
+                    c.store_blocks_verified += len(started.job.items)
+                    c.wrong_content_stores += wrong_sources(started.job)
                 continue
             c.load_jobs_spanning_steps += steps > 1
             c.longest_load_steps = max(c.longest_load_steps, steps)

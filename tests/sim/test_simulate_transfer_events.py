@@ -5,9 +5,10 @@ jobs in flight included) checked every step, for both connectors.
 
 The configurations are the built-in workloads with a slower host link, so each event happens
 several times in a run of a few seconds; the counts they produce are in docs/howto/simulate.md.
-Two broken variants show the checks see what these events put at risk: a scheduler that frees
-an abandoned load's blocks before its copy stops, and an engine that reports a load before its
-bytes land.
+Three broken variants show the checks see what these events put at risk: a scheduler that
+frees an abandoned load's blocks before its copy stops, an engine that reports a load before its
+bytes land, and a connector that does not pin store sources, so a preempted request's blocks
+are rewritten before their store's copy reads them (TR-2).
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from hybridkv.cli import sim_engine, sim_optimized
+from hybridkv.cli import engine_adapter, sim_engine, sim_optimized
 from hybridkv.cli.main import main
 from hybridkv.cli.sim_run import SimOptions, simulate
 from hybridkv.sim.timed_engine import TimedTransferEngine
@@ -50,6 +51,8 @@ def _run(options: SimOptions, connector: str) -> dict[str, Any]:
 def _assert_clean(report: dict[str, Any]) -> None:
     assert report["blocks_verified"] > 0
     assert report["wrong_content_loads"] == report["wrong_content_reads"] == 0
+    assert report["transfers"]["store_blocks_verified"] > 0
+    assert report["transfers"]["wrong_content_stores"] == 0
     assert report["invariant_checks"] > 0
     assert report["invariant_violations"] == 0, report["violations"]
     assert report["verdict"] == "pass"
@@ -176,4 +179,16 @@ def test_content_checks_catch_a_load_reported_before_its_bytes_land(
     monkeypatch.setattr(sim_optimized, "TimedTransferEngine", _ReportsLoadsAtOnce)
     report = simulate(DEFAULT_12)
     assert report["wrong_content_loads"] > 0
+    assert report["verdict"] == "fail"
+
+
+def test_store_checks_catch_a_source_rewritten_before_its_copy(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    def no_pins(self: engine_adapter.CoreConnector, pool: object) -> None:
+        """The core never learns the pool, so it pins no store source."""
+
+    monkeypatch.setattr(engine_adapter.CoreConnector, "bind_gpu_block_pool", no_pins)
+    report = simulate(dataclasses.replace(SLOW_SHARED, check=False))
+    assert report["transfers"]["wrong_content_stores"] > 0
     assert report["verdict"] == "fail"

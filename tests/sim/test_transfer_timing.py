@@ -252,9 +252,10 @@ def _done(*job_ids: int) -> KVConnectorOutput:
 def test_transfer_events_count_what_they_saw_in_flight() -> None:
     events = TransferEvents()
     a, b = RequestId("a"), RequestId("b")
-    # Step 1: a's load and b's store start; the store is reported in step 1, the load is not.
+    # Step 1: a's load and b's store start; the store is reported in step 1 (its one source
+    # block found rewritten), the load is not.
     events.scheduled(1, (), (), ConnectorMeta((_job(1, "load", "a"),), (_job(2, "store", "b"),)))
-    events.reported(1, _done(2))
+    events.reported(1, _done(2), lambda job: len(job.items))
     assert events.loading(a)
     assert not events.loading(b)
     assert events.in_flight()
@@ -276,6 +277,8 @@ def test_transfer_events_count_what_they_saw_in_flight() -> None:
         "preemptions_of_loading_requests": 1,
         "aborts": 2,
         "aborts_during_load": 1,
+        "store_blocks_verified": 1,
+        "wrong_content_stores": 1,
     }
     # A preemption with nothing loading counts nowhere.
     events.scheduled(5, (b,), (), ConnectorMeta())
