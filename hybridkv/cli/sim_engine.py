@@ -11,9 +11,10 @@ One step, in vLLM's order (``v1/worker/gpu/kv_connector.py:76-160``):
    always with ``check``), and the blocks it computes get their true content
    (:class:`hybridkv.sim.content.ContentCodec`);
 5. the data plane starts the step's stores (after the forward: a store reads what the forward
-   wrote, vLLM #39306), then the step's transfers are drained and folded into the
-   ``KVConnectorOutput`` and the block-level reports of failed loads (which shared truncation
-   reads); each block a successful load wrote is checked against recomputation;
+   wrote, vLLM #39306), then the transfers done by the step's end are polled and folded into
+   the ``KVConnectorOutput`` and the block-level reports of failed loads (which shared
+   truncation reads); each block a successful load wrote, and each source a successful store
+   read, is checked against recomputation;
 6. ``update_from_output`` with one sampled token per request whose prefill is complete.
 
 A transfer is reported in the step the data plane's copy-time model says it completes
