@@ -1,7 +1,10 @@
 """``hybridkv simulate`` with transfers that take modelled time: loads span steps, the load
 deadline fires, requests are preempted and aborted while loads are in flight, and every loaded
 and read block still holds what recomputation would write, with every invariant (TR-1 on the
-jobs in flight included) checked every step, for both connectors.
+jobs in flight included) checked every step, for both connectors. Every scenario also proves
+the report balances: prompt tokens = first-time computed + loaded + GPU hit + unserved (the
+prompt tokens of aborted requests never served), with every read served by a counted event,
+and each injected failure observed to recover (or ended with its aborted request).
 
 The configurations are the built-in workloads with a slower host link, so each event happens
 several times in a run of a few seconds; the counts they produce are in docs/howto/simulate.md.
@@ -41,11 +44,34 @@ SLOW_SHARED = SimOptions(
 IMPATIENT = SimOptions(requests=24, aborts=1.0, transfer_gbps=1.0, check=True)
 # The default workload and link, under GPU pressure (invariants are checked in the two above).
 DEFAULT_12 = SimOptions(requests=12)
+# The two above with 30% of jobs failing: failures recovered while loads span steps and a
+# deadline fires, and failures of requests their clients then cancel.
+SLOW_SHARED_FAULTS = dataclasses.replace(SLOW_SHARED, faults=0.3)
+IMPATIENT_FAULTS = dataclasses.replace(IMPATIENT, faults=0.3)
 
 
 @cache
 def _run(options: SimOptions, connector: str) -> dict[str, Any]:
     return simulate(dataclasses.replace(options, connector=connector))
+
+
+def _assert_balances(report: dict[str, Any], *, unserved: bool = False) -> None:
+    """The identity holds with its three first-time terms non-zero (and the unserved term
+    exactly when requests were aborted), no read went unserved, and every injected failure was
+    seen to recover or ended with its request."""
+    computed = report["prefill_tokens_computed"]
+    loaded = report["prefill_tokens_loaded"]
+    hit = report["local_hit_tokens"]
+    rest = report["prompt_tokens_unserved"]
+    assert report["prompt_tokens"] == computed + loaded + hit + rest
+    assert report["identity_holds"] is True
+    assert min(computed, loaded, hit) > 0
+    assert (rest > 0) is unserved
+    assert report["unaccounted_reads"] == 0
+    ended = report["failures_recovered"] + report["failures_ended"]
+    assert ended == report["failures_injected"]
+    if not unserved:
+        assert report["failures_ended"] == 0  # no request ended early: all must recover
 
 
 def _assert_clean(report: dict[str, Any]) -> None:
@@ -65,6 +91,7 @@ def test_loads_span_steps(connector: str) -> None:
     assert report["load_jobs"] >= t["load_jobs_spanning_steps"] > 0
     assert t["longest_load_steps"] >= 2
     _assert_clean(report)
+    _assert_balances(report)
 
 
 def test_loads_span_steps_with_the_default_model() -> None:
@@ -75,6 +102,7 @@ def test_loads_span_steps_with_the_default_model() -> None:
     assert report["prefill_tokens_loaded"] > 0
     assert report["wrong_content_loads"] == report["wrong_content_reads"] == 0
     assert report["verdict"] == "pass"
+    _assert_balances(report)
 
 
 @pytest.mark.parametrize("connector", CONNECTORS)
@@ -88,6 +116,13 @@ def test_the_load_deadline_fires_and_abandoned_blocks_wait_for_their_copy(connec
     assert t["longest_load_steps"] > 4  # the deadline: the late copies ran past it
     assert report["finished"] == {"finished_length": SLOW_SHARED.requests}
     _assert_clean(report)
+    _assert_balances(report)
+    # The abandoned loads' tokens were served by recomputation, counted once; the GPU hits the
+    # abandonment took back were served again after a failure, outside the identity.
+    assert report["served_again"]["failure"]["computed"] > 0
+    # A copy abandoned at its deadline serves nothing when it lands: had it served its tokens,
+    # those its request recomputed meanwhile would show as served again while in place.
+    assert not any(report["served_again"]["replay"].values())
 
 
 @pytest.mark.parametrize("connector", CONNECTORS)
@@ -96,6 +131,8 @@ def test_preemption_during_a_load(connector: str) -> None:
     t = report["transfers"]
     assert t["preemptions_during_loads"] >= t["preemptions_of_loading_requests"] > 0
     _assert_clean(report)
+    _assert_balances(report)
+    assert sum(report["served_again"]["preemption"].values()) > 0
 
 
 @pytest.mark.parametrize("connector", CONNECTORS)
@@ -105,9 +142,42 @@ def test_abort_during_a_load(connector: str) -> None:
     assert t["aborts"] >= t["aborts_during_load"] > 0
     assert report["finished"]["finished_aborted"] == t["aborts"]
     _assert_clean(report)
+    # The aborted requests' prompt tokens never served are the identity's unserved term; a load
+    # that lands after its request was aborted serves nothing.
+    _assert_balances(report, unserved=True)
 
 
-@pytest.mark.parametrize("options", [SLOW_SHARED, IMPATIENT], ids=["deadline", "aborts"])
+@pytest.mark.parametrize("connector", CONNECTORS)
+def test_failures_recover_while_loads_span_steps_and_the_deadline_fires(connector: str) -> None:
+    report = _run(SLOW_SHARED_FAULTS, connector)
+    t = report["transfers"]
+    assert t["load_jobs_spanning_steps"] > 0
+    assert t["deadlines_fired"] > 0
+    assert report["failed_loads"] > 0
+    assert report["failed_stores"] > 0
+    assert report["failures_recovered"] == report["failures_injected"]
+    assert report["recovered_loads"] == report["failed_loads"]
+    _assert_clean(report)
+    _assert_balances(report)
+
+
+@pytest.mark.parametrize("connector", CONNECTORS)
+def test_failures_of_requests_aborted_during_loads_end_with_them(connector: str) -> None:
+    report = _run(IMPATIENT_FAULTS, connector)
+    t = report["transfers"]
+    assert t["aborts_during_load"] > 0
+    assert report["failed_loads"] > 0
+    assert report["failures_ended"] > 0  # a failed load whose request was then cancelled
+    assert report["failures_recovered"] > 0
+    _assert_clean(report)
+    _assert_balances(report, unserved=True)
+
+
+@pytest.mark.parametrize(
+    "options",
+    [SLOW_SHARED, IMPATIENT, SLOW_SHARED_FAULTS, IMPATIENT_FAULTS],
+    ids=["deadline", "aborts", "deadline-faults", "aborts-faults"],
+)
 def test_both_connectors_meet_the_same_events(options: SimOptions) -> None:
     fast, ref = _run(options, "optimized"), _run(options, "reference")
     assert fast["transfers"] == ref["transfers"]
