@@ -11,9 +11,10 @@ One step, in vLLM's order (``v1/worker/gpu/kv_connector.py:76-160``):
    always with ``check``), and the blocks it computes get their true content
    (:class:`hybridkv.sim.content.ContentCodec`);
 5. the data plane starts the step's stores (after the forward: a store reads what the forward
-   wrote, vLLM #39306), then the step's transfers are drained and folded into the
-   ``KVConnectorOutput`` and the block-level reports of failed loads (which shared truncation
-   reads); each block a successful load wrote is checked against recomputation;
+   wrote, vLLM #39306), then the transfers done by the step's end are polled and folded into
+   the ``KVConnectorOutput`` and the block-level reports of failed loads (which shared
+   truncation reads); each block a successful load wrote, and each source a successful store
+   read, is checked against recomputation;
 6. ``update_from_output`` with one sampled token per request whose prefill is complete.
 
 The report's figures come from the step's events, kept apart from the loop's policy: the
@@ -25,8 +26,14 @@ issued it: a job issued before its request lost its blocks (preemption, abandonm
 deadline) serves nothing when it lands, and an abandoned load's tokens count when they are
 recomputed or reloaded.
 
-Transfers are drained every step, so a run is deterministic (the same trace and seed give the
-same report) and a load is reported in the step that started it, the fastest vLLM allows.
+A transfer is reported in the step the data plane's copy-time model says it completes
+(:mod:`hybridkv.sim.copy_time`), so a load may span steps; the model's time is exact, so a run
+is deterministic (the same trace and seed give the same report). What that timing made happen
+(loads across steps, deadlines, preemptions and aborts during loads) is counted by
+:class:`hybridkv.cli.sim_transfers.TransferEvents`; client aborts come from
+:class:`hybridkv.sim.aborts.AbortPlan` at the end of a step; an aborted request's prompt
+tokens not yet served are the identity's "unserved" term, and a load it had in flight serves
+nothing when it lands.
 """
 
 from __future__ import annotations
@@ -38,7 +45,9 @@ from typing import Any, Protocol
 
 from hybridkv.cli.sim_ledger import Cause, Source, TokenLedger
 from hybridkv.cli.sim_recovery import RecoveryWatch
+from hybridkv.cli.sim_transfers import TransferCounts, TransferEvents, tr1_messages
 from hybridkv.errors import HybridKVConfigError
+from hybridkv.sim.aborts import AbortPlan
 from hybridkv.sim.content import ContentCodec, PrefixHashes
 from hybridkv.sim.trace import TraceRequest
 from spec.connector_api import (
@@ -179,6 +188,7 @@ class SimResult:
     invariant_violations: int = 0
     violations: list[str] = field(default_factory=list)
     timeline: list[StepSample] = field(default_factory=list)
+    transfers: TransferCounts = field(default_factory=TransferCounts)
 
     @property
     def identity_holds(self) -> bool:
@@ -236,6 +246,7 @@ class Simulation:
         connector_snapshot: Callable[[], Mapping[str, Any]] | None = None,
         max_steps: int = 1_000_000,
         progress: Callable[[int, int], None] | None = None,
+        aborts: AbortPlan | None = None,
     ) -> None:
         """Pre: ``connector`` and ``plane`` share one host store; ``codec`` wraps the caches
         the plane moves; ``units`` are the connector's offload units per group (tokens).
@@ -263,6 +274,11 @@ class Simulation:
         # load's end, and the ledger epoch of its admission (jobs tile the load in id order).
         self._load_cursor: dict[RequestId, tuple[int, int, int]] = {}
         self._step_failed = (0, 0)  # failed (loads, stores) reported in this step
+        self.transfers = TransferEvents()
+        self.result.transfers = self.transfers.counts
+        self.aborts = aborts
+        self._abort_seen = 0  # requests of _live given their abort step
+        self._abort_at: dict[int, list[RequestId]] = {}  # step -> requests the client cancels
 
     # ----------------------------------------------------------------- the run
     def run(self) -> SimResult:
@@ -339,13 +355,14 @@ class Simulation:
             return True
         s = self.scheduler
         unfinished = any(not r.status.is_finished for r in s.requests.values())
-        return unfinished or bool(s.loads or s.parked or s.holds)
+        return unfinished or bool(s.loads or s.parked or s.holds) or self.transfers.in_flight()
 
     def _step(self, step: int) -> None:
         first_before = dict(self.ledger.first)
         self._step_failed = (0, 0)
         self._arrive(step)
         output = self.scheduler.schedule()
+        self.transfers.scheduled(step, output.preempted_ids, output.abandoned_ids, output.meta)
         self._schedule_losses(output)
         self._admissions(output)
         self._take_jobs(output.meta)
@@ -355,6 +372,7 @@ class Simulation:
             self._forward(scheduled)
         self.plane.wait_for_save()
         kv_output = self.plane.get_transfer_results()
+        self.transfers.reported(step, kv_output, self._wrong_store_sources)
         failures = failure_reports(self.scheduler, self.plane.get_block_ids_with_load_errors())
         self._job_results(kv_output)
         self._account_forwards(output.scheduled)
@@ -364,6 +382,8 @@ class Simulation:
         self._recovery_losses()
         self.watch.check_gone(self.plane.store_holds)
         self._after_update(before)
+        if self.aborts is not None:
+            self._abort_due(step, self.aborts)
         if self.check:
             self._check_invariants(step)
         self._sample_timeline(step, first_before)
@@ -583,6 +603,13 @@ class Simulation:
                 self.result.wrong_content_loads += 1
                 live.wrong += 1
 
+    def _wrong_store_sources(self, job: TransferJob) -> int:
+        """Blocks of a finished store whose source no longer holds its key's content (TR-2)."""
+        live = self._live[job.request_id]
+        return sum(
+            not self._unit_holds(live, i.group_idx, i.block_id, i.end_token) for i in job.items
+        )
+
     def _unit_holds(self, live: _Live, g: int, block: int, end: int) -> bool:
         group = self.config.groups[g]
         if group.kind is GroupKind.MAMBA:
@@ -616,6 +643,28 @@ class Simulation:
                 self._busy.discard(live.conversation)
                 self._conversations[live.conversation] = (request.token_ids, live.prompt_len)
 
+    def _abort_due(self, step: int, plan: AbortPlan) -> None:
+        """Impatient clients whose patience ran out with no first token cancel their requests
+        (:class:`AbortPlan`; vLLM handles an abort between two steps)."""
+        if len(self._live) > self._abort_seen:
+            for rid in list(self._live)[self._abort_seen :]:  # arrived this step
+                patience = plan.patience(self._live[rid].index)
+                if patience is not None:
+                    self._abort_at.setdefault(step + patience, []).append(rid)
+            self._abort_seen = len(self._live)
+        due = [
+            rid
+            for rid in self._abort_at.pop(step, ())
+            if not (r := self.scheduler.requests[rid]).status.is_finished and not r.output_token_ids
+        ]
+        if not due:
+            return
+        before = {rid for rid, r in self.scheduler.requests.items() if r.status.is_finished}
+        for rid in due:
+            self.transfers.aborted(rid)
+            self.scheduler.abort_request(rid)
+        self._after_update(before)
+
     def _check_invariants(self, step: int) -> None:
         snapshot = self.scheduler.snapshot()
         kv = snapshot["kv_cache_groups"]
@@ -636,6 +685,11 @@ class Simulation:
             for inv_id, messages in check_all(subject, snap).items():
                 self.result.invariant_violations += 1
                 self.result.violations.append(f"step {step}: {inv_id}: {messages[0]}")
+        self.result.invariant_checks += 1  # TR-1 on the jobs in flight, the real schedule's
+        tr1 = tr1_messages(self.scheduler, self.transfers)
+        if tr1:
+            self.result.invariant_violations += 1
+            self.result.violations.append(f"step {step}: TR-1: {tr1[0]}")
 
 
 def _window_low(group: GroupSpec, start: int) -> int:

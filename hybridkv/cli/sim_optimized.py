@@ -7,14 +7,13 @@ The spec scheduler drives :class:`hybridkv.connector.ConnectorCore` through
 (:class:`~hybridkv.transfer.CpuTransferEngine`, or the CUDA engine with ``--device cuda``) over
 the canonical caches and exact-size host memory (pinned when CUDA is present).
 
-Each step the plane drains the loads before the forward and the stores after it, timing each
-direction on its own, so the report's GB/s per direction is bytes over the time that direction
-kept the engine busy.
+The engine is wrapped in a :class:`hybridkv.sim.timed_engine.TimedTransferEngine`: each job
+is reported in the step the copy-time model says it completes, so a load may span steps. The
+report's GB/s per direction is bytes over the wall time the real copies of that direction took.
 """
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -29,9 +28,11 @@ from hybridkv.connector.worker import TransferWorker
 from hybridkv.errors import HybridKVConfigError
 from hybridkv.hostmem import HostMemory, PinMode
 from hybridkv.kinds import GroupKind
+from hybridkv.sim.copy_time import CopyTimeModel
 from hybridkv.sim.faults import FaultPlan
+from hybridkv.sim.timed_engine import TimedTransferEngine
 from hybridkv.store import HostStore, LookupResult
-from hybridkv.transfer import CpuTransferEngine, TransferEngine
+from hybridkv.transfer import CpuTransferEngine, Direction, TransferEngine
 from spec.connector_api import ConnectorMeta, KVConnectorOutput, RequestId
 
 __all__ = ["OptimizedPlane", "build_optimized"]
@@ -43,34 +44,30 @@ class OptimizedPlane:
 
     worker: TransferWorker
     store: HostStore
-    engine: TransferEngine
+    engine: TimedTransferEngine
     host: HostMemory
     counts: PlaneCounts
 
     def bind_connector_metadata(self, meta: ConnectorMeta) -> None:
-        """Hand the step's jobs to the worker, which submits the loads at once."""
-        start = time.perf_counter()
+        """Start the next step; hand its jobs to the worker, which submits the loads at once."""
+        self.engine.start_step()
         self.worker.bind_connector_metadata(to_core_meta(meta))
-        self.worker.drain()  # the loads, timed apart from the stores
-        self.counts.load_seconds += time.perf_counter() - start
 
     def start_load_kv(self) -> None:
-        """Nothing more: the worker started (and the plane drained) the loads at bind."""
+        """Nothing more: the worker submitted the loads at bind."""
 
     def wait_for_save(self) -> None:
-        """Submit the step's stores after the forward, and drain them (timed)."""
-        start = time.perf_counter()
+        """Submit the step's stores, after the forward."""
+        self.engine.end_forward()
         self.worker.wait_for_save()
-        self.worker.drain()
-        self.counts.store_seconds += time.perf_counter() - start
 
     def get_transfer_results(self) -> KVConnectorOutput:
-        """Fold every finished job (all are, the plane drained them)."""
-        out = to_spec_output(self.worker.get_transfer_results(wait=True))
-        stats = self.worker.stats()
-        self.counts.bytes_loaded = stats.bytes_loaded
-        self.counts.bytes_stored = stats.bytes_stored
-        self.counts.failures_injected = stats.faults_injected
+        """Run the jobs due by the step's end; fold every job reported so far."""
+        self.engine.advance()
+        out = to_spec_output(self.worker.get_transfer_results())
+        self.counts.bytes_loaded = self.engine.bytes_moved(Direction.LOAD)  # landed, not started
+        self.counts.bytes_stored = self.engine.bytes_moved(Direction.STORE)
+        self.counts.failures_injected = self.worker.stats().faults_injected
         return out
 
     def get_block_ids_with_load_errors(self) -> Mapping[RequestId, frozenset[int]]:
@@ -109,6 +106,8 @@ def build_optimized(
     entries: int,
     faults: FaultPlan,
     policy: str,
+    *,
+    model: CopyTimeModel | None = None,
 ) -> tuple[CoreConnector, OptimizedPlane, Callable[[], Mapping[str, Any]]]:
     """The core (wrapped for the spec scheduler), its plane, and the core's snapshot.
 
@@ -136,18 +135,22 @@ def build_optimized(
     )
     slot_bytes = max(canonical.group_bytes(g) for g in range(len(canonical.group_refs)))
     host = HostMemory(entries * slot_bytes, slot_bytes, PinMode.AUTO)
-    engine: TransferEngine
+    inner: TransferEngine
     if canonical.device.type == "cuda":
         from hybridkv.transfer.cuda_engine import CudaTransferEngine
 
-        engine = CudaTransferEngine(canonical, host)
+        inner = CudaTransferEngine(canonical, host)
     else:
-        engine = CpuTransferEngine(canonical, host)
+        inner = CpuTransferEngine(canonical, host)
+    counts = PlaneCounts()
+    engine = TimedTransferEngine(
+        inner, model or CopyTimeModel(), canonical, host, counts.add_seconds
+    )
 
     def fails(job: TransferJob) -> bool:
         return faults.fails(job.kind.value, job.request_id, job.items[0].key)
 
     worker = TransferWorker(engine, store, canonical, host, fault_hook=fails)
-    plane = OptimizedPlane(worker, store, engine, host, PlaneCounts())
+    plane = OptimizedPlane(worker, store, engine, host, counts)
     connector = CoreConnector(core)
     return connector, plane, connector.snapshot

@@ -3,9 +3,13 @@
 ``hybridkv simulate --connector reference`` runs the spec's reference connector
 (:class:`spec.connector.ReferenceConnector`, which owns a :class:`spec.store.HostStore`) and
 folds job results with :class:`spec.connector.ReferenceWorker`, while the bytes move through
-the same CPU transfer engine the optimized path uses. Host slots are assigned per key here,
-taken when a store job starts and given back when the store drops the key (an eviction or a
-failed store, read from the store's events), so at most ``capacity`` slots are ever in use.
+the same CPU transfer engine the optimized path uses, timed by the same copy-time model
+(:class:`hybridkv.sim.timed_engine.TimedTransferEngine`): a job is reported in the step the
+model says it completes. An injected fault fails its job at submission, as the optimized
+worker's fault hook does, so both planes fail the same jobs in the same steps. Host slots are
+assigned per key here, taken when a store job starts and given back when the store drops the
+key (an eviction or a failed store, read from the store's events), so at most ``capacity``
+slots are ever in use.
 
 A run with the reference plane and a run with the optimized core must agree on every count
 but time: that is ``tests/sim/test_simulate_agreement.py``.
@@ -13,7 +17,6 @@ but time: that is ``tests/sim/test_simulate_agreement.py``.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -21,7 +24,9 @@ from typing import Any
 from hybridkv.canonical import CanonicalCaches
 from hybridkv.errors import HybridKVConfigError
 from hybridkv.hostmem import HostMemory, PinMode
+from hybridkv.sim.copy_time import CopyTimeModel
 from hybridkv.sim.faults import FaultPlan
+from hybridkv.sim.timed_engine import TimedTransferEngine
 from hybridkv.transfer import CpuTransferEngine, Direction, JobId, TransferPair
 from spec.connector import ReferenceConnector, ReferenceWorker
 from spec.connector_api import (
@@ -46,16 +51,23 @@ class PlaneCounts:
     store_seconds: float = 0.0
     failures_injected: int = 0
 
-
-class _InjectedFault(RuntimeError):
-    """Raised inside the transfer engine to fail a job on purpose."""
+    def add_seconds(self, direction: Direction, seconds: float) -> None:
+        """Add the wall time of a batch of real copies to its direction."""
+        if direction is Direction.LOAD:
+            self.load_seconds += seconds
+        else:
+            self.store_seconds += seconds
 
 
 class ReferencePlane:
     """The :class:`hybridkv.cli.sim_engine.DataPlane` over the spec connector (module docstring)."""
 
     def __init__(
-        self, connector: ReferenceConnector, caches: CanonicalCaches, faults: FaultPlan
+        self,
+        connector: ReferenceConnector,
+        caches: CanonicalCaches,
+        faults: FaultPlan,
+        model: CopyTimeModel | None = None,
     ) -> None:
         """Pre: ``connector``'s store capacity is the number of host slots wanted."""
         self.connector = connector
@@ -64,63 +76,56 @@ class ReferencePlane:
         capacity = connector.store.capacity
         slot_bytes = max(caches.group_bytes(g) for g in range(len(caches.group_refs)))
         self.host = HostMemory(capacity * slot_bytes, slot_bytes, PinMode.AUTO)
-        self._failing: set[JobId] = set()
-        self.engine = CpuTransferEngine(caches, self.host, self._fault_hook)
-        self.worker = ReferenceWorker()
         self.counts = PlaneCounts()
+        self.engine = TimedTransferEngine(
+            CpuTransferEngine(caches, self.host),
+            model or CopyTimeModel(),
+            caches,
+            self.host,
+            self.counts.add_seconds,
+        )
+        self.worker = ReferenceWorker()
         self._slots: dict[bytes, int] = {}
         self._free = list(range(capacity - 1, -1, -1))
         self._meta = ConnectorMeta()
         self._started: dict[JobId, TransferJob] = {}
         self._results: list[JobResult] = []
 
-    def _fault_hook(self, job: JobId, direction: Direction, run: int) -> None:
-        if job in self._failing:
-            raise _InjectedFault(f"injected failure of transfer job {job}")
-
     # ----------------------------------------------------------------- the step
     def bind_connector_metadata(self, meta: ConnectorMeta) -> None:
-        """Accept the step's jobs; give back the slots of keys the store dropped."""
+        """Start the next step; accept its jobs; give back the slots of keys the store dropped."""
+        self.engine.start_step()
         self._free_dropped_slots()
         self.worker.bind_connector_metadata(meta)
         self._meta = meta
 
     def start_load_kv(self) -> None:
-        """Submit the step's load jobs (host slots to GPU blocks) and drain them, timed."""
-        start = time.perf_counter()
+        """Submit the step's load jobs (host slots to GPU blocks); they run when they are due."""
         for job in self._meta.load_jobs:
             pairs = [TransferPair(i.group_idx, i.block_id, self._slot(i.key)) for i in job.items]
             self._submit(job, Direction.LOAD, pairs)
-        self._drain()
-        self.counts.load_seconds += time.perf_counter() - start
 
     def wait_for_save(self) -> None:
-        """Submit the step's store jobs (GPU blocks to fresh host slots), after the forward,
-        and drain them, timed."""
-        start = time.perf_counter()
+        """Submit the step's store jobs (GPU blocks to fresh host slots), after the forward."""
+        self.engine.end_forward()
         for job in self._meta.store_jobs:
             pairs = [TransferPair(i.group_idx, i.block_id, self._take(i.key)) for i in job.items]
             self._submit(job, Direction.STORE, pairs)
-        self._drain()
-        self.counts.store_seconds += time.perf_counter() - start
 
     def get_transfer_results(self) -> KVConnectorOutput:
-        """Fold the step's results (every job was drained) with the reference worker."""
+        """Run the jobs due by the step's end; fold their results with the reference worker."""
+        self._collect()
         results = tuple(sorted(self._results, key=lambda r: r.job_id))
         self._results = []
         return self.worker.get_transfer_results(results)
 
-    def _drain(self) -> None:
-        self.engine.wait(list(self._started))
+    def _collect(self) -> None:
+        self.engine.advance()
         for finished in self.engine.poll():
             job = self._started.pop(finished.job_id)
-            if finished.success:
-                moved = sum(self.caches.group_bytes(i.group_idx) for i in job.items)
-                if job.kind.value == "load":
-                    self.counts.bytes_loaded += moved
-                else:
-                    self.counts.bytes_stored += moved
             self._results.append(JobResult(job.job_id, finished.success))
+        self.counts.bytes_loaded = self.engine.bytes_moved(Direction.LOAD)
+        self.counts.bytes_stored = self.engine.bytes_moved(Direction.STORE)
 
     def get_block_ids_with_load_errors(self) -> Mapping[RequestId, frozenset[int]]:
         """The reference worker's block-level load errors (handed out once)."""
@@ -151,12 +156,11 @@ class ReferencePlane:
 
     # ----------------------------------------------------------------- helpers
     def _submit(self, job: TransferJob, direction: Direction, pairs: list[TransferPair]) -> None:
-        fails = self.faults.fails(direction.value, job.request_id, job.items[0].key)
-        engine_job = self.engine.submit(direction, pairs)
-        if fails:
-            self._failing.add(engine_job)
+        if self.faults.fails(direction.value, job.request_id, job.items[0].key):
             self.counts.failures_injected += 1
-        self._started[engine_job] = job
+            self._results.append(JobResult(job.job_id, False))  # never submitted, as the core's
+            return
+        self._started[self.engine.submit(direction, pairs)] = job
 
     def _slot(self, key: bytes) -> int:
         slot = self._slots.get(key)

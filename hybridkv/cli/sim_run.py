@@ -18,9 +18,12 @@ from hybridkv.canonical import build_canonical_caches
 from hybridkv.cli.model_config import load_model_config
 from hybridkv.cli.sim_engine import DataPlane, SimResult, Simulation
 from hybridkv.cli.sim_setup import SimSetup, derive_setup
+from hybridkv.cli.sim_timing import copy_time_model, transfer_report
 from hybridkv.errors import HybridKVConfigError
+from hybridkv.sim.aborts import AbortPlan
 from hybridkv.sim.caches import build_sim_caches
 from hybridkv.sim.content import ContentCodec
+from hybridkv.sim.copy_time import DEFAULT_GBPS, DEFAULT_LATENCY_US, DEFAULT_STEP_MS, CopyTimeModel
 from hybridkv.sim.faults import FaultPlan
 from hybridkv.sim.trace import TraceRequest, load_trace
 from hybridkv.sim.workloads import builtin_workload
@@ -52,6 +55,10 @@ class SimOptions:
     max_num_running: int = 8
     max_model_len: int = 32768
     load_deadline_steps: int | None = 64
+    transfer_gbps: float = DEFAULT_GBPS
+    transfer_latency_us: float = DEFAULT_LATENCY_US
+    step_ms: float = DEFAULT_STEP_MS
+    aborts: float = 0.0
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> SimOptions:
@@ -76,6 +83,10 @@ class SimOptions:
             max_num_running=args.max_num_running,
             max_model_len=args.max_model_len,
             load_deadline_steps=args.load_deadline_steps,
+            transfer_gbps=args.transfer_gbps,
+            transfer_latency_us=args.transfer_latency_us,
+            step_ms=args.step_ms,
+            aborts=args.aborts,
         )
 
 
@@ -164,6 +175,8 @@ def simulate(options: SimOptions, *, progress: bool = False) -> dict[str, Any]:
         setup = _setup(options, config, 3 * _blocks_for(setup, _longest_sequence(trace)))
     _check_trace_fits(trace, setup)
     faults = FaultPlan(options.faults, options.seed)
+    aborts = AbortPlan(options.aborts, options.seed)
+    model = copy_time_model(options, setup)
     device = _device(options)
     num_blocks = setup.scheduler.num_blocks
     caches = build_sim_caches(setup.sim_groups, num_blocks, options.layers_per_group, device)
@@ -177,7 +190,7 @@ def simulate(options: SimOptions, *, progress: bool = False) -> dict[str, Any]:
             f"holds no entry: one block of the largest group takes {slot_bytes} bytes",
             f"pass at least {slot_bytes}",
         )
-    connector, plane, snapshot = _build_connector(options, setup, canonical, entries, faults)
+    connector, plane, snapshot = _build_connector(options, setup, canonical, entries, faults, model)
     try:
         sim = Simulation(
             setup.scheduler,
@@ -188,11 +201,14 @@ def simulate(options: SimOptions, *, progress: bool = False) -> dict[str, Any]:
             units=setup.planner.units,
             check=options.check,
             connector_snapshot=snapshot,
+            aborts=aborts if options.aborts else None,
         )
         result = _run_with_progress(sim, len(trace)) if progress else sim.run()
     finally:
         plane.close()
-    return _report(options, source, setup, entries, slot_bytes, result)
+    report = _report(options, source, setup, entries, slot_bytes, result)
+    report["transfers"] = transfer_report(model, options, result.transfers)
+    return report
 
 
 def _setup(options: SimOptions, config: Mapping[str, Any], gpu_blocks: int) -> SimSetup:
@@ -207,8 +223,13 @@ def _setup(options: SimOptions, config: Mapping[str, Any], gpu_blocks: int) -> S
     )
 
 
-def _build_connector(
-    options: SimOptions, setup: SimSetup, canonical: Any, entries: int, faults: FaultPlan
+def _build_connector(  # noqa: PLR0917 - every part of the plane
+    options: SimOptions,
+    setup: SimSetup,
+    canonical: Any,
+    entries: int,
+    faults: FaultPlan,
+    model: CopyTimeModel,
 ) -> tuple[SchedulerConnector, DataPlane, Callable[[], Mapping[str, Any]] | None]:
     if options.connector == "reference":
         from hybridkv.cli.sim_reference import ReferencePlane
@@ -224,10 +245,11 @@ def _build_connector(
         )
         store = HostStore(entries, options.policy)
         connector = ReferenceConnector.from_groups(planner, store, setup.scheduler.groups)
-        return connector, ReferencePlane(connector, canonical, faults), connector.snapshot
+        plane = ReferencePlane(connector, canonical, faults, model)
+        return connector, plane, connector.snapshot
     from hybridkv.cli.sim_optimized import build_optimized
 
-    return build_optimized(setup, canonical, entries, faults, options.policy)
+    return build_optimized(setup, canonical, entries, faults, options.policy, model=model)
 
 
 def _run_with_progress(sim: Simulation, total: int) -> SimResult:
@@ -255,10 +277,10 @@ def _gbps(nbytes: int, seconds: float) -> float:
 
 
 def _verdict(r: SimResult) -> str:
-    """pass: no wrong content, no broken invariant, the token identity holds, every read was
-    served by a counted event, and every injected failure was observed to recover (or its
-    request ended by design)."""
-    wrong = r.wrong_content_loads + r.wrong_content_reads
+    """pass: no wrong content (loads, reads, store sources), no broken invariant, the token
+    identity holds, every read was served by a counted event, and every injected failure was
+    observed to recover (or its request ended by design)."""
+    wrong = r.wrong_content_loads + r.wrong_content_reads + r.transfers.wrong_content_stores
     recovered = r.failures_recovered + r.failures_ended == r.failures_injected
     clean = wrong == 0 and r.invariant_violations == 0 and r.unaccounted_reads == 0
     return "pass" if clean and r.identity_holds and recovered else "fail"

@@ -25,7 +25,7 @@ from hybridkv.errors import HybridKVConfigError
 
 __all__ = ["SCHEMA_VERSION", "add_parser", "parse_bytes", "run"]
 
-SCHEMA_VERSION = 2  # 2: first-time token identity, served_again, observed recovery
+SCHEMA_VERSION = 2  # 2: first-time token identity, served_again, observed recovery, transfers
 
 _UNITS = {
     "": 1,
@@ -110,7 +110,44 @@ def add_parser(sub: Any) -> None:
     p.add_argument(
         "--load-deadline-steps", type=int, default=64, help="steps a load may pend (default 64)"
     )
+    _add_timing_arguments(p)
     p.set_defaults(run=run)
+
+
+def _add_timing_arguments(p: Any) -> None:
+    """The copy-time model's flags (:mod:`hybridkv.sim.copy_time`) and the client's aborts."""
+    from hybridkv.sim.aborts import ABORT_WINDOW_STEPS
+    from hybridkv.sim.copy_time import DEFAULT_GBPS, DEFAULT_LATENCY_US, DEFAULT_STEP_MS
+
+    p.add_argument(
+        "--transfer-gbps",
+        type=float,
+        default=DEFAULT_GBPS,
+        metavar="GBPS",
+        help=f"host link bandwidth per direction, GB/s (default {DEFAULT_GBPS:g})",
+    )
+    p.add_argument(
+        "--transfer-latency-us",
+        type=float,
+        default=DEFAULT_LATENCY_US,
+        metavar="US",
+        help=f"fixed cost of each transfer job, microseconds (default {DEFAULT_LATENCY_US:g})",
+    )
+    p.add_argument(
+        "--step-ms",
+        type=float,
+        default=DEFAULT_STEP_MS,
+        metavar="MS",
+        help=f"modelled length of one engine step, milliseconds (default {DEFAULT_STEP_MS:g})",
+    )
+    p.add_argument(
+        "--aborts",
+        type=float,
+        default=0.0,
+        metavar="RATE",
+        help="probability a request's client cancels it when no first token came 1 to "
+        f"{ABORT_WINDOW_STEPS} steps after it arrived (default 0)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:

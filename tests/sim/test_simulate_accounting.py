@@ -183,9 +183,9 @@ def test_the_plot_draws_the_tables_figures() -> None:
 
 
 class _LateLoads(sim_reference.ReferencePlane):
-    """A plane that reports each load job two steps after the step that ran it, as an engine
-    whose copies complete later would: a one-step deadline abandons every load, whose report
-    then comes for parked blocks."""
+    """A plane that reports each load job two steps after the step its copy-time model has it
+    done, as a slower engine would: a one-step deadline abandons every load, whose report then
+    comes for parked blocks."""
 
     DELAY = 2
 
@@ -199,14 +199,16 @@ class _LateLoads(sim_reference.ReferencePlane):
         super().bind_connector_metadata(meta)
         self._load_ids.update(job.job_id for job in meta.load_jobs)
 
-    def get_transfer_results(self) -> KVConnectorOutput:
+    def _collect(self) -> None:
+        # After the plane collected the step's results (jobs the copy-time model has done, and
+        # those failed at submission), hold its loads back DELAY more steps.
+        super()._collect()
         self._steps += 1
         now = self._results
         self._late += [(self._steps + self.DELAY, r) for r in now if r.job_id in self._load_ids]
         due = [r for when, r in self._late if when <= self._steps]
         self._late = [(when, r) for when, r in self._late if when > self._steps]
         self._results = [r for r in now if r.job_id not in self._load_ids] + due
-        return super().get_transfer_results()
 
 
 @pytest.mark.parametrize("deadline", [1, 64], ids=["abandoned", "landing-late"])
