@@ -18,6 +18,7 @@ from hybridkv.canonical import build_canonical_caches
 from hybridkv.cli.model_config import load_model_config
 from hybridkv.cli.sim_engine import DataPlane, SimResult, Simulation
 from hybridkv.cli.sim_setup import SimSetup, derive_setup
+from hybridkv.cli.sim_threads import one_intra_op_thread
 from hybridkv.errors import HybridKVConfigError
 from hybridkv.sim.caches import build_sim_caches
 from hybridkv.sim.content import ContentCodec
@@ -149,6 +150,7 @@ def _longest_sequence(trace: tuple[TraceRequest, ...]) -> int:
     return longest
 
 
+@one_intra_op_thread
 def simulate(options: SimOptions, *, progress: bool = False) -> dict[str, Any]:
     """Run ``options`` and return the report (module docstring).
 
