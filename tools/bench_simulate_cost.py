@@ -122,9 +122,11 @@ def _print(decode: dict[str, dict[int, float]], faults: dict[str, dict[float, fl
         us = [cost[c] / DECODE_STEPS * 1e6 for c in CONTEXTS]
         per_step = f"{us[0]:.0f} / {us[1]:.0f}"
         ratio = cost[large] / cost[small]
+        # The goal is simulate's (its default connector); the reference hashes from scratch.
+        note = _verdict(ratio, DECODE_GOAL) if connector == "optimized" else "grows by design"
         print(
             f"  {connector:<12} {cost[small]:>14.3f} {cost[large]:>14.3f} {per_step:>17} "
-            f"{ratio:>6.2f}x  {_verdict(ratio, DECODE_GOAL)}"
+            f"{ratio:>6.2f}x  {note}"
         )
     print("default workload (32 multi-turn requests), wall time of simulate(), best of repeats:")
     print(f"  {'torch threads':<28} {'--faults 0 s':>12} {'--faults 1.0 s':>14} {'ratio':>7}")

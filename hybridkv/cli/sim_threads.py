@@ -6,9 +6,10 @@ transfer thread. torch runs each of those ops as an OpenMP parallel region over 
 threads, and every region ends at a barrier that waits for all of them. On a machine with more
 runnable threads than free cores (CI's 2 shared cores, a desktop that is busy) a thread that
 lost its core holds the barrier for a scheduler time slice, tens of thousands of times a run:
-measured on a loaded 2-core machine, ``--faults 1.0`` spent 11 to 25 s in ``fill_`` against
-1.3 s at ``OMP_NUM_THREADS=1``, the same fills. One thread makes a run's wall time a function
-of its work, not of the machine's load: ``tools/bench_simulate_cost.py`` prints both sides.
+measured (cProfile) on a loaded 2-core machine, ``--faults 1.0`` spent 11 to 25 s in ``fill_``
+against 1.3 s at ``OMP_NUM_THREADS=1``, the same fills. One thread makes a run's wall time a
+function of its work, not of the machine's load: ``tools/bench_simulate_cost.py`` prints both
+sides.
 What it costs, on an idle many-core machine, is the parallel speed-up of the fills
 (docs/benchmarks/index.md has the figures).
 
