@@ -46,6 +46,7 @@ __all__ = [
     "coarse_block_hashes",
     "complete_chunk_keys",
     "hash_block_tokens",
+    "next_block_hashes",
     "none_hash",
     "offload_key",
     "request_block_hashes",
@@ -238,17 +239,57 @@ def request_block_hashes(
     Post: ``len(result) == len(tokens) // hash_block_size``; entry ``i`` chains on entry ``i-1``.
     Frame: a refused call (ConfigError) computes nothing.
     """
+    return next_block_hashes(
+        None,
+        0,
+        tokens,
+        hash_block_size,
+        cache_salt=cache_salt,
+        lora=lora,
+        none_hash=none_hash,
+        hash_algo=hash_algo,
+    )
+
+
+def next_block_hashes(
+    parent: bytes | None,
+    start: int,
+    tokens: Sequence[int],
+    hash_block_size: int,
+    *,
+    cache_salt: str | None = None,
+    lora: LoRAKey | None = None,
+    none_hash: bytes = NONE_HASH,
+    hash_algo: str = SUPPORTED_HASH_ALGO,
+) -> list[bytes]:
+    """The hashes of the full blocks of ``tokens``, which begin at token ``start`` of a request.
+
+    The chain goes on from ``parent``, the hash of the block that ends at ``start`` (``None``
+    when ``start`` is 0), so a request hashed piece by piece gets exactly the hashes of
+    :func:`request_block_hashes` over all its tokens, each block hashed once.
+
+    Pre: ``start`` a multiple of ``hash_block_size``; tokens are non-negative ints.
+    Post: ``len(result) == len(tokens) // hash_block_size``. Frame: a refused call
+    (ConfigError) computes nothing.
+    """
     check_hash_algo(hash_algo)
     h = _require_positive("hash_block_size", hash_block_size)
+    if not _is_int(start) or start < 0 or start % h or (start == 0) != (parent is None):
+        raise ConfigError(
+            "start",
+            start,
+            f"must be a multiple of {h} >= 0, with a parent exactly when it is past 0",
+            "continue the chain at the end of its last full block, from that block's hash",
+        )
     _check_cache_salt(cache_salt)
     _check_lora(lora)
     _check_none_hash(none_hash)
     _check_tokens(tokens)
     hashes: list[bytes] = []
-    parent: bytes | None = None
-    for start in range(0, len(tokens) - h + 1, h):
-        extra = block_extra_keys(start, cache_salt, lora)
-        parent = hash_block_tokens(parent, tokens[start : start + h], extra, none_hash=none_hash)
+    for offset in range(0, len(tokens) - h + 1, h):
+        extra = block_extra_keys(start + offset, cache_salt, lora)
+        block = tokens[offset : offset + h]
+        parent = hash_block_tokens(parent, block, extra, none_hash=none_hash)
         hashes.append(parent)
     return hashes
 

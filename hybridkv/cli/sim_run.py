@@ -18,6 +18,7 @@ from hybridkv.canonical import build_canonical_caches
 from hybridkv.cli.model_config import load_model_config
 from hybridkv.cli.sim_engine import DataPlane, SimResult, Simulation
 from hybridkv.cli.sim_setup import SimSetup, derive_setup
+from hybridkv.cli.sim_threads import one_intra_op_thread
 from hybridkv.cli.sim_timing import copy_time_model, transfer_report
 from hybridkv.errors import HybridKVConfigError
 from hybridkv.sim.aborts import AbortPlan
@@ -160,6 +161,7 @@ def _longest_sequence(trace: tuple[TraceRequest, ...]) -> int:
     return longest
 
 
+@one_intra_op_thread
 def simulate(options: SimOptions, *, progress: bool = False) -> dict[str, Any]:
     """Run ``options`` and return the report (module docstring).
 

@@ -54,7 +54,9 @@ def coarse_hashes(
     hash.
     """
     scale = block_size // hash_block_size
-    return tuple(block_hashes[(i + 1) * scale - 1] for i in range(len(block_hashes) // scale))
+    # Coarse hash i is fine hash (i + 1) * scale - 1: every scale-th one from scale - 1. One
+    # slice, not a Python loop: the scheduler asks for every group's view at every step.
+    return tuple(block_hashes[scale - 1 :: scale])
 
 
 class SingleTypeManager:

@@ -10,13 +10,11 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 from enum import Enum
-from functools import lru_cache
 from typing import Any
 
-from spec.block_pool import BlockHash
 from spec.connector_api import RequestId, RequestView
 from spec.errors import ConfigError
-from spec.hashing import request_block_hashes
+from spec.scheduler.block_hashes import block_hashes
 
 __all__ = ["Request", "RequestStatus", "block_hashes"]
 
@@ -133,17 +131,3 @@ class Request:
 
 
 _FIX_TUPLE = "pass the prompt as a tuple of ints"
-
-
-def block_hashes(request: Request, hash_block_size: int) -> tuple[BlockHash, ...]:
-    """The request's block hashes every ``hash_block_size`` tokens (vLLM's sha256 chain).
-
-    Pure and memoized: the explorer asks for the same prefixes over and over.
-    """
-    return _hashes(request.token_ids, request.cache_salt, hash_block_size)
-
-
-@lru_cache(maxsize=4096)
-def _hashes(tokens: tuple[int, ...], salt: str | None, size: int) -> tuple[BlockHash, ...]:
-    raw = request_block_hashes(tokens, size, cache_salt=salt)
-    return tuple(BlockHash(h.hex()) for h in raw)

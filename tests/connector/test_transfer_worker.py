@@ -12,11 +12,13 @@ before the failed segment.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import pytest
 import torch
+from waited_engine import CopiesWhenWaited
 
 from hybridkv.cache_layouts import LayoutCase, hybrid_overlay_case
 from hybridkv.canonical import CacheGroupSpec
@@ -33,6 +35,7 @@ from hybridkv.connector import (
     TransferKind,
 )
 from hybridkv.connector.stack import OffloadStack, build_cpu_stack
+from hybridkv.connector.worker import TransferWorker
 from hybridkv.kinds import GroupKind
 from hybridkv.transfer import Direction
 
@@ -239,24 +242,61 @@ def test_a_failed_store_drops_its_entries_and_nothing_is_claimed() -> None:
         assert driver.claim(view("B", FOLLOW), LAYOUTS["full_mamba"][3]).kind is ClaimKind.NONE
 
 
+def make_waited(
+    layout: str, *, mode: LoadMode
+) -> tuple[LayoutCase, OffloadStack, Driver, CopiesWhenWaited]:
+    """:func:`make`, with a worker on an engine that copies only when waited on."""
+    case, stack, _ = make(layout, mode=mode)
+    stack.engine.close()  # its thread would never be used
+    engine = CopiesWhenWaited(stack.caches, stack.host)
+    worker = TransferWorker(engine, stack.store, stack.caches, stack.host)
+    stack = dataclasses.replace(stack, worker=worker)
+    return case, stack, Driver(stack), engine
+
+
 def test_a_sync_load_lands_before_the_forward_and_reports_by_job_only() -> None:
-    case, stack, driver = make("full_mamba", mode=LoadMode.SYNC)
-    with stack.engine:
-        before = store_a(case, driver, "full_mamba")
-        randomize(case, seed=3)
-        claim = driver.claim(view("B", FOLLOW), LAYOUTS["full_mamba"][3])
-        assert claim == Claim(ClaimKind.SYNC, 48)
-        meta = stack.core.build_connector_meta(StepView(9, ()))
-        assert all(job.sync for job in meta.load_jobs)
-        stack.worker.bind_connector_metadata(meta)
-        # Bound: the bytes are there before any result is polled (the forward may read them).
-        for g, a_block, b_block in LAYOUTS["full_mamba"][4]:
-            assert block_bytes(case, g, b_block) == before[(g, a_block)]
-        out = stack.worker.get_transfer_results(wait=True)
-        assert out.finished_recving == frozenset()
-        assert len(out.completed_jobs) == len(meta.load_jobs)
-        stack.core.update_connector_output(out)
-        assert stack.store.stats().pinned == 0
+    # On an engine that copies only when waited on, B's bytes are in place after the bind
+    # only because the worker waited for the sync load there: without that wait this fails
+    # every run (with the threaded CPU engine it used to pass about one run in four).
+    case, stack, driver, engine = make_waited("full_mamba", mode=LoadMode.SYNC)
+    before = store_a(case, driver, "full_mamba")
+    randomize(case, seed=3)
+    claim = driver.claim(view("B", FOLLOW), LAYOUTS["full_mamba"][3])
+    assert claim == Claim(ClaimKind.SYNC, 48)
+    meta = stack.core.build_connector_meta(StepView(9, ()))
+    assert meta.load_jobs
+    assert all(job.sync for job in meta.load_jobs)
+    copied = len(engine.copied)
+    stack.worker.bind_connector_metadata(meta)
+    assert len(engine.copied) == copied + len(meta.load_jobs)  # moved inside the bind
+    # Bound: the bytes are there before any result is polled (the forward may read them).
+    for g, a_block, b_block in LAYOUTS["full_mamba"][4]:
+        assert block_bytes(case, g, b_block) == before[(g, a_block)]
+    out = stack.worker.get_transfer_results(wait=True)
+    assert out.finished_recving == frozenset()
+    assert len(out.completed_jobs) == len(meta.load_jobs)
+    stack.core.update_connector_output(out)
+    assert stack.store.stats().pinned == 0
+
+
+def test_the_waited_engine_moves_no_byte_of_an_async_load_before_the_wait() -> None:
+    # The guard of the test above: the engine really holds copies back until a wait, so the
+    # bytes it found in place came from the worker's wait, not from the engine.
+    case, stack, driver, engine = make_waited("full_mamba", mode=LoadMode.ASYNC)
+    before = store_a(case, driver, "full_mamba")
+    randomize(case, seed=3)
+    stale = {(g, b): block_bytes(case, g, b) for g, _, b in LAYOUTS["full_mamba"][4]}
+    assert driver.claim(view("B", FOLLOW), LAYOUTS["full_mamba"][3]).kind is ClaimKind.ASYNC
+    meta = stack.core.build_connector_meta(StepView(9, ()))
+    copied = len(engine.copied)
+    stack.worker.bind_connector_metadata(meta)
+    assert len(engine.copied) == copied
+    for g, _, b_block in LAYOUTS["full_mamba"][4]:
+        assert block_bytes(case, g, b_block) == stale[(g, b_block)]
+    out = stack.worker.get_transfer_results(wait=True)
+    assert out.finished_recving == {"B"}
+    for g, a_block, b_block in LAYOUTS["full_mamba"][4]:
+        assert block_bytes(case, g, b_block) == before[(g, a_block)]
 
 
 def test_held_results_are_reported_later_and_delay_the_free() -> None:

@@ -135,6 +135,8 @@ LAYOUTS: dict[str, tuple[tuple[GroupSpec, ...], tuple[int, ...], tuple[int, ...]
     "full_mamba1": ((GroupSpec(FULL, 1), GroupSpec(MAMBA, 1)), (1,), (1, 2)),
     "full_mamba2": ((GroupSpec(FULL, 2), GroupSpec(MAMBA, 2)), (1, 2), (1, 2, 4)),
     "full2_mamba4": ((GroupSpec(FULL, 2), GroupSpec(MAMBA, 4)), (1, 2), (2, 4)),
+    # The alignment (lcm 4) past the mamba block: mamba hits and claims end on multiples of 4.
+    "full4_mamba2": ((GroupSpec(FULL, 4), GroupSpec(MAMBA, 2)), (1, 2), (2, 4)),
     "full_sliding1": ((GroupSpec(FULL, 1), GroupSpec(SLIDING, 1, sliding_window=2)), (1,), (1, 2)),
     "full_sliding2": (
         (GroupSpec(FULL, 2), GroupSpec(SLIDING, 2, sliding_window=3, extra_retained_tokens=1)),

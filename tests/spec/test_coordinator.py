@@ -108,6 +108,41 @@ def test_the_hit_is_aligned_to_the_scheduler_block() -> None:
     assert coord.find_longest_cache_hit(H[:5], 19).num_tokens == 8
 
 
+def test_a_mamba_hit_ends_on_the_alignment_when_it_exceeds_the_mamba_block() -> None:
+    """Full attention blocks of 8 and mamba blocks of 4: the alignment (lcm = 8) is larger than
+    the mamba block, so a mamba hit must end on a multiple of 8 even where a state at 12 is
+    cached (vLLM ``single_type_kv_cache_manager.py:1470-1533``: the rightmost cached block
+    whose end is aligned)."""
+    coord = KVCacheCoordinator([GroupSpec(GroupKind.FULL, 8), GroupSpec(GroupKind.MAMBA, 4)], 16)
+    assert (coord.scheduler_block_size, coord.hash_block_size) == (8, 4)
+    assert coord.managers[1].alignment_tokens == 8
+    coord.allocate_slots("a", 8)  # full (1,); mamba (N, 2): the state after 8
+    coord.cache_blocks("a", H, 8)
+    coord.allocate_slots("a", 4, num_computed_tokens=8)  # full (1, 3); mamba (N, 2, 4)
+    coord.cache_blocks("a", H, 12)  # whole scheduler blocks only: nothing new
+    coord.allocate_slots("a", 4, num_computed_tokens=12)  # mamba (N, N, 4, 5): 2 freed, cached
+    coord.cache_blocks("a", H, 16)  # full caches 3; mamba caches 4 (after 12) and 5 (after 16)
+    assert coord.get_blocks("a") == ((1, 3), (N, N, 4, 5))
+    coord.free("a")
+    # Mamba's states after 8, 12 and 16 tokens are cached; the one after 16 is evicted.
+    assert [coord.pool.get_cached_block(h, [1]) for h in H[1:4]] == [(2,), (4,), (5,)]
+    coord.pool.evict_blocks([5])
+    # Mamba's own answer skips the state after 12 (12 is not a multiple of 8) for the one
+    # after 8; full attention alone reaches 16.
+    assert coord.find_longest_cache_hit_per_group(H[:5], 19) == (16, 8)
+    hit = coord.find_longest_cache_hit(H[:5], 19)
+    assert (hit.blocks, hit.num_tokens) == (((1,), (N, 2)), 8)
+    assert hit.shared_prefix_boundary == 16
+    # The same pool read at the block size (alignment 4) would take the state after 12:
+    # the alignment, not the cache's content, decides.
+    unaligned = MambaManager(GroupSpec(GroupKind.MAMBA, 4), 1, 4)
+    assert unaligned.find_longest_cache_hit(coord.pool, H[:5], 19).num_tokens == 12
+    coord.new_step_starts()
+    assert coord.allocate_slots("b", 8, hit=hit) == ((6,), (7,))
+    assert coord.get_blocks("b") == ((1, 6), (N, 2, N, 7))
+    assert _failing(coord) == set()
+
+
 # ----------------------------------------------------------------- the shared pool
 def test_one_groups_allocation_evicts_another_groups_cached_block() -> None:
     coord = KVCacheCoordinator([FULL, MAMBA], 6)
