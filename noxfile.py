@@ -101,6 +101,9 @@ def vllm(session: nox.Session) -> None:
         "TRANSFORMERS_OFFLINE": "1",
         "VLLM_LOGGING_LEVEL": "WARNING",
         "HYPOTHESIS_PROFILE": os.environ.get("HYPOTHESIS_PROFILE", "ci"),
+        # tests/vllm/conftest.py: vLLM must import here, or the run fails with its import
+        # error (a bare pytest without vLLM skips these tests instead).
+        "HYBRIDKV_REQUIRE_VLLM": "1",
     }
     session.run(
         "pytest", "tests/vllm", "-m", "vllm", "-p", "no:cacheprovider", *session.posargs, env=env
