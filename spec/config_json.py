@@ -90,6 +90,15 @@ def _dtype(cfg: Mapping[str, Any]) -> str:
     return str(value)
 
 
+def _ssm_dtype(cfg: Mapping[str, Any], key: str, default: str) -> str:
+    value = cfg.get(key) or default
+    if not isinstance(value, str) or (value != "auto" and value not in DTYPE_BYTES):
+        raise ConfigError(
+            f"config.json:{key}", value, "unsupported dtype", f"use one of {list(DTYPE_BYTES)}"
+        )
+    return str(value)
+
+
 def _head_dim(cfg: Mapping[str, Any]) -> int:
     for key in ("head_dim", "attention_head_dim"):
         if cfg.get(key) is not None:
@@ -162,7 +171,7 @@ def _qwen_gdn(arch: str, cfg: Mapping[str, Any], top: Mapping[str, Any]) -> Mode
     )
     # Qwen3.5 resolves an `auto` SSM dtype to the text config's mamba_ssm_dtype
     # (models/config.py Qwen3_5ForConditionalGenerationConfig); Qwen3-Next keeps `auto`.
-    ssm = str(cfg.get("mamba_ssm_dtype") or "auto") if arch.startswith("Qwen3_5") else "auto"
+    ssm = _ssm_dtype(cfg, "mamba_ssm_dtype", "auto") if arch.startswith("Qwen3_5") else "auto"
     # A multimodal wrapper's top-level dtype wins over its text config's, as in vLLM.
     has_top_dtype = top.get("dtype") or top.get("torch_dtype")
     return _describe(
@@ -201,7 +210,7 @@ def _nemotron_h(cfg: Mapping[str, Any]) -> ModelDescription:
         conv_kernel=_int(cfg, "conv_kernel"),
     )
     # NemotronHForCausalLMConfig: `auto` becomes the config's mamba_ssm_cache_dtype or float32.
-    ssm = str(cfg.get("mamba_ssm_cache_dtype") or "float32")
+    ssm = _ssm_dtype(cfg, "mamba_ssm_cache_dtype", "float32")
     return _describe(
         "NemotronHForCausalLM", cfg, _layers([table.get(c) for c in pattern]), mamba, ssm_dtype=ssm
     )

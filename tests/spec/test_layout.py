@@ -305,6 +305,20 @@ def test_missing_nested_text_config_field_is_named() -> None:
     assert err.value.field == "config.json:num_key_value_heads"
 
 
+@pytest.mark.parametrize(
+    ("name", "key"),
+    [("qwen3.5-27b", "mamba_ssm_dtype"), ("nemotron-h-8b", "mamba_ssm_cache_dtype")],
+)
+@pytest.mark.parametrize("value", [True, [1], "int3"])
+def test_ssm_dtype_that_is_no_dtype_is_named(name: str, key: str, value: object) -> None:
+    # Found by tests/cli/test_plan_fuzz.py: `true` crashed with KeyError 'True' in the layout.
+    cfg = preset_config(name)
+    cfg.get("text_config", cfg)[key] = value
+    with pytest.raises(ConfigError) as err:
+        model_from_config(cfg)
+    assert err.value.field == f"config.json:{key}"
+
+
 def test_unknown_architecture_lists_supported() -> None:
     with pytest.raises(ConfigError) as err:
         model_from_config({"architectures": ["LlamaForCausalLM"]})
