@@ -37,7 +37,9 @@ class ModelDescription:
 
     Attributes:
         architecture: the config.json architecture name vLLM resolves.
-        layers: the layers with a KV cache or state, in layer order (MLP-only layers are absent).
+        layers: the layers with a KV cache or state, in the order of vLLM's layer index (the
+            integer in the layer's name; MLP-only layers are absent). A parallel hybrid
+            (Falcon-H1) has two per decoder layer, each under its own index.
         num_attention_heads / num_kv_heads / head_dim: attention dims (all attention layers
             share them in the supported architectures).
         mamba: the recurrent dims, or ``None`` for a model without mamba layers.
@@ -84,6 +86,15 @@ def _dtype(cfg: Mapping[str, Any]) -> str:
     if value not in DTYPE_BYTES:
         raise ConfigError(
             "config.json:torch_dtype", value, "unsupported dtype", f"use one of {list(DTYPE_BYTES)}"
+        )
+    return str(value)
+
+
+def _ssm_dtype(cfg: Mapping[str, Any], key: str, default: str) -> str:
+    value = cfg.get(key) or default
+    if not isinstance(value, str) or (value != "auto" and value not in DTYPE_BYTES):
+        raise ConfigError(
+            f"config.json:{key}", value, "unsupported dtype", f"use one of {list(DTYPE_BYTES)}"
         )
     return str(value)
 
@@ -160,7 +171,7 @@ def _qwen_gdn(arch: str, cfg: Mapping[str, Any], top: Mapping[str, Any]) -> Mode
     )
     # Qwen3.5 resolves an `auto` SSM dtype to the text config's mamba_ssm_dtype
     # (models/config.py Qwen3_5ForConditionalGenerationConfig); Qwen3-Next keeps `auto`.
-    ssm = str(cfg.get("mamba_ssm_dtype") or "auto") if arch.startswith("Qwen3_5") else "auto"
+    ssm = _ssm_dtype(cfg, "mamba_ssm_dtype", "auto") if arch.startswith("Qwen3_5") else "auto"
     # A multimodal wrapper's top-level dtype wins over its text config's, as in vLLM.
     has_top_dtype = top.get("dtype") or top.get("torch_dtype")
     return _describe(
@@ -199,7 +210,7 @@ def _nemotron_h(cfg: Mapping[str, Any]) -> ModelDescription:
         conv_kernel=_int(cfg, "conv_kernel"),
     )
     # NemotronHForCausalLMConfig: `auto` becomes the config's mamba_ssm_cache_dtype or float32.
-    ssm = str(cfg.get("mamba_ssm_cache_dtype") or "float32")
+    ssm = _ssm_dtype(cfg, "mamba_ssm_cache_dtype", "float32")
     return _describe(
         "NemotronHForCausalLM", cfg, _layers([table.get(c) for c in pattern]), mamba, ssm_dtype=ssm
     )
@@ -240,6 +251,47 @@ def _jamba(cfg: Mapping[str, Any]) -> ModelDescription:
     return _describe("JambaForCausalLM", cfg, _layers(kinds), mamba)
 
 
+def _falcon_h1_inner(cfg: Mapping[str, Any]) -> int:
+    # An explicit null means mamba_expand * hidden_size (models/falcon_h1.py); a missing key
+    # would take transformers' class default (1024), which no published config relies on.
+    if "mamba_d_ssm" in cfg and cfg["mamba_d_ssm"] is None:
+        return _int(cfg, "mamba_expand") * _int(cfg, "hidden_size")
+    return _int(cfg, "mamba_d_ssm")
+
+
+def _falcon_h1(cfg: Mapping[str, Any]) -> ModelDescription:
+    """Falcon-H1: a parallel hybrid, attention and a mamba-2 mixer side by side in every layer.
+
+    vLLM registers the mamba branch of decoder layer ``i`` under index ``num_hidden_layers + i``
+    (``FalconH1ParallelHybrid``: every attention and SSM layer needs its own index), so the
+    description has the attention layers ``0..n-1`` and the mamba layers ``n..2n-1``.
+    """
+    n = _int(cfg, "num_hidden_layers")
+    inner, heads = _falcon_h1_inner(cfg), _int(cfg, "mamba_n_heads")
+    head_dim = cfg.get("mamba_d_head")
+    # transformers' FalconH1Config resolves "auto" to the inner width over the heads.
+    head_dim = inner // heads if head_dim == "auto" else _int(cfg, "mamba_d_head")
+    if head_dim * heads != inner:
+        raise ConfigError(
+            "config.json:mamba_d_head",
+            cfg.get("mamba_d_head"),
+            f"times mamba_n_heads {heads} must equal mamba_d_ssm {inner}",
+            "give the model's published config.json, whose mamba dims agree",
+        )
+    mamba = Mamba2Dims(
+        intermediate_size=inner,
+        n_groups=_int(cfg, "mamba_n_groups"),
+        num_heads=heads,
+        head_dim=head_dim,
+        state_size=_int(cfg, "mamba_d_state"),
+        conv_kernel=_int(cfg, "mamba_d_conv"),
+    )
+    layers = tuple(KVLayer(i, GroupKind.FULL) for i in range(n)) + tuple(
+        KVLayer(n + i, GroupKind.MAMBA) for i in range(n)
+    )
+    return _describe("FalconH1ForCausalLM", cfg, layers, mamba)
+
+
 def _gpt_oss(cfg: Mapping[str, Any]) -> ModelDescription:
     n = _int(cfg, "num_hidden_layers")
     # models/gpt_oss.py: even layers slide, odd layers attend fully (layer_types agrees).
@@ -269,6 +321,7 @@ _PARSERS: dict[str, Callable[[Mapping[str, Any]], ModelDescription]] = {
     "NemotronHForCausalLM": _nemotron_h,
     "GraniteMoeHybridForCausalLM": _granite_h,
     "JambaForCausalLM": _jamba,
+    "FalconH1ForCausalLM": _falcon_h1,
     "GptOssForCausalLM": _gpt_oss,
     "Gemma3ForCausalLM": _gemma3,
 }

@@ -110,8 +110,9 @@ class LayoutSettings:
             )
         if self.block_size is not None:
             _positive_int("block_size", self.block_size)
-            base = PLATFORMS[self.platform].kernel_block_base
-            if self.block_size % base:
+            platform = PLATFORMS[self.platform]
+            base = platform.kernel_block_base
+            if self.block_size % base and not platform.odd_block_size_warns:
                 raise ConfigError(
                     "block_size",
                     self.block_size,
@@ -153,7 +154,8 @@ class GroupSpec:
 class Layout:
     """The geometry vLLM 0.33 derives (see the module docstring for each step).
 
-    ``mamba_block_size`` is ``None`` for a model without mamba layers.
+    ``mamba_block_size`` is ``None`` for a model without mamba layers. ``warnings`` are what
+    vLLM logs as a warning for these settings (it serves them all the same); ``notes`` explain.
     """
 
     groups: tuple[GroupSpec, ...]
@@ -167,6 +169,7 @@ class Layout:
     dtype: str
     tp: int
     notes: tuple[str, ...] = field(default=())
+    warnings: tuple[str, ...] = field(default=())
 
 
 @dataclass(frozen=True, slots=True)
@@ -231,12 +234,24 @@ def _hybrid_block_size(
     return max(base_block, attn_block)
 
 
+def _sliding_block(block: int, kernel: int) -> int:
+    """``_largest_kernel_block_within``: a sliding-window layer's own block.
+
+    The largest multiple of the kernel block within ``block`` (the page budget is ``block``
+    tokens of the same per-token size), at least one kernel block: ``block`` itself whenever it
+    is a multiple of the kernel block, e.g. 32 for a CPU ``--block-size 16`` or 48.
+    """
+    return max(kernel, block // kernel * kernel)
+
+
 def _layer_specs(
     model: ModelDescription,
     block: int,
     mamba_block: int,
     attn_per_token: int,
     mamba_page: int,
+    *,
+    kernel: int,
 ) -> list[_LayerSpec]:
     specs = []
     for layer in model.layers:
@@ -244,8 +259,9 @@ def _layer_specs(
             padded = max(mamba_page, block * attn_per_token)
             specs.append(_LayerSpec(layer.kind, mamba_block, padded, mamba_page, None))
         else:
-            page = block * attn_per_token
-            specs.append(_LayerSpec(layer.kind, block, page, page, layer.sliding_window))
+            size = _sliding_block(block, kernel) if layer.kind is GroupKind.SLIDING else block
+            page = size * attn_per_token
+            specs.append(_LayerSpec(layer.kind, size, page, page, layer.sliding_window))
     return specs
 
 
@@ -315,6 +331,22 @@ def _block_sizes(groups: tuple[GroupSpec, ...], prefix_caching: bool) -> tuple[i
     return block, sched, hashed, hashed if partial else sched
 
 
+def _block_size_warnings(
+    settings: LayoutSettings, platform: Platform, groups: tuple[GroupSpec, ...]
+) -> tuple[str, ...]:
+    """vLLM's warning for a user block size off the kernel block (``odd_block_size_warns``)."""
+    user, kernel = settings.block_size, platform.kernel_block_base
+    if user is None or user % kernel == 0:
+        return ()
+    blocks = sorted({g.block_size for g in groups})
+    return (
+        f"--block-size {user} is not a multiple of {kernel}: vLLM on {platform.name} keeps it "
+        f"with a warning (its attention backend prefers multiples of {kernel}) and derives "
+        f"group blocks of {blocks} tokens from it; give a multiple of {kernel} to avoid the "
+        "warning",
+    )
+
+
 def derive_layout(model: ModelDescription, settings: LayoutSettings) -> Layout:
     """The KV-cache geometry vLLM 0.33 builds for ``model`` under ``settings``.
 
@@ -353,7 +385,14 @@ def derive_layout(model: ModelDescription, settings: LayoutSettings) -> Layout:
                 f"(mamba block size = max_model_len = {settings.max_model_len})"
             )
     specs = _unify_pages(
-        _layer_specs(model, block, mamba_block or block, attn_per_token, mamba_page)
+        _layer_specs(
+            model,
+            block,
+            mamba_block or block,
+            attn_per_token,
+            mamba_page,
+            kernel=platform.kernel_block_base,
+        )
     )
     variant = model.mamba.variant if model.mamba is not None else None
     groups = tuple(
@@ -371,6 +410,7 @@ def derive_layout(model: ModelDescription, settings: LayoutSettings) -> Layout:
         for spec, indices in _group_layers(model.layers, specs)
     )
     final, sched, hashed, hit = _block_sizes(groups, prefix_caching)
+    warnings = _block_size_warnings(settings, platform, groups)
     return Layout(
         groups=groups,
         block_size=final,
@@ -383,4 +423,5 @@ def derive_layout(model: ModelDescription, settings: LayoutSettings) -> Layout:
         dtype=dtype,
         tp=settings.tp,
         notes=tuple(notes),
+        warnings=warnings,
     )

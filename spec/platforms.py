@@ -12,6 +12,12 @@ are written down here as values, so a layout derived for one platform names the 
 - ``gdn_checkpoint_alignment``: in align mode, gated-delta-net layers whose prefill kernel emits
   mid-prefill states make every block a multiple of this (FlashInfer's GDN prefill on sm90:
   64 tokens, ``FLASHINFER_GDN_CHECKPOINT_ALIGNMENT``). 1 where the Triton/FLA kernel is used.
+- ``odd_block_size_warns``: a user ``--block-size`` that is not a multiple of
+  ``kernel_block_base`` is kept with a warning instead of refused (CPU: ``check_and_update_config``
+  logs "CPU backend prefers block_size is multiples of 32"). vLLM then derives the geometry from
+  it: a sliding-window layer picks its own kernel block (``_largest_kernel_block_within``,
+  ``layers/attention/attention.py``), a hybrid model aligns to ``max(32, block_size)``, and the
+  page unification scales the rest, so e.g. 16 ends as 32 for gpt-oss.
 - ``fp32_ssm_state``: the CPU platform on a host with AVX-512 BF16 resets an ``auto`` (or 16-bit,
   non-GDN) SSM state dtype to float32 (``cpu.py``, "Reset SSM cache type to float32").
 """
@@ -34,6 +40,7 @@ class Platform:
     kernel_block_base: int
     gdn_checkpoint_alignment: int
     fp32_ssm_state: bool
+    odd_block_size_warns: bool
 
 
 _CUDA_SM90 = Platform(
@@ -43,6 +50,7 @@ _CUDA_SM90 = Platform(
     kernel_block_base=16,
     gdn_checkpoint_alignment=64,
     fp32_ssm_state=False,
+    odd_block_size_warns=False,
 )
 _CPU = Platform(
     name="cpu",
@@ -51,6 +59,7 @@ _CPU = Platform(
     kernel_block_base=32,
     gdn_checkpoint_alignment=1,
     fp32_ssm_state=False,
+    odd_block_size_warns=True,
 )
 _CPU_AVX512BF16 = Platform(
     name="cpu-avx512bf16",
@@ -59,6 +68,7 @@ _CPU_AVX512BF16 = Platform(
     kernel_block_base=32,
     gdn_checkpoint_alignment=1,
     fp32_ssm_state=True,
+    odd_block_size_warns=True,
 )
 
 #: Every platform the layout model knows, by name (read-only).

@@ -266,6 +266,29 @@ _GEMMA3_1B: dict[str, Any] = {
     "vocab_size": 262144,
 }
 
+_FALCON_H1_7B: dict[str, Any] = {
+    "architectures": ["FalconH1ForCausalLM"],
+    "model_type": "falcon_h1",
+    "torch_dtype": "bfloat16",
+    "hidden_size": 3072,
+    "intermediate_size": 12288,
+    "num_hidden_layers": 44,
+    "num_attention_heads": 12,
+    "num_key_value_heads": 2,
+    "head_dim": 128,
+    "mamba_d_ssm": 3072,
+    "mamba_n_heads": 24,
+    "mamba_d_head": 128,
+    "mamba_n_groups": 1,
+    "mamba_d_state": 256,
+    "mamba_d_conv": 4,
+    "mamba_expand": 2,
+    "mamba_chunk_size": 128,
+    "max_position_embeddings": 262144,
+    "vocab_size": 130048,
+    "tie_word_embeddings": False,
+}
+
 _HF = "https://huggingface.co/{}/blob/main/config.json"
 
 #: The presets by name (read-only).
@@ -302,6 +325,12 @@ PRESETS: Mapping[str, Preset] = MappingProxyType(
                 "Jamba-Mini-1.5: 28 mamba-1 + 4 attention layers, MoE",
                 _HF.format("ai21labs/AI21-Jamba-Mini-1.5"),
                 _freeze(_JAMBA_MINI),
+            ),
+            Preset(
+                "falcon-h1-7b",
+                "Falcon-H1-7B: 44 layers, attention and mamba-2 side by side in each",
+                _HF.format("tiiuae/Falcon-H1-7B-Instruct"),
+                _freeze(_FALCON_H1_7B),
             ),
             Preset(
                 "gpt-oss-20b",
@@ -345,6 +374,7 @@ _TINY_LAYERS = {
     "nemotron-h-8b": 9,  # M-M-M-M*- : 4 mamba, 1 attention
     "granite-4.0-h-tiny": 8,  # 5 mamba, 1 attention, 2 mamba
     "jamba-mini-1.5": 8,
+    "falcon-h1-7b": 2,  # every layer has both kinds
     "gpt-oss-20b": 4,
     "gemma-3-1b": 8,  # 5 sliding, 1 full, 2 sliding
 }

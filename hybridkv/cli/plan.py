@@ -116,7 +116,7 @@ def build_plan(
     )
     layout = derive_layout(model, settings)
     options = chunk_options(layout, settings.max_model_len)
-    warnings: list[str] = []
+    warnings: list[str] = list(layout.warnings)  # what vLLM itself warns about these settings
     offload = _offload(layout, settings.max_model_len, chunk_size, options, warnings)
     requested = block_size or PLATFORMS[platform].default_block_size
     warnings += _traps(layout, settings.max_model_len, requested, offload)

@@ -165,6 +165,30 @@ def test_bad_arguments_exit_2_naming_the_field(
     assert field in lines[0]
 
 
+def test_cpu_block_size_off_the_kernel_block_plans_with_vllms_warning(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """vLLM on CPU keeps --block-size 16 with a warning; gpt-oss's blocks end at 32."""
+    plan = _run_json(capsys, "--preset", "gpt-oss-20b", "--platform", "cpu", "--block-size", "16")
+    assert plan["settings"]["block_size"] == 16
+    assert [g["block_size"] for g in plan["groups"]] == [32, 32]
+    assert plan["block_size"] == 32
+    assert any("--block-size 16 is not a multiple of 32" in w for w in plan["warnings"])
+    assert main(["plan", "--preset", "gpt-oss-20b", "--platform", "cpu", "--block-size", "16"]) == 0
+    assert "--block-size 16 is not a multiple of 32" in capsys.readouterr().out
+    # The same block size on the H100 platform stays refused: its kernels need multiples of 16.
+    assert main(["plan", "--preset", "gpt-oss-20b", "--block-size", "8"]) == 2
+
+
+def test_falcon_h1_config_file_plans(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    (tmp_path / "config.json").write_text(json.dumps(tiny_config("falcon-h1-7b")), "utf-8")
+    plan = _run_json(capsys, "--config", str(tmp_path))
+    assert plan["model"]["architecture"] == "FalconH1ForCausalLM"
+    assert [(g["kind"], g["num_layers"]) for g in plan["groups"]] == [("full", 2), ("mamba", 2)]
+    assert plan["block_size"] == 1568
+    assert plan["offload"] is not None, plan["warnings"]
+
+
 def test_not_json_config(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     bad = tmp_path / "config.json"
     bad.write_text("{not json", encoding="utf-8")

@@ -187,6 +187,91 @@ def test_gemma3_groups_with_padding_layers() -> None:
     assert all(g.page_size_bytes == 131072 for g in lay.groups)
 
 
+# Falcon-H1-7B, bf16, tp 1: attention in all 44 layers and a mamba-2 mixer beside each.
+#   attention page per token = 2 * 2 kv heads * 128 * 2 B = 1024 B
+#   conv state (3, 3072 + 2*1*256) = (3, 3584) -> 10752 * 2 B = 21504 B
+#   temporal state (24, 128, 256) -> 786432 * 2 B = 1572864 B; mamba page 1594368 B.
+# H100 align: align = 16, block = 16 * cdiv(1594368, 16 * 1024) = 16 * 98 = 1568.
+# CPU align: align = 32 -> 32 * cdiv(1594368, 32 * 1024) = 32 * 49 = 1568 as well; the CPU's
+# default 128 -> 128 * cdiv(1594368, 131072) = 128 * 13 = 1664.
+FALCON_MAMBA_PAGE = 21504 + 1572864
+
+
+def test_falcon_h1_is_a_parallel_hybrid() -> None:
+    lay = layout("falcon-h1-7b")
+    # vLLM indexes the mamba branch of decoder layer i as 44 + i; 44 and 44: one group each.
+    assert [(g.kind, g.layer_indices) for g in lay.groups] == [
+        (GroupKind.FULL, tuple(range(44))),
+        (GroupKind.MAMBA, tuple(range(44, 88))),
+    ]
+    full, mamba = lay.groups
+    assert lay.block_size == full.block_size == mamba.block_size == 1568
+    assert full.page_size_bytes == mamba.page_size_bytes == 1568 * 1024
+    assert mamba.real_page_size_bytes == FALCON_MAMBA_PAGE
+    assert mamba.padding_bytes == 1568 * 1024 - FALCON_MAMBA_PAGE
+    assert mamba.mamba_variant is MambaVariant.MAMBA2
+    assert mamba.mamba_shapes == ((3, 3584), (24, 128, 256))
+    assert mamba.mamba_dtypes == ("bfloat16", "bfloat16")
+    assert (lay.scheduler_block_size, lay.hash_block_size) == (1568, 1568)
+    assert layout("falcon-h1-7b", platform="cpu").block_size == 1664
+
+
+def test_falcon_h1_none_mode_keeps_one_state_per_request() -> None:
+    # Mamba block = max_model_len; scheduler block = lcm(1568, 32768) = 2^15 * 49 = 1605632.
+    lay = layout("falcon-h1-7b", cache_mode="none")
+    assert [g.block_size for g in lay.groups] == [1568, LEN]
+    assert lay.scheduler_block_size == lay.hash_block_size == 32768 * 49
+
+
+def test_falcon_h1_mamba_dims_from_auto_and_null_fields() -> None:
+    # transformers resolves mamba_d_head "auto" to d_ssm / heads = 3072 / 24 = 128, the
+    # published value; vLLM reads a null mamba_d_ssm as mamba_expand * hidden_size = 6144.
+    cfg = preset_config("falcon-h1-7b")
+    cfg["mamba_d_head"] = "auto"
+    assert model_from_config(cfg).mamba == model_from_config(preset_config("falcon-h1-7b")).mamba
+    cfg["mamba_d_ssm"] = None
+    mamba = model_from_config(cfg).mamba
+    assert (mamba.intermediate_size, mamba.head_dim) == (6144, 256)  # type: ignore[union-attr]
+    cfg["mamba_d_head"] = 64
+    with pytest.raises(ConfigError) as err:
+        model_from_config(cfg)
+    assert err.value.field == "config.json:mamba_d_head"
+
+
+# A CPU --block-size off the 32-token kernel block is kept with vLLM's warning; gpt-oss:
+#   16: full layers keep 16, sliding layers take their own kernel block max(32, 16//32*32) = 32;
+#       the sliding page (32 tokens) is twice the full page, so full scales to 32: all 32.
+#   48: sliding takes 48//32*32 = 32, full keeps 48; 32 does not divide 48, so the sliding page
+#       is padded to 48 tokens' bytes; final block min(32, 48) = 32, scheduler lcm 96, hash
+#       gcd 16, hit alignment 96 (no mamba group). vLLM 0.33 measured the same (tests/vllm).
+
+
+def test_cpu_block_size_16_ends_as_32_with_a_warning() -> None:
+    lay = layout("gpt-oss-20b", platform="cpu", block_size=16)
+    assert [g.block_size for g in lay.groups] == [32, 32]
+    assert (lay.block_size, lay.scheduler_block_size, lay.hash_block_size) == (32, 32, 32)
+    assert len(lay.warnings) == 1
+    assert "--block-size 16 is not a multiple of 32" in lay.warnings[0]
+    assert "[32]" in lay.warnings[0]
+
+
+def test_cpu_block_size_48_pads_the_sliding_group() -> None:
+    lay = layout("gpt-oss-20b", platform="cpu", block_size=48)
+    sliding, full = lay.groups
+    assert (sliding.block_size, full.block_size) == (32, 48)
+    assert sliding.page_size_bytes == full.page_size_bytes == 48 * 2048
+    assert sliding.real_page_size_bytes == 32 * 2048
+    assert (lay.block_size, lay.scheduler_block_size, lay.hash_block_size) == (32, 96, 16)
+    assert lay.cache_hit_alignment_tokens == 96
+    assert "[32, 48]" in lay.warnings[0]
+
+
+def test_kernel_multiples_and_defaults_do_not_warn() -> None:
+    assert layout("gpt-oss-20b", platform="cpu", block_size=64).warnings == ()
+    assert layout("gpt-oss-20b", platform="cpu").warnings == ()
+    assert layout("falcon-h1-7b", platform="cpu", block_size=16).block_size == 1568
+
+
 def test_platforms_are_documented_values() -> None:
     sm90 = PLATFORMS["cuda-sm90"]
     assert (sm90.default_block_size, sm90.kernel_block_base, sm90.gdn_checkpoint_alignment) == (
@@ -196,6 +281,7 @@ def test_platforms_are_documented_values() -> None:
     )
     assert PLATFORMS["cpu"].default_block_size == 128
     assert PLATFORMS["cpu-avx512bf16"].fp32_ssm_state
+    assert [p.odd_block_size_warns for p in PLATFORMS.values()] == [False, True, True]
     assert LayoutSettings(max_model_len=8).platform == "cuda-sm90"
 
 
@@ -219,6 +305,20 @@ def test_missing_nested_text_config_field_is_named() -> None:
     assert err.value.field == "config.json:num_key_value_heads"
 
 
+@pytest.mark.parametrize(
+    ("name", "key"),
+    [("qwen3.5-27b", "mamba_ssm_dtype"), ("nemotron-h-8b", "mamba_ssm_cache_dtype")],
+)
+@pytest.mark.parametrize("value", [True, [1], "int3"])
+def test_ssm_dtype_that_is_no_dtype_is_named(name: str, key: str, value: object) -> None:
+    # Found by tests/cli/test_plan_fuzz.py: `true` crashed with KeyError 'True' in the layout.
+    cfg = preset_config(name)
+    cfg.get("text_config", cfg)[key] = value
+    with pytest.raises(ConfigError) as err:
+        model_from_config(cfg)
+    assert err.value.field == f"config.json:{key}"
+
+
 def test_unknown_architecture_lists_supported() -> None:
     with pytest.raises(ConfigError) as err:
         model_from_config({"architectures": ["LlamaForCausalLM"]})
@@ -232,7 +332,7 @@ def test_unknown_architecture_lists_supported() -> None:
         ({"max_model_len": 0}, "max_model_len"),
         ({"max_model_len": True}, "max_model_len"),
         ({"max_model_len": 8, "block_size": 24}, "block_size"),
-        ({"max_model_len": 8, "block_size": 48, "platform": "cpu"}, "block_size"),
+        ({"max_model_len": 8, "block_size": 0, "platform": "cpu"}, "block_size"),
         ({"max_model_len": 8, "block_size": True}, "block_size"),
         ({"max_model_len": 8, "cache_mode": "all"}, "cache_mode"),
         ({"max_model_len": 8, "dtype": "int8"}, "dtype"),

@@ -34,7 +34,7 @@ from __future__ import annotations
 
 import contextlib
 import json
-import re
+import logging
 import sys
 import types
 from collections.abc import Iterator
@@ -164,14 +164,15 @@ def _as_h100() -> Iterator[None]:
 
 
 def _group_summary(group: Any) -> dict[str, Any]:
+    from vllm.model_executor.models.utils import extract_layer_index
     from vllm.v1.kv_cache_interface import MambaSpec, SlidingWindowSpec
 
     spec = group.kv_cache_spec
     out: dict[str, Any] = {
         "spec": type(spec).__name__,
-        "layer_indices": [
-            int(re.search(r"layers\.(\d+)\.", n).group(1)) for n in group.layer_names
-        ],
+        # vLLM's own reading of a layer name's index: Falcon-H1 names its mamba branches
+        # ``model.<n + i>.mixer``, outside ``layers.``.
+        "layer_indices": [extract_layer_index(n) for n in group.layer_names],
         "block_size": spec.block_size,
         "page_size_bytes": spec.page_size_bytes,
         "real_page_size_bytes": spec.real_page_size_bytes,
@@ -188,7 +189,35 @@ def _group_summary(group: Any) -> dict[str, Any]:
     return out
 
 
+class _Warnings(logging.Handler):
+    """Collects what vLLM logs at WARNING and above (e.g. the CPU block-size warning)."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.messages: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.messages.append(record.getMessage())
+
+
+@contextlib.contextmanager
+def _vllm_warnings() -> Iterator[list[str]]:
+    handler = _Warnings()
+    logger = logging.getLogger("vllm")
+    logger.addHandler(handler)
+    try:
+        yield handler.messages
+    finally:
+        logger.removeHandler(handler)
+
+
 def _measure(case: dict[str, Any]) -> dict[str, Any]:
+    with _vllm_warnings() as warnings:
+        result = _plan(case)
+    return {**result, "warnings": sorted(set(warnings))}
+
+
+def _plan(case: dict[str, Any]) -> dict[str, Any]:
     from vllm.config import (
         CacheConfig,
         ModelConfig,

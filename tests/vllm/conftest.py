@@ -4,19 +4,29 @@ The PyPI torchvision that vLLM's Qwen3.5 module needs is built for CUDA torch; b
 it imports only after ``_torchvision_shim`` declares two of its operators. This conftest does
 that in the pytest process before anything imports vLLM, and the ``vllm_subprocess_env``
 fixture puts the shim on PYTHONPATH for subprocesses (vLLM inspects models in a subprocess).
+
+A bare ``pytest`` without vLLM skips these tests. ``nox -s vllm`` sets ``HYBRIDKV_REQUIRE_VLLM=1``:
+then vLLM must import, or the run stops here with vLLM's own import error, so a broken vLLM
+install cannot pass green as a suite of skips.
 """
 
 from __future__ import annotations
 
+import importlib
 import importlib.util
 import os
 import sys
+import traceback
 from pathlib import Path
 
 import pytest
 from _inprocess import VLLM_CPU_ENV
 
 TORCHVISION_SHIM = Path(__file__).parent / "_torchvision_shim"
+REQUIRE_VLLM_ENV = "HYBRIDKV_REQUIRE_VLLM"
+# Real submodules, not ``vllm``: with tests/ on sys.path, tests/vllm itself imports as a namespace
+# package named vllm, so only these prove an installed vLLM (the modules the tests importorskip).
+VLLM_PROBES = ("vllm.v1.core.kv_cache_utils", "vllm.v1.core.sched.scheduler")
 
 # vLLM reads these when it is first imported (platform detection, offline hub, log level); the
 # nox session sets them too, a bare `pytest tests/vllm` gets them here.
@@ -45,6 +55,32 @@ def _install_torchvision_shim() -> object:
 _SHIM = _install_torchvision_shim()
 
 
+class VllmRequiredError(RuntimeError):
+    """``HYBRIDKV_REQUIRE_VLLM`` is set and vLLM does not import (its error is the cause)."""
+
+
+def require_vllm() -> None:
+    """Import the probes; raise :class:`VllmRequiredError` from vLLM's own import error."""
+    for name in VLLM_PROBES:
+        try:
+            importlib.import_module(name)
+        except Exception as exc:  # any import-time failure of vLLM, not only ImportError
+            frames = traceback.extract_tb(exc.__traceback__)
+            where = f" (raised at {frames[-1].filename}:{frames[-1].lineno})" if frames else ""
+            if getattr(sys.modules.get("vllm"), "__file__", None) is None:
+                where += "; no installed vllm package was found in this interpreter"
+            raise VllmRequiredError(
+                f"{REQUIRE_VLLM_ENV}=1 (set by `nox -s vllm`) but `import {name}` failed: "
+                f"{type(exc).__name__}: {exc}{where}. Fix the vLLM install (tests/vllm/"
+                "requirements-vllm.txt pins what it needs), or unset the variable to skip "
+                "these tests"
+            ) from exc
+
+
+if os.environ.get(REQUIRE_VLLM_ENV) == "1":
+    require_vllm()
+
+
 @pytest.fixture(scope="session")
 def vllm_subprocess_env() -> dict[str, str]:
     """The environment for a subprocess that imports vLLM on a CPU machine."""
@@ -57,8 +93,9 @@ def vllm_subprocess_env() -> dict[str, str]:
 
 @pytest.fixture(scope="session")
 def vllm_module() -> object:
-    """vLLM itself, or a skip when it is not installed."""
-    return pytest.importorskip("vllm", reason="vLLM 0.33 is not installed (run `nox -s vllm`)")
+    """vLLM itself, or a skip when it is not installed (``require_vllm`` ran if required)."""
+    pytest.importorskip(VLLM_PROBES[0], reason="vLLM 0.33 is not installed (run `nox -s vllm`)")
+    return sys.modules["vllm"]
 
 
 def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:

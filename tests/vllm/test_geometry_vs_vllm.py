@@ -33,7 +33,14 @@ BLOCK_SIZE_CASES = (
     ("nemotron-h-8b", "cuda-sm90", "none", 32),
     ("gemma-3-1b", "cuda-sm90", "align", 64),
     ("jamba-mini-1.5", "cpu", "align", 256),
+    # Off the CPU's 32-token kernel block: vLLM keeps them with a warning (spec.platforms).
+    ("gpt-oss-20b", "cpu", "align", 16),
+    ("gpt-oss-20b", "cpu", "align", 48),
+    ("falcon-h1-7b", "cpu", "align", 16),
+    ("falcon-h1-7b", "cpu", "none", 16),
+    ("jamba-mini-1.5", "cpu-avx512bf16", "align", 16),
 )
+CPU_BLOCK_WARNING = "prefers block_size is multiples of"  # vLLM 0.33's text, platforms/cpu.py
 SPEC_NAMES = {
     "FullAttentionSpec": GroupKind.FULL,
     "SlidingWindowSpec": GroupKind.SLIDING,
@@ -160,6 +167,9 @@ def _compare(answer: dict[str, Any], layout: Layout) -> None:
     if layout.mamba_block_size is not None:
         assert layout.mamba_block_size == answer["mamba_block_size"]
         assert layout.cache_mode == MambaCacheMode(answer["mamba_cache_mode"])
+    # The spec warns about the block size exactly when vLLM does.
+    vllm_warned = any(CPU_BLOCK_WARNING in w for w in answer["warnings"])
+    assert bool(layout.warnings) == vllm_warned, (layout.warnings, answer["warnings"])
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -195,3 +205,32 @@ def test_platforms_really_differ_in_vllm(vllm_geometry: dict[Any, dict[str, Any]
     assert block[("cpu", "align")] == 640
     assert block[("cpu-avx512bf16", "align")] == 1152
     assert block[("cuda-sm90", "none")] == 544
+
+
+def test_cpu_block_size_off_the_kernel_block_really_rounds_up_in_vllm(
+    vllm_geometry: dict[Any, dict[str, Any]],
+) -> None:
+    """Guard: vLLM itself keeps a CPU --block-size 16 with its warning and ends at 32 (gpt-oss),
+    pads the sliding group for 48, and aligns Falcon-H1 past it; the comparisons above then
+    check the spec against these answers."""
+    answer = vllm_geometry[("gpt-oss-20b", "cpu", "align", 16)]
+    assert any(CPU_BLOCK_WARNING in w for w in answer["warnings"])
+    assert [g["block_size"] for g in answer["groups"]] == [32, 32]
+    answer = vllm_geometry[("gpt-oss-20b", "cpu", "align", 48)]
+    assert [g["block_size"] for g in answer["groups"]] == [32, 48]
+    assert answer["hash_block_size"] == 16
+    answer = vllm_geometry[("falcon-h1-7b", "cpu", "align", 16)]
+    assert {g["block_size"] for g in answer["groups"]} == {1568}
+
+
+def test_falcon_h1_is_parallel_in_vllm(vllm_geometry: dict[Any, dict[str, Any]]) -> None:
+    """Guard: vLLM builds Falcon-H1's attention and mamba-2 mixer in every layer, the mamba
+    branch of layer i under index n + i (tiny config: n = 2), in both cache modes."""
+    for platform in PLATFORMS:
+        for mode in MODES:
+            groups = vllm_geometry[("falcon-h1-7b", platform, mode, None)]["groups"]
+            assert [(g["spec"], g["layer_indices"]) for g in groups] == [
+                ("FullAttentionSpec", [0, 1]),
+                ("MambaSpec", [2, 3]),
+            ]
+            assert groups[1]["mamba_type"] == "MAMBA2"
