@@ -170,7 +170,7 @@ def test_not_json_config(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> 
     bad = tmp_path / "config.json"
     bad.write_text("{not json", encoding="utf-8")
     assert main(["plan", "--config", str(bad)]) == 2
-    assert "not valid JSON" in _stderr_lines(capsys)[0]
+    assert "is not JSON" in _stderr_lines(capsys)[0]
 
 
 def test_module_entry_point_runs_the_default_preset() -> None:
