@@ -13,13 +13,13 @@ __all__ = ["HybridKVConfigError", "HybridKVError", "readable"]
 
 # A message is one line a person reads: a value echoed whole (a 50 MB string from a bad
 # trace) would bury the fix, so values and free text are cut to these lengths.
-_VALUE_CHARS = 80
+_VALUE_CHARS = 120
 _TEXT_CHARS = 400
 
 
 def _value_repr() -> reprlib.Repr:
     short = reprlib.Repr()
-    short.maxstring = short.maxother = 60
+    short.maxstring = short.maxother = 100
     short.maxlong = 40
     short.maxlist = short.maxtuple = short.maxset = short.maxfrozenset = 6
     short.maxdict = 4

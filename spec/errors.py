@@ -12,15 +12,15 @@ import reprlib
 
 __all__ = ["ConfigError", "InvariantViolation", "short_repr"]
 
-_VALUE_LIMIT = 80  # characters of an echoed value
+_VALUE_LIMIT = 120  # characters of an echoed value
 _TEXT_LIMIT = 400  # characters of a field, a problem or a fix
 
 
 def _shortener() -> reprlib.Repr:
     r = reprlib.Repr()
     r.maxlevel = 3
-    r.maxstring = 60
-    r.maxother = 60
+    r.maxstring = 100
+    r.maxother = 100
     r.maxlong = 40
     r.maxdict = 4
     for kind in ("maxlist", "maxtuple", "maxset", "maxfrozenset"):
@@ -32,7 +32,7 @@ _REPR = _shortener()
 
 
 def short_repr(value: object) -> str:
-    """The repr of ``value`` on one line and at most about 80 characters, whatever its size."""
+    """The repr of ``value`` on one line and at most 120 characters, whatever its size."""
     try:
         text = _REPR.repr(value)
     except ValueError:  # str() of an int refuses past sys.get_int_max_str_digits()
