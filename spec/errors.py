@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import reprlib
 
-__all__ = ["ConfigError", "InvariantViolation", "short_repr"]
+__all__ = ["ConfigError", "InvariantViolation"]
 
 _VALUE_LIMIT = 120  # characters of an echoed value
 _TEXT_LIMIT = 400  # characters of a field, a problem or a fix
@@ -31,7 +31,7 @@ def _shortener() -> reprlib.Repr:
 _REPR = _shortener()
 
 
-def short_repr(value: object) -> str:
+def _short_repr(value: object) -> str:
     """The repr of ``value`` on one line and at most 120 characters, whatever its size."""
     try:
         text = _REPR.repr(value)
@@ -61,7 +61,7 @@ class ConfigError(ValueError):
         self.value = value
         self.problem = problem
         self.fix = fix
-        message = f"{_one_line(field)}={short_repr(value)}: {_one_line(problem)}; {_one_line(fix)}"
+        message = f"{_one_line(field)}={_short_repr(value)}: {_one_line(problem)}; {_one_line(fix)}"
         super().__init__(message)
 
 
