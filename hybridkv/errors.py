@@ -7,7 +7,42 @@ values, not exceptions.
 
 from __future__ import annotations
 
-__all__ = ["HybridKVConfigError", "HybridKVError"]
+import reprlib
+
+__all__ = ["HybridKVConfigError", "HybridKVError", "readable"]
+
+# A message is one line a person reads: a value echoed whole (a 50 MB string from a bad
+# trace) would bury the fix, so values and free text are cut to these lengths.
+_VALUE_CHARS = 120
+_TEXT_CHARS = 400
+
+
+def _value_repr() -> reprlib.Repr:
+    short = reprlib.Repr()
+    short.maxstring = short.maxother = 100
+    short.maxlong = 40
+    short.maxlist = short.maxtuple = short.maxset = short.maxfrozenset = 6
+    short.maxdict = 4
+    short.maxlevel = 3
+    return short
+
+
+_SHORT = _value_repr()
+
+
+def readable(value: object) -> str:
+    """``value``'s repr on one line, cut to a readable length (nested and huge values too)."""
+    try:
+        text = _SHORT.repr(value)
+    except ValueError:  # an int past Python's digit limit for str()
+        bits = value.bit_length() if isinstance(value, int) else 0
+        text = f"<int of {bits} bits>" if bits else f"<{type(value).__name__}>"
+    return _line(text, _VALUE_CHARS)
+
+
+def _line(text: str, limit: int = _TEXT_CHARS) -> str:
+    flat = " ".join(str(text).splitlines())
+    return flat if len(flat) <= limit else f"{flat[: limit - 20]}... ({len(flat)} chars)"
 
 
 class HybridKVError(Exception):
@@ -18,7 +53,8 @@ class HybridKVConfigError(HybridKVError, ValueError):
     """A configuration or argument hybridkv cannot accept.
 
     It mirrors :class:`spec.errors.ConfigError` field for field, so differential tests can
-    compare the two sides on ``field``.
+    compare the two sides on ``field``. The message is one line with the value cut to a
+    readable length (:func:`readable`); the attributes keep what was given.
 
     Attributes:
         field: the offending input, as the user spells it (``"chunk_size"``, ``"--tp"``).
@@ -32,4 +68,4 @@ class HybridKVConfigError(HybridKVError, ValueError):
         self.value = value
         self.problem = problem
         self.fix = fix
-        super().__init__(f"{field}={value!r}: {problem}; {fix}")
+        super().__init__(f"{_line(field)}={readable(value)}: {_line(problem)}; {_line(fix)}")

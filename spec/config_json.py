@@ -15,7 +15,13 @@ from spec.errors import ConfigError
 from spec.kinds import GroupKind
 from spec.mamba_state import DTYPE_BYTES, GdnDims, Mamba1Dims, Mamba2Dims, MambaDims
 
-__all__ = ["SUPPORTED_ARCHITECTURES", "KVLayer", "ModelDescription", "model_from_config"]
+__all__ = [
+    "MAX_LAYERS",
+    "SUPPORTED_ARCHITECTURES",
+    "KVLayer",
+    "ModelDescription",
+    "model_from_config",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,13 +83,18 @@ def _get(cfg: Mapping[str, Any], key: str) -> Any:
 def _int(cfg: Mapping[str, Any], key: str) -> int:
     value = _get(cfg, key)
     if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
-        raise ConfigError(f"config.json:{key}", value, "must be a positive integer", "fix it")
+        raise ConfigError(
+            f"config.json:{key}",
+            value,
+            "must be a positive integer",
+            f"set {key} to the integer of the model's published config.json",
+        )
     return value
 
 
 def _dtype(cfg: Mapping[str, Any]) -> str:
     value = cfg.get("dtype") or cfg.get("torch_dtype") or "bfloat16"
-    if value not in DTYPE_BYTES:
+    if not isinstance(value, str) or value not in DTYPE_BYTES:
         raise ConfigError(
             "config.json:torch_dtype", value, "unsupported dtype", f"use one of {list(DTYPE_BYTES)}"
         )
@@ -114,13 +125,38 @@ def _head_dim(cfg: Mapping[str, Any]) -> int:
     return hidden // heads
 
 
-def _types(cfg: Mapping[str, Any], key: str, n: int) -> Sequence[str]:
+def _ssm_dtype(cfg: Mapping[str, Any], key: str, default: str) -> str:
+    """The SSM state dtype field ``key`` (``default`` when absent): ``auto`` or a known dtype."""
+    value = cfg.get(key) or default
+    if not isinstance(value, str) or (value != "auto" and value not in DTYPE_BYTES):
+        raise ConfigError(
+            f"config.json:{key}",
+            value,
+            "unsupported dtype",
+            f"use auto or one of {list(DTYPE_BYTES)}",
+        )
+    return value
+
+
+def _types(cfg: Mapping[str, Any], key: str, n: int, known: Sequence[str]) -> Sequence[str]:
+    """``key``'s per-layer type names; each must be one of ``known`` (vLLM refuses the rest)."""
     types = _get(cfg, key)
     if not isinstance(types, (list, tuple)) or len(types) != n:
         raise ConfigError(
-            f"config.json:{key}", types, f"must list one type per layer ({n})", "fix it"
+            f"config.json:{key}",
+            types,
+            f"must list one type per layer ({n}, num_hidden_layers)",
+            f"give {n} names, each one of {', '.join(known)}",
         )
-    return [str(t) for t in types]
+    for i, name in enumerate(types):
+        if not isinstance(name, str) or name not in known:
+            raise ConfigError(
+                f"config.json:{key}[{i}]",
+                name,
+                "is not a layer type this architecture has",
+                f"use one of {', '.join(known)}",
+            )
+    return list(types)
 
 
 def _layers(kinds: Sequence[GroupKind | None], window: int | None = None) -> tuple[KVLayer, ...]:
@@ -155,7 +191,7 @@ def _describe(
 def _qwen_gdn(arch: str, cfg: Mapping[str, Any], top: Mapping[str, Any]) -> ModelDescription:
     n = _int(cfg, "num_hidden_layers")
     if cfg.get("layer_types") is not None:
-        types = _types(cfg, "layer_types", n)
+        types = _types(cfg, "layer_types", n, ("linear_attention", "full_attention"))
     else:
         interval = _int(cfg, "full_attention_interval")
         types = [
@@ -186,6 +222,13 @@ def _qwen3_next(cfg: Mapping[str, Any]) -> ModelDescription:
 def _qwen3_5(arch: str) -> Callable[[Mapping[str, Any]], ModelDescription]:
     def parse(cfg: Mapping[str, Any]) -> ModelDescription:
         text = _get(cfg, "text_config") if "ConditionalGeneration" in arch else cfg
+        if not isinstance(text, Mapping):
+            raise ConfigError(
+                "config.json:text_config",
+                text,
+                "must be an object",
+                "give the model's published config.json, which has it",
+            )
         return _qwen_gdn(arch, text, cfg)
 
     return parse
@@ -193,13 +236,23 @@ def _qwen3_5(arch: str) -> Callable[[Mapping[str, Any]], ModelDescription]:
 
 def _nemotron_h(cfg: Mapping[str, Any]) -> ModelDescription:
     n = _int(cfg, "num_hidden_layers")
-    pattern = str(_get(cfg, "hybrid_override_pattern"))
-    if len(pattern) != n:
-        raise ConfigError(
-            "config.json:hybrid_override_pattern", pattern, f"must have {n} characters", "fix it"
-        )
+    pattern = _get(cfg, "hybrid_override_pattern")
     # M: mamba-2 mixer, *: attention, - and E: MLP / MoE only (no cache).
-    table = {"M": GroupKind.MAMBA, "*": GroupKind.FULL}
+    table = {"M": GroupKind.MAMBA, "*": GroupKind.FULL, "-": None, "E": None}
+    if not isinstance(pattern, str) or len(pattern) != n or not set(pattern) <= set(table):
+        raise ConfigError(
+            "config.json:hybrid_override_pattern",
+            pattern,
+            f"must be a string of {n} characters (num_hidden_layers), each M, *, - or E",
+            "write one character per layer: M mamba, * attention, - MLP, E MoE",
+        )
+    if not set(pattern) & {"M", "*"}:
+        raise ConfigError(
+            "config.json:hybrid_override_pattern",
+            pattern,
+            "has no mamba (M) or attention (*) layer, so the model keeps no KV cache",
+            "give the model's published pattern, with its M and * layers",
+        )
     heads, head_dim = _int(cfg, "mamba_num_heads"), _int(cfg, "mamba_head_dim")
     mamba = Mamba2Dims(
         intermediate_size=heads * head_dim,
@@ -218,7 +271,7 @@ def _nemotron_h(cfg: Mapping[str, Any]) -> ModelDescription:
 
 def _granite_h(cfg: Mapping[str, Any]) -> ModelDescription:
     n = _int(cfg, "num_hidden_layers")
-    types = _types(cfg, "layer_types", n)
+    types = _types(cfg, "layer_types", n, ("mamba", "attention"))
     kinds = [GroupKind.MAMBA if t == "mamba" else GroupKind.FULL for t in types]
     mamba = Mamba2Dims(
         intermediate_size=_int(cfg, "mamba_expand") * _int(cfg, "hidden_size"),
@@ -302,7 +355,7 @@ def _gpt_oss(cfg: Mapping[str, Any]) -> ModelDescription:
 def _gemma3(cfg: Mapping[str, Any]) -> ModelDescription:
     n = _int(cfg, "num_hidden_layers")
     if cfg.get("layer_types") is not None:
-        types = _types(cfg, "layer_types", n)
+        types = _types(cfg, "layer_types", n, ("sliding_attention", "full_attention"))
     else:
         # transformers' Gemma3TextConfig derives the types from the pattern this way.
         pattern = _int(cfg, "sliding_window_pattern")
@@ -330,6 +383,24 @@ _PARSERS: dict[str, Callable[[Mapping[str, Any]], ModelDescription]] = {
 SUPPORTED_ARCHITECTURES = tuple(sorted(_PARSERS))
 
 
+#: More layers than any published model has by two orders of magnitude; a count above it is a
+#: typo, and reading it would build one entry per layer before any other check.
+MAX_LAYERS = 10_000
+
+
+def _check_layer_count(config: Mapping[str, Any]) -> None:
+    text = config.get("text_config")
+    for cfg in (text, config) if isinstance(text, Mapping) else (config,):
+        n = cfg.get("num_hidden_layers")
+        if isinstance(n, int) and n > MAX_LAYERS:
+            raise ConfigError(
+                "config.json:num_hidden_layers",
+                n,
+                f"is more than {MAX_LAYERS} layers",
+                "give the model's published config.json, which has its real layer count",
+            )
+
+
 def model_from_config(config: Mapping[str, Any]) -> ModelDescription:
     """Read a model description from a Hugging Face config.json mapping.
 
@@ -340,11 +411,12 @@ def model_from_config(config: Mapping[str, Any]) -> ModelDescription:
     """
     archs = config.get("architectures")
     arch = archs[0] if isinstance(archs, (list, tuple)) and archs else None
-    if arch not in _PARSERS:
+    if not isinstance(arch, str) or arch not in _PARSERS:
         raise ConfigError(
             "config.json:architectures",
             archs,
             "not a hybrid architecture the geometry model knows",
             f"use one of {', '.join(SUPPORTED_ARCHITECTURES)}",
         )
+    _check_layer_count(config)
     return _PARSERS[str(arch)](config)

@@ -123,7 +123,11 @@ class ExploreResult(Generic[A]):
 
 
 Progress = Callable[[int, int], None]
-"""Called as ``progress(states_seen, depth)`` after each depth level is expanded."""
+"""Called as ``progress(states_seen, depth)`` after each depth level is expanded, and every
+``PROGRESS_EVERY`` states expanded within a level (``depth`` is then the level's own), so a
+caller can show a long level advancing."""
+
+PROGRESS_EVERY = 256
 
 
 def explore(
@@ -168,20 +172,13 @@ def explore(
             truncated = any(_has_action(model, s) for s, _ in frontier)
             break
         next_frontier: deque[tuple[S, Hashable]] = deque()
-        for state, key in frontier:
-            for action in model.enabled(state):
-                transitions += 1
-                # Stepping first lets a model label a transition by what it caused.
-                successor = model.step(state, action)
-                coverage.update(model.labels(state, action))
-                succ_key = model.key(successor)
-                if succ_key in parents:
-                    continue
-                if max_states is not None and len(parents) >= max_states:
-                    truncated = budget_cut = True
-                    continue
-                parents[succ_key] = (key, action)
-                next_frontier.append((successor, succ_key))
+        for expanded, (state, key) in enumerate(frontier, 1):
+            if progress is not None and expanded % PROGRESS_EVERY == 0:
+                progress(len(parents), depth)
+            moved, cut = _expand(model, state, key, parents, next_frontier, coverage, max_states)
+            transitions += moved
+            if cut:
+                truncated = budget_cut = True
         frontier = next_frontier
         if frontier:
             depth += 1
@@ -197,6 +194,34 @@ def explore(
         coverage=dict(coverage),
         budget_cut=budget_cut,
     )
+
+
+def _expand(  # noqa: PLR0917 - one state's expansion reads the whole search
+    model: Model[S, A],
+    state: S,
+    key: Hashable,
+    parents: dict[Hashable, tuple[Hashable, A] | None],
+    next_frontier: deque[tuple[S, Hashable]],
+    coverage: Counter[str],
+    max_states: int | None,
+) -> tuple[int, bool]:
+    """Step ``state`` by every enabled action, recording new states; ``(transitions, cut)``."""
+    transitions = 0
+    cut = False
+    for action in model.enabled(state):
+        transitions += 1
+        # Stepping first lets a model label a transition by what it caused.
+        successor = model.step(state, action)
+        coverage.update(model.labels(state, action))
+        succ_key = model.key(successor)
+        if succ_key in parents:
+            continue
+        if max_states is not None and len(parents) >= max_states:
+            cut = True
+            continue
+        parents[succ_key] = (key, action)
+        next_frontier.append((successor, succ_key))
+    return transitions, cut
 
 
 def _has_action(model: Model[S, A], state: S) -> bool:

@@ -55,15 +55,48 @@ def add_parser(sub: Any) -> None:
         "check",
         help="exhaustively explore a small engine and check every invariant",
         description="Bounded exhaustive exploration of the formal model (spec.system).",
+        epilog=_EPILOG,
+        formatter_class=argparse.ArgumentDefaultsHelpFormatter,
     )
     p.add_argument("--requests", type=int, default=2, help="requests in the scenario (1-3)")
-    p.add_argument("--groups", default="full,mamba", help="group kinds, e.g. full,sliding")
-    p.add_argument("--depth", type=int, default=10, help="actions per explored path")
-    p.add_argument("--start", choices=["empty", "seeded"], default="seeded")
-    p.add_argument("--recovery", choices=["vllm", "shared"], default="vllm")
-    p.add_argument("--max-states", type=int, help="stop after this many states (not exhaustive)")
+    p.add_argument(
+        "--groups",
+        default="full,mamba",
+        help="KV cache group kinds, one of: full,mamba | full,sliding | full,sliding,mamba | full",
+    )
+    p.add_argument("--depth", type=int, default=10, help="actions per explored path (the bound)")
+    p.add_argument(
+        "--start",
+        choices=["empty", "seeded"],
+        default="seeded",
+        help="empty: nothing arrived, host store empty; seeded: every request arrived and the "
+        "host store already holds the shared prefix (its second chunk without the mamba state)",
+    )
+    p.add_argument(
+        "--recovery",
+        choices=["vllm", "shared"],
+        default="vllm",
+        help="failed-load recovery explored: vllm = vLLM 0.33's recompute and fail policies; "
+        "shared = shared truncation",
+    )
+    p.add_argument(
+        "--max-states",
+        type=int,
+        help="stop after this many states (the search is then cut, not exhaustive); "
+        "left out: no limit",
+    )
     p.add_argument("--json", action="store_true", help="print the result as JSON")
     p.set_defaults(run=run)
+
+
+_EPILOG = (
+    "The result: 'exhaustive: yes' = every state within --depth actions was checked; "
+    "'complete: yes' = besides, no state at the last depth could act, so the whole reachable "
+    "space was seen ('complete: no' only says a larger --depth would reach more states). "
+    "Verdict: pass (exit 0) = no invariant broke, every required event and status was reached "
+    "and nothing was cut; violation, uncovered (raise --depth or change --start) or cut "
+    "(--max-states stopped the search) exit 1; bad arguments exit 2."
+)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -184,21 +217,48 @@ def _grouped(coverage: Mapping[str, int]) -> dict[str, dict[str, int]]:
 
 
 def _run_with_progress(scenario: Scenario, depth: int, max_states: int | None) -> dict[str, Any]:
-    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+    """:func:`run_check` with a progress line on a terminal's stderr (states, depth, time)."""
+    from hybridkv.cli.progress_line import ProgressLine
 
-    columns = (
-        TextColumn("[bold]depth {task.completed}/{task.total}"),
-        BarColumn(),
-        TextColumn("{task.fields[states]} states"),
-        TimeElapsedColumn(),
-    )
-    with Progress(*columns, transient=True) as bar:
-        task = bar.add_task("explore", total=depth, states=0)
+    with ProgressLine() as line:
 
         def advance(states: int, reached: int) -> None:
-            bar.update(task, completed=reached, states=states)
+            line.update(
+                f"hybridkv check: {states:,} states explored, depth {reached} of {depth}, "
+                f"{line.elapsed():.0f}s"
+            )
 
         return run_check(scenario, depth, max_states, advance)
+
+
+_VERDICTS = {
+    "pass": "no invariant broke, every required event and status was reached, nothing was cut",
+    "violation": "an invariant broke; its shortest trace is above",
+    "uncovered": "no invariant broke, but the labels listed as uncovered were never reached, so "
+    "the search proves nothing about them: raise --depth or change --start",
+    "cut": "--max-states stopped the search before the depth bound: raise or drop it",
+}
+
+
+def explain_bounds(report: Mapping[str, Any]) -> list[str]:
+    """What ``exhaustive`` and ``complete`` mean for this report, in words (one line each)."""
+    bound = report["max_depth"]
+    if report["exhaustive"]:
+        exhaustive = f"exhaustive: yes = every state reachable within {bound} actions was checked"
+    elif report["violations"]:
+        exhaustive = "exhaustive: no = the search stopped at the first depth with a violation"
+    else:
+        exhaustive = "exhaustive: no = --max-states cut the search before the depth bound"
+    if report["complete"]:
+        complete = "complete: yes = no state could act further: the whole reachable space was seen"
+    elif not report["exhaustive"]:
+        complete = "complete: no = the search stopped early, so the rest of the space is unseen"
+    else:
+        complete = (
+            f"complete: no = some states at depth {report['depth']} can still act; a larger "
+            "--depth reaches more (the bound, not a failure)"
+        )
+    return [exhaustive, complete]
 
 
 def _render(report: Mapping[str, Any]) -> None:
@@ -219,6 +279,8 @@ def _render(report: Mapping[str, Any]) -> None:
         f"exhaustive: {'yes' if report['exhaustive'] else 'no'}  "
         f"complete: {'yes' if report['complete'] else 'no'}"
     )
+    for line in explain_bounds(report):
+        console.print(f"  {line}", highlight=False)
     for family, counts in report["coverage"].items():
         listed = ", ".join(f"{name} {n}" for name, n in counts.items())
         console.print(f"coverage {family}: {listed or '-'}")
@@ -229,5 +291,5 @@ def _render(report: Mapping[str, Any]) -> None:
         for i, step in enumerate(v["trace"], 1):
             console.print(f"  {i:2}. {step}")
     colour = "green" if report["verdict"] == "pass" else "red"
-    console.print(f"verdict: [{colour}]{report['verdict']}[/]")
+    console.print(f"verdict: [{colour}]{report['verdict']}[/] ({_VERDICTS[report['verdict']]})")
     sys.stdout.flush()

@@ -15,6 +15,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from hybridkv.cli.chunking import ChunkOption, chunk_options, recommend
+from hybridkv.cli.flags import require_at_least
 from hybridkv.cli.model_config import load_model_config
 from hybridkv.errors import HybridKVConfigError
 from hybridkv.kinds import GroupKind as LibKind
@@ -66,6 +67,13 @@ def run(args: argparse.Namespace) -> int:
     """Execute ``hybridkv plan``; returns the exit code (config errors propagate to main)."""
     if args.list_presets:
         return _list_presets(args.json)
+    for flag, value, example in (
+        ("--max-model-len", args.max_model_len, 32768),
+        ("--block-size", args.block_size, 16),
+        ("--tp", args.tp, 1),
+        ("--chunk-size", args.chunk_size, 1024),
+    ):
+        require_at_least(flag, value, 1, example)
     source, config = load_model_config(args.preset, args.config)
     plan = build_plan(
         config,

@@ -99,12 +99,24 @@ def _options_table(
     return table
 
 
-def render_presets(rows: Sequence[Mapping[str, str]], default: str) -> None:
-    """Print the built-in presets with their sources."""
+def render_presets(
+    rows: Sequence[Mapping[str, str]], default: str, console: Console | None = None
+) -> None:
+    """Print the built-in presets with their sources.
+
+    On a terminal, a table; piped or redirected, one plain ``name  model  source`` line per
+    preset, so no cell (a source URL above all) is cut to the table's width.
+    """
+    out = console or Console()
+    if not out.is_terminal:
+        for row in rows:
+            name = f"{row['name']} (default)" if row["name"] == default else row["name"]
+            print(f"{name}\t{row['description']}\t{row['source']}", file=out.file)
+        return
     table = Table(title="presets")
     for col in ("name", "model", "source"):
         table.add_column(col)
     for row in rows:
         name = f"{row['name']} (default)" if row["name"] == default else row["name"]
         table.add_row(name, row["description"], row["source"])
-    Console().print(table)
+    out.print(table)

@@ -17,6 +17,12 @@ import torch
 from hybridkv.canonical import build_canonical_caches
 from hybridkv.cli.model_config import load_model_config
 from hybridkv.cli.sim_engine import DataPlane, SimResult, Simulation
+from hybridkv.cli.sim_limits import (
+    check_arrivals,
+    check_flags,
+    check_run_memory,
+    check_trace_memory,
+)
 from hybridkv.cli.sim_setup import SimSetup, derive_setup
 from hybridkv.cli.sim_threads import one_intra_op_thread
 from hybridkv.cli.sim_timing import copy_time_model, transfer_report
@@ -95,9 +101,7 @@ def _trace(options: SimOptions) -> tuple[TraceRequest, ...]:
     if options.trace.endswith(".jsonl"):
         trace = load_trace(options.trace)
         if options.requests is not None:
-            if options.requests < 1:
-                raise HybridKVConfigError("--requests", options.requests, "must be >= 1", "fix")
-            trace = trace[: options.requests]
+            trace = trace[: options.requests]  # sim_limits.check_flags refused < 1
         return trace
     count = DEFAULT_REQUESTS if options.requests is None else options.requests
     return builtin_workload(options.trace, count)
@@ -168,9 +172,12 @@ def simulate(options: SimOptions, *, progress: bool = False) -> dict[str, Any]:
     Refusal: bad options raise :class:`HybridKVConfigError` (or the spec's ConfigError) naming
     the flag, before anything is allocated.
     """
+    check_flags(options)
     source, config = load_model_config(options.preset, options.config)
+    check_trace_memory(options)
     trace = _trace(options)
-    setup = _setup(options, config, options.gpu_blocks or 1)
+    max_steps = check_arrivals(trace)
+    setup = _setup(options, config, 1 if options.gpu_blocks is None else options.gpu_blocks)
     if options.gpu_blocks is None:
         # Room for three of the longest sequences: the GPU prefix cache is under pressure, as
         # on a busy server, so what the host tier brings back shows.
@@ -180,6 +187,7 @@ def simulate(options: SimOptions, *, progress: bool = False) -> dict[str, Any]:
     aborts = AbortPlan(options.aborts, options.seed)
     model = copy_time_model(options, setup)
     device = _device(options)
+    check_run_memory(options, setup, trace)
     num_blocks = setup.scheduler.num_blocks
     caches = build_sim_caches(setup.sim_groups, num_blocks, options.layers_per_group, device)
     canonical = build_canonical_caches(caches.kv_caches, caches.groups, num_blocks)
@@ -204,6 +212,7 @@ def simulate(options: SimOptions, *, progress: bool = False) -> dict[str, Any]:
             check=options.check,
             connector_snapshot=snapshot,
             aborts=aborts if options.aborts else None,
+            max_steps=max_steps,
         )
         result = _run_with_progress(sim, len(trace)) if progress else sim.run()
     finally:

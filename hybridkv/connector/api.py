@@ -2,9 +2,9 @@
 
 Field for field and method for method the twin of the reference model's ``spec.connector_api``
 (never imported here): a scheduler drives a :class:`SchedulerConnector`, a worker folds job
-results through a :class:`WorkerConnector`. Both the spec scheduler (through
-``hybridkv.cli.engine_adapter``) and vLLM's scheduler (through ``hybridkv.vllm``) speak these
-values, so the core itself never converts anything.
+results through a :class:`WorkerConnector`. The spec scheduler speaks these values through
+``hybridkv.cli.engine_adapter``, and a vLLM connector (``hybridkv.vllm``, not written yet) is
+to speak them too, so the core itself never converts anything.
 
 Values only: every type is immutable. :class:`TransferItem` and :class:`JobResult` are
 ``NamedTuple`` rather than frozen dataclasses because the core builds one per moved block and

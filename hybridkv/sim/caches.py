@@ -158,13 +158,16 @@ def _check_group(g: int, group: SimGroup, page: int) -> None:
         raise HybridKVConfigError(
             f"{where}.real_page_size_bytes",
             group.real_page_size_bytes,
-            "not in (0, page]",
-            "fix it",
+            f"not in (0, page_size_bytes={page}] or block_size < 1",
+            "derive the layout with spec.layout, which pads every page to one size",
         )
     if group.kind is GroupKind.MAMBA:
         if not group.state_shapes or len(group.state_shapes) != len(group.state_dtypes):
             raise HybridKVConfigError(
-                f"{where}.state_shapes", group.state_shapes, "need one dtype per shape", "fix it"
+                f"{where}.state_shapes",
+                group.state_shapes,
+                "need one dtype per shape",
+                "give state_dtypes one dtype name for each state shape",
             )
         used = sum(
             _numel(s) * torch.empty(0, dtype=_dtype(f"{where}.state_dtypes", d)).element_size()
@@ -172,7 +175,10 @@ def _check_group(g: int, group: SimGroup, page: int) -> None:
         )
         if used > group.real_page_size_bytes:
             raise HybridKVConfigError(
-                f"{where}.state_shapes", group.state_shapes, "exceed the real page", "fix it"
+                f"{where}.state_shapes",
+                group.state_shapes,
+                f"exceed the real page ({used} > {group.real_page_size_bytes} bytes)",
+                "derive the layout with spec.layout, whose mamba page holds every state",
             )
         return
     es = torch.empty(0, dtype=_dtype(f"{where}.attention_dtype", group.attention_dtype))

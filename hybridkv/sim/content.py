@@ -182,7 +182,10 @@ class ContentCodec:
             raise HybridKVConfigError("group", group, "is not a mamba group", "use write_rows")
         if position < 1 or block == 0:
             raise HybridKVConfigError(
-                "position", position, "a state needs a real block and >= 1 token", "fix it"
+                "position",
+                position,
+                f"a state needs a real block (not the null block 0, got {block}) and >= 1 token",
+                "write the state of a prefix of at least one token into a block id >= 1",
             )
         prefix = self._hashes(hashes, position - 1, position)
         wrong = 0

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from hybridkv.errors import HybridKVConfigError
+from hybridkv.json_input import decode_utf8, parse_json
 
 __all__ = ["TraceRequest", "dump_trace", "load_trace", "parse_trace", "validate_trace"]
 
@@ -77,7 +78,9 @@ _FIX_PROMPT = "give the prompt as a non-empty list of token ids"
 
 def _check_int(field: str, value: object, low: int) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < low:
-        raise HybridKVConfigError(field, value, f"must be an int >= {low}", f"pass an int >= {low}")
+        raise HybridKVConfigError(
+            field, value, f"must be an int >= {low}", f"write {field} as a JSON integer >= {low}"
+        )
 
 
 def parse_trace(lines: Iterable[str], source: str = "<trace>") -> tuple[TraceRequest, ...]:
@@ -112,12 +115,7 @@ def parse_trace(lines: Iterable[str], source: str = "<trace>") -> tuple[TraceReq
 
 
 def _parse_line(text: str, where: str) -> TraceRequest:
-    try:
-        obj = json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise HybridKVConfigError(
-            where, text[:60], f"is not JSON ({exc.msg} at column {exc.colno})", _FIX_LINE
-        ) from None
+    obj = parse_json(text, where, text[:60], _FIX_LINE)
     if not isinstance(obj, Mapping):
         raise HybridKVConfigError(where, text[:60], "is not a JSON object", _FIX_LINE)
     for key in obj:
@@ -156,17 +154,20 @@ _FIX_LINE = (
 def load_trace(path: str | Path) -> tuple[TraceRequest, ...]:
     """Read and parse a JSONL trace file (:func:`parse_trace`).
 
-    Refusal: a missing or unreadable file raises :class:`HybridKVConfigError` (field
-    ``--trace``).
+    Refusal: a missing or unreadable file, or bytes that are not UTF-8, raise
+    :class:`HybridKVConfigError` (field ``--trace``).
     """
     file = Path(path)
     try:
-        text = file.read_text(encoding="utf-8")
+        data = file.read_bytes()
     except OSError as exc:
         raise HybridKVConfigError(
             "--trace", str(path), f"cannot be read ({exc.strerror})", "pass a JSONL trace file"
         ) from None
-    return parse_trace(text.splitlines(), str(path))
+    text = decode_utf8(data, "--trace", str(path), "save the trace as UTF-8 JSON lines")
+    # Lines end at "\n" only: str.splitlines would also cut at characters JSON strings may
+    # hold raw (U+2028, form feed...), splitting one request in two.
+    return parse_trace(text.split("\n"), str(path))
 
 
 def dump_trace(requests: Sequence[TraceRequest]) -> str:

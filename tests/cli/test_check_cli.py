@@ -83,11 +83,11 @@ def test_a_broken_engine_is_a_violation_with_a_readable_trace(
 @pytest.mark.parametrize(
     ("argv", "field"),
     [
-        (["--requests", "5"], "requests"),
-        (["--groups", "mamba,full"], "groups"),
-        (["--groups", "full,lstm"], "groups"),
-        (["--depth", "-1"], "depth"),
-        (["--max-states", "0"], "max_states"),
+        (["--requests", "5"], "--requests=5"),
+        (["--groups", "mamba,full"], "--groups='mamba,full'"),
+        (["--groups", "full,lstm"], "--groups='full,lstm'"),
+        (["--depth", "-1"], "--depth=-1"),
+        (["--max-states", "0"], "--max-states=0"),
     ],
 )
 def test_bad_arguments_exit_2_naming_the_field(

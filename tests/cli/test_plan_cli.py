@@ -148,12 +148,12 @@ def test_a_jamba_attention_offset_that_is_not_a_layer_index_is_named(
 @pytest.mark.parametrize(
     ("argv", "field"),
     [
-        (["--chunk-size", "24"], "chunk_size"),
-        (["--chunk-size", "0"], "chunk_size"),
-        (["--tp", "0"], "tp"),
-        (["--max-model-len", "0"], "max_model_len"),
-        (["--block-size", "20"], "block_size"),
-        (["--dtype", "int3"], "dtype"),
+        (["--chunk-size", "24"], "--chunk-size=24"),
+        (["--chunk-size", "0"], "--chunk-size=0"),
+        (["--tp", "0"], "--tp=0"),
+        (["--max-model-len", "0"], "--max-model-len=0"),
+        (["--block-size", "20"], "--block-size=20"),
+        (["--dtype", "int3"], "--dtype='int3'"),
     ],
 )
 def test_bad_arguments_exit_2_naming_the_field(
@@ -162,7 +162,8 @@ def test_bad_arguments_exit_2_naming_the_field(
     assert main(["plan", "--preset", "gpt-oss-20b", *argv]) == 2
     lines = _stderr_lines(capsys)
     assert len(lines) == 1
-    assert field in lines[0]
+    assert lines[0].startswith(f"hybridkv plan: error: {field}:"), lines[0]
+    assert "max_model_len" not in lines[0]  # the flag's name, never the model's
 
 
 def test_cpu_block_size_off_the_kernel_block_plans_with_vllms_warning(
@@ -193,7 +194,7 @@ def test_not_json_config(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> 
     bad = tmp_path / "config.json"
     bad.write_text("{not json", encoding="utf-8")
     assert main(["plan", "--config", str(bad)]) == 2
-    assert "not valid JSON" in _stderr_lines(capsys)[0]
+    assert "is not JSON" in _stderr_lines(capsys)[0]
 
 
 def test_module_entry_point_runs_the_default_preset() -> None:
