@@ -101,15 +101,6 @@ def _dtype(cfg: Mapping[str, Any]) -> str:
     return str(value)
 
 
-def _ssm_dtype(cfg: Mapping[str, Any], key: str, default: str) -> str:
-    value = cfg.get(key) or default
-    if not isinstance(value, str) or (value != "auto" and value not in DTYPE_BYTES):
-        raise ConfigError(
-            f"config.json:{key}", value, "unsupported dtype", f"use one of {list(DTYPE_BYTES)}"
-        )
-    return str(value)
-
-
 def _head_dim(cfg: Mapping[str, Any]) -> int:
     for key in ("head_dim", "attention_head_dim"):
         if cfg.get(key) is not None:
