@@ -23,12 +23,12 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from hybridkv.cli import sim_run
 from hybridkv.cli.main import main
 from hybridkv.cli.model_config import load_model_config
 from hybridkv.cli.plan import build_plan
 from hybridkv.cli.sim_limits import MAX_STEPS, check_run_memory
 from hybridkv.cli.sim_run import SimOptions
-from hybridkv.cli.sim_setup import derive_setup
 from hybridkv.errors import HybridKVConfigError
 from hybridkv.sim.trace import TraceRequest, load_trace
 from hybridkv.sim.workloads import builtin_workload
@@ -319,15 +319,8 @@ def test_absurd_sizes_are_refused_before_allocating(
 
 
 def _setup_for(options: SimOptions, gpu_blocks: int) -> Any:
-    return derive_setup(
-        preset_config("gemma-3-1b"),
-        max_model_len=options.max_model_len,
-        gpu_blocks=gpu_blocks,
-        max_num_batched_tokens=options.max_num_batched_tokens,
-        max_num_running=options.max_num_running,
-        layers_per_group=options.layers_per_group,
-        load_deadline_steps=options.load_deadline_steps,
-    )
+    # the setup simulate itself derives from the options, for a model the test names
+    return sim_run._setup(options, preset_config("gemma-3-1b"), gpu_blocks)
 
 
 def test_the_suggested_size_fits_and_one_more_does_not() -> None:
