@@ -88,7 +88,11 @@ def vllm_subprocess_env() -> dict[str, str]:
     """The environment for a subprocess that imports vLLM on a CPU machine."""
     env = dict(os.environ)
     env.update(VLLM_CPU_ENV)
-    paths = [str(TORCHVISION_SHIM), str(REPO_ROOT), *filter(None, env.get("PYTHONPATH", "").split(os.pathsep))]
+    paths = [
+        str(TORCHVISION_SHIM),
+        str(REPO_ROOT),
+        *filter(None, env.get("PYTHONPATH", "").split(os.pathsep)),
+    ]
     env["PYTHONPATH"] = os.pathsep.join(paths)
     return env
 
