@@ -23,6 +23,8 @@ import pytest
 from _inprocess import VLLM_CPU_ENV
 
 TORCHVISION_SHIM = Path(__file__).parent / "_torchvision_shim"
+# The subprocesses import hybridkv.vllm.planning: from this checkout, like the pytest process.
+REPO_ROOT = Path(__file__).resolve().parents[2]
 REQUIRE_VLLM_ENV = "HYBRIDKV_REQUIRE_VLLM"
 # Real submodules, not ``vllm``: with tests/ on sys.path, tests/vllm itself imports as a namespace
 # package named vllm, so only these prove an installed vLLM (the modules the tests importorskip).
@@ -86,7 +88,11 @@ def vllm_subprocess_env() -> dict[str, str]:
     """The environment for a subprocess that imports vLLM on a CPU machine."""
     env = dict(os.environ)
     env.update(VLLM_CPU_ENV)
-    paths = [str(TORCHVISION_SHIM), *filter(None, env.get("PYTHONPATH", "").split(os.pathsep))]
+    paths = [
+        str(TORCHVISION_SHIM),
+        str(REPO_ROOT),
+        *filter(None, env.get("PYTHONPATH", "").split(os.pathsep)),
+    ]
     env["PYTHONPATH"] = os.pathsep.join(paths)
     return env
 

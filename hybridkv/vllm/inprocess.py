@@ -1,0 +1,629 @@
+"""An in-process vLLM 0.33 engine on CPU: the real ``Scheduler`` with any KV connector, and a
+stand-in model runner that drives the connector's worker side in the runner's hook order and
+checks every KV slot and mamba state it reads against the content the request's tokens imply.
+
+Built (:class:`InProcessEngine`) from a config.json, :class:`EngineSettings` and a
+``KVTransferConfig`` (or none):
+
+1. ``VllmConfig`` with prefix caching, chunked prefill, sync scheduling; vLLM's own planning
+   (:func:`hybridkv.vllm.planning.plan_kv_caches`) derives the KV-cache config and block sizes;
+   HMA must stay on.
+2. The adapter's ``configure`` (e.g. the host tier size) before ``Scheduler(...)``, which builds
+   the connector's scheduler role as the engine core does.
+3. The worker role: the same class built with ``KVConnectorRole.WORKER``; the CPU caches come from
+   vLLM's own ``allocate_kv_cache`` in the resolved layout; the adapter's ``attach`` registers
+   them (default: ``register_kv_caches`` then ``set_host_xfer_buffer_ops``, as
+   ``v1/worker/gpu/kv_connector.py`` does).
+
+Each step (:meth:`InProcessEngine.step`) mirrors ``EngineCore.step``: ``schedule()``; the
+stand-in runner (``handle_preemptions``, ``bind_connector_metadata``, ``start_load_kv`` before the
+forward for sync loads, the forward with ``wait_for_layer_load``/``save_kv_layer`` around each
+attention layer only, ``start_load_kv`` after it otherwise, ``wait_for_save``,
+``get_transfer_results``, ``get_block_ids_with_load_errors``, stats, events, worker meta,
+``clear_connector_metadata``); ``update_from_output()`` with the sampled tokens and that
+``KVConnectorOutput``.
+
+The forward (:mod:`hybridkv.vllm.content`): a mamba layer copies the state of block
+``(c0 - 1) // block`` to ``cdiv(c1, block) - 1`` as ``preprocess_mamba`` does, checks it holds
+the prefix ``[:c0]`` and writes the prefix ``[:c1]``; an attention layer writes the tags of
+``[c0, c1)`` and checks the positions ``[lo, c0)`` it attends (``lo`` = 0, or the window's start).
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+import json
+import logging
+import random
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+import torch
+
+from hybridkv.vllm.content import LayerTags, layer_tags, prefix_tags
+from hybridkv.vllm.planning import init_distributed, plan_kv_caches
+
+__all__ = [
+    "ChatTrace",
+    "EngineSettings",
+    "InProcessEngine",
+    "InProcessReport",
+    "WedgedError",
+    "WorkerAdapter",
+    "run_trace",
+]
+
+logging.getLogger("vllm").setLevel(logging.ERROR)
+
+_SCHEDULER_HOOKS = (
+    "get_num_new_matched_tokens",
+    "update_state_after_alloc",
+    "get_external_cache_hit_sources",
+    "build_connector_meta",
+    "update_connector_output",
+    "request_finished",
+    "request_finished_all_groups",
+    "on_new_request",
+    "take_events",
+    "has_pending_push_work",
+    "has_pending_block_frees",
+    "get_kv_connector_stats",
+    "get_loaded_kv_cache_group_ids",
+    "register_finished_partial_tail",
+)
+
+
+class WedgedError(RuntimeError):
+    """The run did not finish within ``max_steps`` engine steps."""
+
+
+@dataclass(frozen=True, slots=True)
+class EngineSettings:
+    """The engine's knobs.
+
+    Attributes:
+        num_gpu_blocks: the GPU pool (``num_gpu_blocks_override``).
+        max_model_len: ``--max-model-len``.
+        block_size: ``--block-size`` (``None``: the platform's choice).
+        max_num_seqs / max_num_batched_tokens: the scheduler's limits (chunked prefill).
+        max_steps: the wedge guard.
+    """
+
+    num_gpu_blocks: int
+    max_model_len: int
+    block_size: int | None = None
+    max_num_seqs: int = 4
+    max_num_batched_tokens: int = 256
+    max_steps: int = 5000
+
+
+@dataclass(frozen=True, slots=True)
+class ChatTrace:
+    """Multi-turn chat: ``convs`` conversations of ``turns`` turns sharing a system prompt.
+
+    Turn ``t + 1``'s prompt is turn ``t``'s prompt, its output and new user tokens; it arrives
+    ``think`` steps after turn ``t`` finished (closed loop); conversation ``c`` starts at step
+    ``c * stagger``. Tokens come from ``random.Random(seed)``.
+    """
+
+    convs: int = 4
+    turns: int = 3
+    system_len: int = 128
+    user_min: int = 40
+    user_max: int = 80
+    output_len: int = 4
+    think: int = 2
+    stagger: int = 2
+    seed: int = 1234
+
+    def system(self) -> list[int]:
+        rng = random.Random(self.seed)
+        return [rng.randint(3, 999) for _ in range(self.system_len)]
+
+    def user(self, conv: int, turn: int) -> list[int]:
+        rng = random.Random(self.seed * 7919 + conv * 101 + turn + 1)
+        return [rng.randint(3, 999) for _ in range(rng.randint(self.user_min, self.user_max))]
+
+
+@dataclass(frozen=True, slots=True)
+class InProcessReport:
+    """What a run observed. Token figures count prompt positions only.
+
+    Attributes:
+        connector: the connector class name (``""`` without one).
+        requests / finished: requests added and finished.
+        steps: engine steps executed (idle think-time ticks not counted).
+        prompt_tokens: prompt tokens of all requests.
+        prefill_computed: prompt positions the scheduler scheduled (recompute included).
+        external_loaded: the ``num_external_tokens > 0`` vLLM handed ``update_state_after_alloc``.
+        gpu_prefix_hits / external_hits: vLLM's ``PrefillStats`` (local / external cached).
+        preemptions: requests preempted.
+        slots_checked / wrong_reads: KV slots and mamba states the forward checked, and those
+            holding other content (a wrong load or a wrong reuse).
+        schedule_us / connector_us: mean per step of ``schedule() + update_from_output()`` and of
+            the scheduler-side connector calls inside them.
+        leaked_blocks: GPU blocks not back in vLLM's free pool after everything finished.
+        transfers: the worker adapter's counters (e.g. jobs and bytes moved).
+    """
+
+    connector: str
+    requests: int
+    finished: int
+    steps: int
+    prompt_tokens: int
+    prefill_computed: int
+    external_loaded: int
+    gpu_prefix_hits: int
+    external_hits: int
+    preemptions: int
+    slots_checked: int
+    wrong_reads: int
+    schedule_us: float
+    connector_us: float
+    leaked_blocks: int
+    transfers: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def connector_share(self) -> float:
+        """The scheduler-side connector's share of the scheduler's time."""
+        return self.connector_us / self.schedule_us if self.schedule_us else 0.0
+
+
+class WorkerAdapter(Protocol):
+    """How a connector's worker side is set up on CPU tensors."""
+
+    def configure(self, vllm_config: Any, kv_cache_config: Any) -> None: ...
+
+    def attach(self, connector: Any, kv_caches: dict[str, torch.Tensor]) -> None: ...
+
+    def pending(self) -> int: ...
+
+    def stats(self) -> dict[str, int]: ...
+
+
+class RegisterCaches:
+    """The runner's own registration: ``register_kv_caches`` then ``set_host_xfer_buffer_ops``."""
+
+    def configure(self, vllm_config: Any, kv_cache_config: Any) -> None:
+        pass
+
+    def attach(self, connector: Any, kv_caches: dict[str, torch.Tensor]) -> None:
+        from vllm.distributed.kv_transfer.kv_connector.utils import copy_kv_blocks
+
+        connector.register_kv_caches(kv_caches)
+        connector.set_host_xfer_buffer_ops(copy_kv_blocks)
+
+    def pending(self) -> int:
+        return 0
+
+    def stats(self) -> dict[str, int]:
+        return {}
+
+
+# ------------------------------------------------------------------ building
+
+
+@functools.cache
+def _process_setup() -> None:
+    # With AVX-512 BF16 vLLM makes the SSM state float32 and the hybrid block doubles: pin "no"
+    # so the geometry does not depend on the host CPU.
+    torch.cpu._is_avx512_bf16_supported = lambda: False  # type: ignore[attr-defined]
+    init_distributed(23000)
+
+
+def _config_dir(config_json: dict[str, Any]) -> str:
+    directory = Path(tempfile.mkdtemp(prefix="hybridkv-inprocess-"))
+    (directory / "config.json").write_text(json.dumps(config_json))
+    return str(directory)
+
+
+def _vllm_config(config_json: dict[str, Any], settings: EngineSettings, kv_transfer: Any) -> Any:
+    from vllm.config import CacheConfig, ModelConfig, SchedulerConfig, VllmConfig
+
+    directory = _config_dir(config_json)
+    cache: dict[str, Any] = {
+        "enable_prefix_caching": True,
+        "num_gpu_blocks_override": settings.num_gpu_blocks,
+    }
+    if settings.block_size is not None:
+        cache["block_size"] = settings.block_size
+    vllm_config = VllmConfig(
+        model_config=ModelConfig(
+            model=directory,
+            tokenizer=directory,
+            skip_tokenizer_init=True,
+            max_model_len=settings.max_model_len,
+            seed=0,
+            enforce_eager=True,
+        ),
+        cache_config=CacheConfig(**cache),
+        scheduler_config=SchedulerConfig(
+            max_model_len=settings.max_model_len,
+            max_num_batched_tokens=settings.max_num_batched_tokens,
+            max_num_seqs=settings.max_num_seqs,
+            enable_chunked_prefill=True,
+            is_encoder_decoder=False,
+            async_scheduling=False,
+        ),
+        kv_transfer_config=copy.deepcopy(kv_transfer),
+    )
+    if vllm_config.scheduler_config.disable_hybrid_kv_cache_manager:
+        raise ValueError(
+            f"kv_transfer_config={kv_transfer!r}: vLLM switched the hybrid KV cache manager off "
+            "(the connector class must subclass SupportsHMA)"
+        )
+    return vllm_config
+
+
+class _ConnectorClock:
+    """Times the scheduler-side connector calls (outermost call only) and sums the external
+    tokens vLLM hands ``update_state_after_alloc``."""
+
+    def __init__(self, connector: Any):
+        self.seconds = 0.0
+        self.external = 0
+        self._depth = 0
+        for name in _SCHEDULER_HOOKS:
+            method = getattr(connector, name, None)
+            if callable(method):
+                setattr(connector, name, self._wrap(name, method))
+
+    def _wrap(self, name: str, method: Any) -> Any:
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            if name == "update_state_after_alloc":
+                external = args[2] if len(args) > 2 else kwargs["num_external_tokens"]
+                self.external += max(0, external)
+            if self._depth:
+                return method(*args, **kwargs)
+            self._depth += 1
+            start = time.perf_counter()
+            try:
+                return method(*args, **kwargs)
+            finally:
+                self.seconds += time.perf_counter() - start
+                self._depth -= 1
+
+        return timed
+
+
+@dataclass(slots=True)
+class _Tally:
+    steps: int = 0
+    prompt_tokens: int = 0
+    prefill_computed: int = 0
+    gpu_hits: int = 0
+    external_hits: int = 0
+    preemptions: int = 0
+    checked: int = 0
+    wrong: int = 0
+    schedule_s: float = 0.0
+    connector_s: float = 0.0
+
+
+class InProcessEngine:
+    """vLLM's Scheduler, a connector's two roles and the stand-in runner (module docstring)."""
+
+    def __init__(
+        self,
+        config_json: dict[str, Any],
+        settings: EngineSettings,
+        kv_transfer_config: Any = None,
+        adapter: WorkerAdapter | None = None,
+    ) -> None:
+        from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
+        from vllm.v1.core.sched.scheduler import Scheduler
+        from vllm.v1.structured_output import StructuredOutputManager
+        from vllm.v1.worker.utils import allocate_kv_cache
+
+        _process_setup()
+        self.settings = settings
+        self.vllm_config = _vllm_config(config_json, settings, kv_transfer_config)
+        kv_cache_config, block_size, hash_block_size = plan_kv_caches(self.vllm_config, 1 << 30)
+        self.kv_cache_config = kv_cache_config
+        self.block_size, self.hash_block_size = block_size, hash_block_size
+        self.adapter: WorkerAdapter = adapter or RegisterCaches()
+        if kv_transfer_config is not None:
+            self.adapter.configure(self.vllm_config, kv_cache_config)
+        self.scheduler = Scheduler(
+            vllm_config=self.vllm_config,
+            kv_cache_config=copy.deepcopy(kv_cache_config),
+            structured_output_manager=StructuredOutputManager(self.vllm_config),
+            block_size=block_size,
+            hash_block_size=hash_block_size,
+            log_stats=True,
+        )
+        layout = self.vllm_config.cache_config.get_resolved_kv_cache_layout()
+        self.kv_caches = allocate_kv_cache(kv_cache_config, torch.device("cpu"), layout)
+        self.worker: Any = None
+        self.clock: _ConnectorClock | None = None
+        if self.scheduler.connector is not None:
+            self.clock = _ConnectorClock(self.scheduler.connector)
+            worker_config = copy.deepcopy(kv_cache_config)
+            self.worker = type(self.scheduler.connector)(
+                self.vllm_config, KVConnectorRole.WORKER, worker_config
+            )
+            self.adapter.attach(self.worker, self.kv_caches)
+        self._layers = self._layer_tags()
+        self._hasher = self._block_hasher()
+        self.free_at_start = self.scheduler.kv_cache_manager.block_pool.get_num_free_blocks()
+        self.requests: dict[str, Any] = {}
+        self._hashes: dict[str, list[int]] = {}
+        self._state_idx: dict[str, int] = {}
+        self.tally = _Tally()
+
+    # ------------------------------------------------------------ set-up helpers
+    def _layer_tags(self) -> list[tuple[int, LayerTags, Any]]:
+        """(group, tags, spec) per layer, in model order (vLLM's layer index)."""
+        from vllm.v1.kv_cache_interface import MambaSpec
+
+        found = []
+        for gid, group in enumerate(self.kv_cache_config.kv_cache_groups):
+            spec = group.kv_cache_spec
+            for name in group.layer_names:
+                index = int(name.split("layers.")[1].split(".")[0])
+                tags = layer_tags(name, index, isinstance(spec, MambaSpec), self.kv_caches[name])
+                found.append((gid, tags, spec))
+        return sorted(found, key=lambda item: item[1].index)
+
+    def _block_hasher(self) -> Any:
+        from vllm.utils.hashing import get_hash_fn_by_name
+        from vllm.v1.core.kv_cache_utils import get_request_block_hasher, init_none_hash
+
+        hash_fn = get_hash_fn_by_name(self.vllm_config.cache_config.prefix_caching_hash_algo)
+        init_none_hash(hash_fn)
+        return get_request_block_hasher(
+            self.hash_block_size, hash_fn, self.vllm_config.num_hash_lookahead_tokens
+        )
+
+    # ------------------------------------------------------------ driving
+    def add(self, request_id: str, prompt: list[int], max_tokens: int) -> None:
+        """Add a request (``Scheduler.add_request``)."""
+        from vllm.sampling_params import SamplingParams
+        from vllm.v1.request import Request
+
+        request = Request(
+            request_id=request_id,
+            prompt_token_ids=list(prompt),
+            sampling_params=SamplingParams(max_tokens=max_tokens, ignore_eos=True),
+            pooling_params=None,
+            block_hasher=self._hasher,
+        )
+        self.requests[request_id] = request
+        self._hashes[request_id] = []
+        self.tally.prompt_tokens += len(prompt)
+        self.scheduler.add_request(request)
+
+    def busy(self) -> bool:
+        """vLLM's ``has_requests()`` (includes the connector's pending push work)."""
+        return bool(self.scheduler.has_requests())
+
+    def step(self) -> list[Any]:
+        """One engine step; returns the request outputs ``update_from_output`` produced."""
+        from vllm.v1.outputs import ModelRunnerOutput
+
+        clock_before = self.clock.seconds if self.clock else 0.0
+        start = time.perf_counter()
+        output = self.scheduler.schedule()
+        scheduled = time.perf_counter()
+        connector_output, sampled = self._run_model(output)
+        req_ids = list(output.num_scheduled_tokens)
+        if output.total_num_scheduled_tokens == 0:
+            runner_output = ModelRunnerOutput.with_kv_conn_output_only(connector_output)
+        else:
+            runner_output = ModelRunnerOutput(
+                req_ids=req_ids,
+                req_id_to_index={rid: i for i, rid in enumerate(req_ids)},
+                sampled_token_ids=sampled,
+                kv_connector_output=connector_output,
+            )
+        ran = time.perf_counter()
+        outputs = self.scheduler.update_from_output(output, runner_output)
+        done = time.perf_counter()
+        t = self.tally
+        t.steps += 1
+        t.schedule_s += (scheduled - start) + (done - ran)
+        t.connector_s += (self.clock.seconds - clock_before) if self.clock else 0.0
+        t.preemptions += len(output.preempted_req_ids or ())
+        found = []
+        for engine_outputs in outputs.values():
+            for out in engine_outputs.outputs:
+                stats = out.prefill_stats
+                if stats is not None:
+                    t.gpu_hits += stats.num_local_cached_tokens
+                    t.external_hits += stats.num_external_cached_tokens
+                found.append(out)
+        return found
+
+    # ------------------------------------------------------------ the stand-in runner
+    def _run_model(self, output: Any) -> tuple[Any, list[list[int]]]:
+        w = self.worker
+        if w is not None:
+            meta = output.kv_connector_metadata
+            w.handle_preemptions(meta)
+            w.bind_connector_metadata(meta)
+            if output.has_sync_kv_loads:
+                w.start_load_kv(None)
+        sampled = self._forward(output)
+        if w is None:
+            return None, sampled
+        from vllm.v1.outputs import KVConnectorOutput
+
+        if not output.has_sync_kv_loads:
+            w.start_load_kv(None)
+        w.wait_for_save()
+        results = w.get_transfer_results(output.finished_req_ids)
+        connector_output = KVConnectorOutput(
+            finished_sending=results.finished_sending,
+            finished_recving=results.finished_recving,
+            failed_recving=results.failed_recving,
+            invalid_block_ids=w.get_block_ids_with_load_errors(),
+            kv_connector_stats=w.get_kv_connector_stats(),
+            kv_cache_events=w.get_kv_connector_kv_cache_events(),
+            kv_connector_worker_meta=w.build_connector_worker_meta(),
+        )
+        w.clear_connector_metadata()
+        return connector_output, sampled
+
+    def _spans(self, output: Any) -> Iterator[tuple[str, int, int]]:
+        for rid, n in output.num_scheduled_tokens.items():
+            c1 = self.requests[rid].num_computed_tokens
+            yield rid, c1 - n, c1
+
+    def _forward(self, output: Any) -> list[list[int]]:
+        spans = list(self._spans(output))
+        tables = {}
+        for rid, c0, c1 in spans:
+            request = self.requests[rid]
+            prefix_tags(request.all_token_ids, self._hashes[rid])
+            tables[rid] = self.scheduler.kv_cache_manager.get_block_ids(rid)
+            prompt = request.num_prompt_tokens
+            self.tally.prefill_computed += max(0, min(c1, prompt) - c0)
+        for rid in output.finished_req_ids:
+            self._state_idx.pop(rid, None)
+        for rid in output.preempted_req_ids or ():
+            self._state_idx.pop(rid, None)
+        self._mamba_precopy(spans, tables)
+        for gid, tags, spec in self._layers:
+            attention = not tags.is_mamba
+            if attention and self.worker is not None:
+                self.worker.wait_for_layer_load(tags.name)
+            for rid, c0, c1 in spans:
+                if tags.is_mamba:
+                    self._mamba_layer(tags, tables[rid][gid], (rid, c0, c1), spec.block_size)
+                else:
+                    self._attention_layer(tags, tables[rid][gid], (rid, c0, c1), spec)
+            if attention and self.worker is not None:
+                self.worker.save_kv_layer(tags.name, self.kv_caches[tags.name], None)
+        sampled = []
+        for rid, _c0, c1 in spans:
+            request = self.requests[rid]
+            done = c1 >= request.num_tokens
+            sampled.append([3 + (self._hashes[rid][c1 - 1] % 997)] if done else [])
+        return sampled
+
+    def _mamba_precopy(self, spans: list[tuple[str, int, int]], tables: dict[str, Any]) -> None:
+        """``preprocess_mamba``: the running state moves to the last block before the forward."""
+        for gid, tags, spec in self._layers:
+            if not tags.is_mamba:
+                continue
+            size = spec.block_size
+            for rid, c0, c1 in spans:
+                prev = self._state_idx.get(rid, (c0 - 1) // size) if c0 > 0 else -1
+                curr = -(-c1 // size) - 1
+                if prev not in (-1, curr):
+                    table = tables[rid][gid]
+                    tags.copy_state(table[prev], table[curr], self.kv_caches[tags.name])
+        for rid, _c0, c1 in spans:
+            size = next((s.block_size for _, t, s in self._layers if t.is_mamba), 0)
+            if size:
+                self._state_idx[rid] = -(-c1 // size) - 1
+
+    def _mamba_layer(
+        self, tags: LayerTags, table: Any, span: tuple[str, int, int], size: int
+    ) -> None:
+        rid, c0, c1 = span
+        block = torch.tensor([table[-(-c1 // size) - 1]])
+        slot = torch.zeros(1, dtype=torch.long)
+        hashes = self._hashes[rid]
+        if c0 > 0:
+            self._count(tags.check(block, slot, tags.expected(hashes, range(c0 - 1, c0))))
+        tags.write(block, slot, tags.expected(hashes, range(c1 - 1, c1)))
+
+    def _attention_layer(
+        self, tags: LayerTags, table: Any, span: tuple[str, int, int], spec: Any
+    ) -> None:
+        rid, c0, c1 = span
+        size = spec.block_size
+        hashes = self._hashes[rid]
+        ids = torch.tensor(list(table), dtype=torch.long)
+        new = torch.arange(c0, c1)
+        tags.write(ids[new // size], new % size, tags.expected(hashes, range(c0, c1)))
+        window = getattr(spec, "sliding_window", None)
+        lo = 0 if not window else max(0, c0 - (window - 1))
+        if lo < c0:
+            old = torch.arange(lo, c0)
+            self._count(
+                tags.check(ids[old // size], old % size, tags.expected(hashes, range(lo, c0)))
+            )
+
+    def _count(self, counts: Any) -> None:
+        self.tally.checked += counts.checked
+        self.tally.wrong += counts.wrong
+
+    # ------------------------------------------------------------ end of run
+    def leaked_blocks(self) -> int:
+        """GPU blocks not back in vLLM's free pool (meaningful once every request finished)."""
+        return self.free_at_start - self.scheduler.kv_cache_manager.block_pool.get_num_free_blocks()
+
+    def report(self, finished: int) -> InProcessReport:
+        t = self.tally
+        steps = max(1, t.steps)
+        connector = self.scheduler.connector
+        return InProcessReport(
+            connector="" if connector is None else type(connector).__name__,
+            requests=len(self.requests),
+            finished=finished,
+            steps=t.steps,
+            prompt_tokens=t.prompt_tokens,
+            prefill_computed=t.prefill_computed,
+            external_loaded=self.clock.external if self.clock else 0,
+            gpu_prefix_hits=t.gpu_hits,
+            external_hits=t.external_hits,
+            preemptions=t.preemptions,
+            slots_checked=t.checked,
+            wrong_reads=t.wrong,
+            schedule_us=1e6 * t.schedule_s / steps,
+            connector_us=1e6 * t.connector_s / steps,
+            leaked_blocks=self.leaked_blocks(),
+            transfers=self.adapter.stats(),
+        )
+
+
+def run_trace(engine: InProcessEngine, trace: ChatTrace) -> InProcessReport:
+    """Play ``trace`` closed-loop on ``engine`` until every turn finished and the connector has
+    nothing in flight; :class:`WedgedError` after ``settings.max_steps`` steps."""
+    system = trace.system()
+    arrive: dict[int, int] = {c: c * trace.stagger for c in range(trace.convs)}
+    turn = dict.fromkeys(range(trace.convs), 0)
+    history: dict[int, list[int]] = {c: [] for c in range(trace.convs)}
+    owner: dict[str, int] = {}
+    finished = 0
+    clock = 0
+    while True:
+        for conv, at in list(arrive.items()):
+            if at <= clock:
+                del arrive[conv]
+                t = turn[conv]
+                prompt = (history[conv] or system) + trace.user(conv, t)
+                rid = f"c{conv}-t{t}"
+                owner[rid] = conv
+                history[conv] = prompt
+                engine.add(rid, prompt, trace.output_len)
+        clock += 1
+        if not engine.busy():
+            if not arrive:
+                break
+            continue
+        if engine.tally.steps >= engine.settings.max_steps:
+            raise WedgedError(
+                f"max_steps={engine.settings.max_steps}: {finished} of "
+                f"{len(engine.requests)} requests finished; raise max_steps or look for a "
+                "request that never leaves WAITING_FOR_REMOTE_KVS"
+            )
+        for out in engine.step():
+            if out.finish_reason is None:
+                continue
+            finished += 1
+            conv = owner[out.request_id]
+            history[conv] = list(engine.requests[out.request_id].all_token_ids)
+            turn[conv] += 1
+            if turn[conv] < trace.turns:
+                arrive[conv] = clock + trace.think
+    if engine.adapter.pending():
+        raise WedgedError(f"{engine.adapter.pending()} transfer jobs still in flight at the end")
+    return engine.report(finished)
