@@ -241,12 +241,13 @@ class _Run:
                         fresh = torch.randint(-128, 127, (r.length,), generator=self.gen)
                         row[r.offset : r.offset + r.length] = fresh.to(torch.int8)
 
-    def add(self, rid: str, prompt: list[int]) -> Request:
+    def add(self, rid: str, prompt: list[int], salt: str | None = None) -> Request:
         request = Request(
             request_id=rid,
             prompt_token_ids=prompt,
             sampling_params=SamplingParams(max_tokens=2, ignore_eos=True),
             pooling_params=None,
+            cache_salt=salt,
             block_hasher=self.hasher,
         )
         self.requests[rid] = request
@@ -343,4 +344,25 @@ def test_a_stored_prefix_is_loaded_back_byte_for_byte_inside_vllms_scheduler() -
     worker_stats = run.worker.get_kv_connector_stats()
     assert worker_stats is not None
     assert worker_stats.data["bytes_loaded"] > 0
+    run.worker.shutdown()
+
+
+def test_a_different_cache_salt_gets_no_external_hit_on_equal_tokens() -> None:
+    """vLLM folds the salt into ``request.block_hashes``; the keys come from those hashes."""
+    run = _Run()
+    core = run.scheduler.connector.core
+    assert core is not None
+    unit = core.geometry.scheduler_block
+    prompt = [(i * 31) % 500 + 1 for i in range(2 * unit + 3)]
+    first = run.add("a", prompt)
+    run.run_until_done(first)
+    assert run.stored
+    assert run.scheduler.kv_cache_manager.reset_prefix_cache()
+    salted = run.add("s", prompt, salt="tenant-2")
+    run.step()
+    assert salted.status is not RequestStatus.WAITING_FOR_REMOTE_KVS
+    assert core.stats().claims == 0
+    assert core.stats().lookups >= 2
+    run.run_until_done(salted)
+    assert not run.loaded
     run.worker.shutdown()
