@@ -3,8 +3,8 @@
 Field for field and method for method the twin of the reference model's ``spec.connector_api``
 (never imported here): a scheduler drives a :class:`SchedulerConnector`, a worker folds job
 results through a :class:`WorkerConnector`. The spec scheduler speaks these values through
-``hybridkv.cli.engine_adapter``, and a vLLM connector (``hybridkv.vllm``, not written yet) is
-to speak them too, so the core itself never converts anything.
+``hybridkv.cli.engine_adapter``, and the vLLM connector (``hybridkv.vllm``) speaks them too, so
+the core itself never converts anything.
 
 Values only: every type is immutable. :class:`TransferItem` and :class:`JobResult` are
 ``NamedTuple`` rather than frozen dataclasses because the core builds one per moved block and
@@ -63,12 +63,18 @@ class RequestView:
             tokens only ever grow (the core hashes them incrementally on that promise).
         num_prompt_tokens: how many of ``token_ids`` are the prompt.
         cache_salt: the isolation domain; requests with different salts never share KV.
+        block_hashes: the engine's own chained hashes, one per full ``hash_block_size`` block
+            of ``token_ids`` (vLLM's ``request.block_hashes``, which fold in multimodal
+            inputs, LoRA and the salt); None: the core hashes ``token_ids`` itself. Given, the
+            offload keys are read off them, so requests that differ only in what the engine
+            hashes beside the tokens never share a key.
     """
 
     request_id: RequestId
     token_ids: tuple[int, ...]
     num_prompt_tokens: int
     cache_salt: str | None = None
+    block_hashes: tuple[bytes, ...] | None = None
 
 
 class ClaimKind(Enum):

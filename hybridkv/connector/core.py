@@ -395,7 +395,7 @@ class ConnectorCore:
         ``store_capacity``, nothing stored.
         """
         wanted = sorted(set(groups) or range(self.geometry.num_groups))
-        keys = RequestKeys(self.geometry, request.cache_salt)  # not kept: seeds do not finish
+        keys = RequestKeys.for_view(self.geometry, request)  # not kept: seeds do not finish
         self._count["hashes_computed"] += keys.sync(request)
         units = self.geometry.units
         wanted_keys = [keys.key(g, j) for g in wanted for j in range(num_tokens // units[g])]
@@ -432,7 +432,7 @@ class ConnectorCore:
         """The request's hash chain, grown to its current tokens (SEC-1: salted)."""
         keys = self._requests.get(request.request_id)
         if keys is None or not keys.matches(request):
-            keys = RequestKeys(self.geometry, request.cache_salt)
+            keys = RequestKeys.for_view(self.geometry, request)
             self._requests[request.request_id] = keys
         self._count["hashes_computed"] += keys.sync(request)
         return keys

@@ -6,6 +6,10 @@ request's life. Here each request keeps a :class:`~hybridkv.hashing.RequestHashL
 the tokens it has not seen, so each block is hashed once (the hashes are byte-identical to the
 reference's, ``tests/differential/test_hashing_agreement.py``).
 
+A request whose view carries the engine's own block hashes (``RequestView.block_hashes``,
+vLLM's ``request.block_hashes``) is not hashed here at all: its keys are read off those hashes,
+which already fold in what the engine hashes beside the tokens (multimodal inputs, LoRA, salt).
+
 A request's tokens only ever grow (prompt, then sampled tokens; preemption keeps them). If a
 view arrives with fewer tokens or another salt than the state has seen, the state is rebuilt
 from that view rather than trusted.
@@ -23,19 +27,33 @@ __all__ = ["RequestKeys"]
 class RequestKeys:
     """The incremental hash chain of one request and its offload keys per (group, unit)."""
 
-    __slots__ = ("_geometry", "_hashes", "_salt", "_seen")
+    __slots__ = ("_engine", "_geometry", "_given", "_hashes", "_salt", "_seen")
 
-    def __init__(self, geometry: ConnectorGeometry, cache_salt: str | None) -> None:
+    def __init__(
+        self, geometry: ConnectorGeometry, cache_salt: str | None, *, engine_hashes: bool = False
+    ) -> None:
         """An empty chain for ``cache_salt`` (None or a non-empty str, else field
-        ``cache_salt``)."""
+        ``cache_salt``); ``engine_hashes``: the views carry the engine's block hashes."""
         self._geometry = geometry
         self._salt = cache_salt
         self._hashes = RequestHashList(geometry.planner.hash_block_size, cache_salt=cache_salt)
+        self._engine = engine_hashes
+        self._given: tuple[bytes, ...] = ()
         self._seen = 0
 
+    @classmethod
+    def for_view(cls, geometry: ConnectorGeometry, view: RequestView) -> RequestKeys:
+        """An empty chain of the kind ``view`` needs (its salt; engine hashes or not)."""
+        return cls(geometry, view.cache_salt, engine_hashes=view.block_hashes is not None)
+
     def matches(self, view: RequestView) -> bool:
-        """Whether ``view`` extends what this chain has seen (same salt, no fewer tokens)."""
-        return view.cache_salt == self._salt and len(view.token_ids) >= self._seen
+        """Whether ``view`` extends what this chain has seen (same salt, same hash source, no
+        fewer tokens)."""
+        return (
+            view.cache_salt == self._salt
+            and (view.block_hashes is not None) == self._engine
+            and len(view.token_ids) >= self._seen
+        )
 
     def sync(self, view: RequestView) -> int:
         """Hash the tokens of ``view`` this chain has not seen yet; returns the new hashes.
@@ -45,6 +63,10 @@ class RequestKeys:
         (field ``tokens``) changes nothing.
         """
         tokens = view.token_ids
+        if view.block_hashes is not None:
+            self._given = view.block_hashes  # the engine hashed them: nothing computed here
+            self._seen = len(tokens)
+            return 0
         if len(tokens) <= self._seen:
             return 0
         new = self._hashes.append_tokens(tokens[self._seen :])
@@ -62,7 +84,6 @@ class RequestKeys:
         Pre: the chain has hashed past the unit's end (IndexError otherwise).
         """
         geometry = self._geometry
-        return (
-            self._hashes[(unit + 1) * geometry.strides[group_idx] - 1]
-            + geometry.suffixes[group_idx]
-        )
+        index = (unit + 1) * geometry.strides[group_idx] - 1
+        block_hash = self._given[index] if self._engine else self._hashes[index]
+        return block_hash + geometry.suffixes[group_idx]

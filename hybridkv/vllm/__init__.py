@@ -1,8 +1,35 @@
 """hybridkv inside vLLM 0.33: the only package of hybridkv that imports vllm.
 
+Load the connector with ``kv_connector="HybridKVConnector"`` and
+``kv_connector_module_path="hybridkv.vllm"`` (docs/howto/serve.md). Importing this package
+also registers the name in vLLM's ``KVConnectorFactory`` (idempotent), so a configuration that
+names only ``kv_connector`` finds it once ``hybridkv.vllm`` is imported, and vLLM's stats logger
+can rebuild :class:`HybridKVStats` by class name.
+
+- :mod:`hybridkv.vllm.config`: ``kv_connector_extra_config``, validated at start-up;
+- :mod:`hybridkv.vllm.connector`: ``HybridKVConnector`` (both roles) over the connector core;
 - :mod:`hybridkv.vllm.planning`: vLLM's own KV-cache planning for a config.json, in-process;
 - :mod:`hybridkv.vllm.inprocess`: vLLM's real ``Scheduler`` with any KV connector, the worker
   side driven in-process on CPU tensors in the model runner's hook order, content-verified;
 - :mod:`hybridkv.vllm.content`: the stand-in forward's content tags;
 - :mod:`hybridkv.vllm.native_cpu`: vLLM's native ``OffloadingConnector`` on CPU tensors.
 """
+
+from __future__ import annotations
+
+from hybridkv.vllm.config import HybridKVConfig, parse_extra_config
+from hybridkv.vllm.connector import HybridKVConnector, HybridKVStats
+
+__all__ = ["HybridKVConfig", "HybridKVConnector", "HybridKVStats", "parse_extra_config", "register"]
+
+
+def register() -> None:
+    """Register ``HybridKVConnector`` in vLLM's ``KVConnectorFactory`` (a no-op if present)."""
+    from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory
+
+    name = HybridKVConnector.__name__
+    if name not in KVConnectorFactory._registry:
+        KVConnectorFactory.register_connector(name, "hybridkv.vllm.connector", name)
+
+
+register()

@@ -1,0 +1,142 @@
+"""``kv_connector_extra_config`` for :class:`~hybridkv.vllm.connector.HybridKVConnector`, parsed
+and validated once, when vLLM builds the connector (engine start-up), never later.
+
+Every key, its default and what it does (docs/howto/serve.md repeats this table):
+
+- ``host_memory_bytes`` (int >= 1, default 4 GiB): the host tier's size; it is cut into whole
+  slots of the largest group's block (all its layers), so the store holds
+  ``host_memory_bytes // slot_bytes`` chunks.
+- ``chunk_size`` (int or null, default null = the recommendation of
+  :func:`hybridkv.vllm.layout.recommended_chunk_size`): the offload chunk in tokens.
+- ``eviction_policy`` (``"lru"`` | ``"arc"``, default ``"lru"``): the host store's policy.
+- ``load_deadline_steps`` (int >= 1 or null, default null = none): steps after which a load not
+  reported would be abandoned and recomputed. Not implemented yet: a number is refused.
+- ``offload_decode_state`` (bool, default true): store the units completed by decode steps
+  (the continuation a next turn hits), not only the prompt's.
+- ``sync_load_max_bytes`` (int >= 0, default 0 = every load async): loads up to this many bytes
+  would run before the step's forward. Not implemented yet: only 0 is accepted (vLLM 0.33 has
+  no per-request failure path for sync loads on hybrid models, so async is the safe default).
+
+Unknown keys and bad values raise a one-line :class:`~hybridkv.errors.HybridKVConfigError`
+naming the key, the value and the fix.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from hybridkv.errors import HybridKVConfigError
+
+__all__ = ["DEFAULTS", "HybridKVConfig", "parse_extra_config"]
+
+DEFAULTS: dict[str, Any] = {
+    "host_memory_bytes": 4 << 30,
+    "chunk_size": None,
+    "eviction_policy": "lru",
+    "load_deadline_steps": None,
+    "offload_decode_state": True,
+    "sync_load_max_bytes": 0,
+}
+_POLICIES = ("lru", "arc")
+_WHERE = "kv_connector_extra_config"
+
+
+@dataclass(frozen=True, slots=True)
+class HybridKVConfig:
+    """The parsed extra config (module docstring for each field's meaning)."""
+
+    host_memory_bytes: int
+    chunk_size: int | None
+    eviction_policy: str
+    load_deadline_steps: int | None
+    offload_decode_state: bool
+    sync_load_max_bytes: int
+
+
+def parse_extra_config(extra: Mapping[str, Any] | None) -> HybridKVConfig:
+    """The validated config of ``extra`` (vLLM's ``kv_connector_extra_config``; None = {}).
+
+    Refusal: the first unknown key or bad value, as :class:`HybridKVConfigError`.
+    """
+    given = dict(extra or {})
+    for key in sorted(given):
+        if key not in DEFAULTS:
+            raise HybridKVConfigError(
+                f"{_WHERE}.{key}",
+                given[key],
+                "is not a hybridkv key",
+                f"use only {', '.join(sorted(DEFAULTS))} (docs/howto/serve.md)",
+            )
+    values = {**DEFAULTS, **given}
+    config = HybridKVConfig(
+        host_memory_bytes=_int(values, "host_memory_bytes", low=1),
+        chunk_size=_optional_int(values, "chunk_size"),
+        eviction_policy=_policy(values["eviction_policy"]),
+        load_deadline_steps=_optional_int(values, "load_deadline_steps"),
+        offload_decode_state=_bool(values, "offload_decode_state"),
+        sync_load_max_bytes=_int(values, "sync_load_max_bytes", low=0),
+    )
+    _refuse_unimplemented(config)
+    return config
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _int(values: Mapping[str, Any], key: str, *, low: int) -> int:
+    value = values[key]
+    if not _is_int(value) or value < low:
+        raise HybridKVConfigError(
+            f"{_WHERE}.{key}", value, f"must be an integer >= {low}", f"e.g. {DEFAULTS[key]}"
+        )
+    return int(value)
+
+
+def _optional_int(values: Mapping[str, Any], key: str) -> int | None:
+    value = values[key]
+    if value is None:
+        return None
+    if not _is_int(value) or value < 1:
+        raise HybridKVConfigError(
+            f"{_WHERE}.{key}", value, "must be an integer >= 1 or null", "e.g. null (default)"
+        )
+    return int(value)
+
+
+def _bool(values: Mapping[str, Any], key: str) -> bool:
+    value = values[key]
+    if not isinstance(value, bool):
+        raise HybridKVConfigError(
+            f"{_WHERE}.{key}", value, "must be true or false", "write a JSON boolean"
+        )
+    return value
+
+
+def _policy(value: object) -> str:
+    if value not in _POLICIES:
+        raise HybridKVConfigError(
+            f"{_WHERE}.eviction_policy", value, "is not an eviction policy", "use lru or arc"
+        )
+    return str(value)
+
+
+def _refuse_unimplemented(config: HybridKVConfig) -> None:
+    """Values of keys whose behaviour is not built yet are refused, never silently ignored."""
+    if config.load_deadline_steps is not None:
+        raise HybridKVConfigError(
+            f"{_WHERE}.load_deadline_steps",
+            config.load_deadline_steps,
+            "load deadlines are not implemented in this release of hybridkv.vllm",
+            "leave it null (vLLM 0.33 waits for every load)",
+        )
+    if config.sync_load_max_bytes != 0:
+        raise HybridKVConfigError(
+            f"{_WHERE}.sync_load_max_bytes",
+            config.sync_load_max_bytes,
+            "sync loads are not implemented in this release of hybridkv.vllm",
+            "leave it 0 (every load async; vLLM 0.33 cannot report a failed sync load "
+            "on a hybrid model)",
+        )

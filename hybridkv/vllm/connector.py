@@ -1,0 +1,425 @@
+"""``HybridKVConnector``: vLLM 0.33's ``KVConnectorBase_V1`` + ``SupportsHMA`` over the core.
+
+vLLM builds the class twice with ``(vllm_config, role, kv_cache_config)``: in the scheduler
+process (role SCHEDULER) it wraps a :class:`~hybridkv.connector.ConnectorCore` over a
+:class:`~hybridkv.store.HostStore`; in each worker (role WORKER) a
+:class:`~hybridkv.connector.worker.TransferWorker` over canonical caches and host memory. Both
+read the same geometry off vLLM's ``KVCacheConfig`` (:mod:`hybridkv.vllm.layout`) and the same
+extra config (:mod:`hybridkv.vllm.config`), so they agree on the chunk and the host slot count.
+
+The store lives with the scheduler; the worker learns each job's host slots from the step's
+metadata (:class:`HybridKVMetadata`), and reports job results back through vLLM's worker
+metadata (:class:`HybridKVWorkerMeta`, ``KVConnectorOutput.kv_connector_worker_meta``).
+Failures are reported per request (``failed_recving``), never as block ids: vLLM 0.33 raises on
+block-level load errors for models with more than one KV cache group (``scheduler.py:3712``).
+Offload keys are read off vLLM's own ``request.block_hashes`` (multimodal inputs, LoRA and the
+cache salt folded in).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+from vllm.distributed.kv_transfer.kv_connector.v1.base import (
+    KVConnectorBase_V1,
+    KVConnectorMetadata,
+    KVConnectorRole,
+    KVConnectorTransferResults,
+    KVConnectorWorkerMetadata,
+    SupportsHMA,
+)
+from vllm.distributed.kv_transfer.kv_connector.v1.metrics import KVConnectorStats
+
+from hybridkv.canonical import build_canonical_caches
+from hybridkv.connector import (
+    BlockTable,
+    ConnectorCore,
+    ConnectorMeta,
+    JobResult,
+    KVConnectorOutput,
+    RequestId,
+    RequestView,
+    ScheduledRequest,
+    StepView,
+    TransferKind,
+)
+from hybridkv.connector.worker import TransferWorker
+from hybridkv.errors import HybridKVConfigError
+from hybridkv.hostmem import HostMemory, PinMode
+from hybridkv.store import HostStore, LookupResult
+from hybridkv.vllm.config import HybridKVConfig, parse_extra_config
+from hybridkv.vllm.layout import VllmLayout, read_layout, recommended_chunk_size, whole_blocks
+
+__all__ = ["HybridKVConnector", "HybridKVMetadata", "HybridKVStats", "HybridKVWorkerMeta"]
+
+
+@dataclass
+class HybridKVMetadata(KVConnectorMetadata):
+    """One step's jobs and the host slot of every key they name (the worker has no store)."""
+
+    meta: ConnectorMeta
+    slots: dict[bytes, int]
+
+
+@dataclass
+class HybridKVWorkerMeta(KVConnectorWorkerMetadata):
+    """The job results one worker folded this step, for the scheduler side's core."""
+
+    completed_jobs: tuple[JobResult, ...] = ()
+
+    def aggregate(self, other: KVConnectorWorkerMetadata) -> KVConnectorWorkerMetadata:
+        """A job succeeded only if it succeeded on every worker that reported it."""
+        assert isinstance(other, HybridKVWorkerMeta)
+        merged: dict[int, bool] = {}
+        for job_id, success in (*self.completed_jobs, *other.completed_jobs):
+            merged[job_id] = merged.get(job_id, True) and success
+        return HybridKVWorkerMeta(tuple(JobResult(j, ok) for j, ok in sorted(merged.items())))
+
+
+@dataclass
+class HybridKVStats(KVConnectorStats):
+    """Counters since the last reset (``data``: name -> non-negative int), summed over
+    workers and the scheduler."""
+
+    data: dict[str, Any] = field(default_factory=dict)
+
+    def reset(self) -> None:
+        self.data = {}
+
+    def aggregate(self, other: KVConnectorStats) -> KVConnectorStats:
+        for name, value in other.data.items():
+            self.data[name] = self.data.get(name, 0) + value
+        return self
+
+    def reduce(self) -> dict[str, int | float]:
+        return dict(self.data)
+
+    def is_empty(self) -> bool:
+        return not any(self.data.values())
+
+
+class _MetaSlots:
+    """The worker's view of the store (:class:`hybridkv.connector.worker.HostSlots`): the keys
+    of the metadata being bound, READY for loads and STORING for stores."""
+
+    def __init__(self, capacity: int) -> None:
+        self._capacity = capacity
+        self._slots: dict[bytes, int] = {}
+        self._status: dict[bytes, LookupResult] = {}
+
+    @property
+    def capacity(self) -> int:
+        return self._capacity
+
+    def show(self, metadata: HybridKVMetadata) -> None:
+        self._slots = metadata.slots
+        self._status = {}
+        for job in (*metadata.meta.load_jobs, *metadata.meta.store_jobs):
+            status = LookupResult.HIT if job.kind is TransferKind.LOAD else LookupResult.HIT_PENDING
+            for item in job.items:
+                self._status[item.key] = status
+
+    def status(self, key: bytes) -> LookupResult:
+        return self._status.get(key, LookupResult.MISS)
+
+    def slots(self, keys: Iterable[bytes]) -> tuple[int, ...]:
+        return tuple(self._slots[key] for key in keys)
+
+
+class _PoolPins:
+    """vLLM's ``BlockPool`` as the core's :class:`~hybridkv.connector.GpuBlockPool` (block ids
+    to ``KVCacheBlock`` objects; one pool serves every group)."""
+
+    def __init__(self, pool: Any) -> None:
+        self.pool = pool
+
+    def touch(self, blocks: Iterable[int]) -> None:
+        self.pool.touch([self.pool.blocks[b] for b in blocks])
+
+    def free_blocks(self, ordered_blocks: Iterable[int]) -> None:
+        self.pool.free_blocks([self.pool.blocks[b] for b in ordered_blocks])
+
+
+def require_hma(vllm_config: Any) -> None:
+    """Refuse a hybrid model with the hybrid KV cache manager off (one group per layer kind is
+    what keeps mamba state and sliding windows apart; without it vLLM fails later)."""
+    if not vllm_config.scheduler_config.disable_hybrid_kv_cache_manager:
+        return
+    model = vllm_config.model_config
+    hybrid = model is not None and (
+        getattr(model, "is_hybrid", False) or model.get_sliding_window() is not None
+    )
+    if hybrid:
+        raise HybridKVConfigError(
+            "disable_hybrid_kv_cache_manager",
+            True,
+            "HybridKVConnector needs vLLM's hybrid KV cache manager on a hybrid model",
+            "drop --disable-hybrid-kv-cache-manager",
+        )
+
+
+def _tables(block_ids: Any) -> BlockTable:
+    return tuple(tuple(int(b) for b in group) for group in block_ids)
+
+
+def _view(request: Any) -> RequestView:
+    return RequestView(
+        RequestId(request.request_id),
+        tuple(request.all_token_ids),
+        int(request.num_prompt_tokens),
+        request.cache_salt,
+        tuple(request.block_hashes),
+    )
+
+
+class HybridKVConnector(KVConnectorBase_V1, SupportsHMA):
+    """hybridkv's offload connector for vLLM 0.33 (module docstring)."""
+
+    def __init__(self, vllm_config: Any, role: KVConnectorRole, kv_cache_config: Any) -> None:
+        super().__init__(vllm_config, role, kv_cache_config)
+        require_hma(vllm_config)
+        if vllm_config.parallel_config.world_size > 1:
+            raise HybridKVConfigError(
+                "world_size",
+                vllm_config.parallel_config.world_size,
+                "tensor/pipeline parallel is not implemented yet in hybridkv.vllm",
+                "run with one GPU per engine",
+            )
+        extra = vllm_config.kv_transfer_config.kv_connector_extra_config
+        self.hybridkv_config: HybridKVConfig = parse_extra_config(extra)
+        self.layout: VllmLayout = read_layout(vllm_config, kv_cache_config)
+        self.chunk_size = self._chunk_size()
+        self.num_chunks = self._num_chunks()
+        self.core: ConnectorCore | None = None
+        self.worker: TransferWorker | None = None
+        self._requests: dict[str, Any] = {}
+        self._slots = _MetaSlots(self.num_chunks)
+        self._host: HostMemory | None = None
+        self._engine: Any = None
+        self._reported: tuple[JobResult, ...] = ()
+        self._last_stats: dict[str, int] = {}
+        if role == KVConnectorRole.SCHEDULER:
+            self.core = ConnectorCore(
+                self.layout.planner(self.chunk_size),
+                HostStore(self.num_chunks, self.hybridkv_config.eviction_policy),
+                tuple(g.kind for g in self.layout.groups),
+                self.layout.hash_block_size,
+                self.chunk_size,
+                sliding_windows=self.layout.window_reaches,
+            )
+
+    def _chunk_size(self) -> int:
+        chunk = self.hybridkv_config.chunk_size
+        if chunk is None:
+            return recommended_chunk_size(self.layout)
+        if not whole_blocks(self.layout, chunk):
+            raise HybridKVConfigError(
+                "kv_connector_extra_config.chunk_size",
+                chunk,
+                "is refused by the planner or splits a group's block "
+                f"(blocks {[g.block_size for g in self.layout.groups]})",
+                f"use null (recommended: {recommended_chunk_size(self.layout)})",
+            )
+        return chunk
+
+    def _num_chunks(self) -> int:
+        slot = self.layout.slot_bytes
+        chunks = self.hybridkv_config.host_memory_bytes // slot
+        if chunks < 1:
+            raise HybridKVConfigError(
+                "kv_connector_extra_config.host_memory_bytes",
+                self.hybridkv_config.host_memory_bytes,
+                f"holds no whole slot of {slot} bytes (the largest group's block)",
+                f"give at least {slot}",
+            )
+        return chunks
+
+    def _core(self) -> ConnectorCore:
+        if self.core is None:
+            raise RuntimeError("scheduler-side call on the worker-side HybridKVConnector")
+        return self.core
+
+    def _worker(self) -> TransferWorker:
+        if self.worker is None:
+            raise RuntimeError("worker-side call before register_kv_caches")
+        return self.worker
+
+    # ============================================================ scheduler side
+
+    def bind_gpu_block_pool(self, gpu_block_pool: Any) -> None:
+        """Store sources are pinned in vLLM's pool from a store's emission to its report."""
+        self._core().bind_gpu_block_pool(_PoolPins(gpu_block_pool))
+
+    def on_new_request(self, request: Any) -> None:
+        self._requests[request.request_id] = request
+
+    def get_num_new_matched_tokens(
+        self, request: Any, num_computed_tokens: int
+    ) -> tuple[int | None, bool]:
+        self._requests[request.request_id] = request
+        claim = self._core().get_num_new_matched_tokens(_view(request), num_computed_tokens)
+        return claim.as_vllm()
+
+    def update_state_after_alloc(self, request: Any, blocks: Any, num_external_tokens: int) -> None:
+        # vLLM may call this again for one request; the core loads only for a positive count.
+        self._core().update_state_after_alloc(
+            _view(request), _tables(blocks.get_block_ids()), num_external_tokens
+        )
+
+    def build_connector_meta(self, scheduler_output: Any) -> KVConnectorMetadata:
+        core = self._core()
+        scheduled = []
+        for rid, num in scheduler_output.num_scheduled_tokens.items():
+            request = self._requests[rid]
+            computed = int(request.num_computed_tokens)
+            stored = int(num)
+            if not self.hybridkv_config.offload_decode_state:  # the prompt's units only
+                stored = min(stored, max(0, request.num_prompt_tokens - computed))
+            blocks = _tables(self._kv_cache_manager.get_block_ids(rid))
+            scheduled.append(ScheduledRequest(_view(request), blocks, computed, stored))
+        step = StepView(
+            step=0,
+            scheduled=tuple(scheduled),
+            finished_ids=frozenset(RequestId(r) for r in scheduler_output.finished_req_ids),
+            preempted_ids=frozenset(
+                RequestId(r) for r in (scheduler_output.preempted_req_ids or ())
+            ),
+        )
+        meta = core.build_connector_meta(step)
+        keys = [item.key for job in (*meta.load_jobs, *meta.store_jobs) for item in job.items]
+        slots = dict(zip(keys, core.store.slots(keys), strict=True)) if keys else {}
+        return HybridKVMetadata(meta, slots)
+
+    def update_connector_output(self, connector_output: Any) -> None:
+        worker_meta = connector_output.kv_connector_worker_meta
+        jobs = worker_meta.completed_jobs if isinstance(worker_meta, HybridKVWorkerMeta) else ()
+        self._core().update_connector_output(
+            KVConnectorOutput(
+                finished_recving=frozenset(connector_output.finished_recving or ()),
+                failed_recving=frozenset(connector_output.failed_recving or ()),
+                finished_sending=frozenset(connector_output.finished_sending or ()),
+                completed_jobs=tuple(jobs),
+            )
+        )
+
+    def request_finished(self, request: Any, block_ids: list[int]) -> tuple[bool, None]:
+        return self.request_finished_all_groups(request, (block_ids,))
+
+    def request_finished_all_groups(
+        self, request: Any, block_ids: tuple[list[int], ...]
+    ) -> tuple[bool, None]:
+        self._requests.pop(request.request_id, None)
+        return self._core().request_finished_all_groups(_view(request), _tables(block_ids)), None
+
+    # ============================================================ worker side
+
+    def register_kv_caches(self, kv_caches: dict[str, Any]) -> None:
+        caches = build_canonical_caches(kv_caches, self.layout.groups, self.layout.num_blocks)
+        measured = max(caches.group_bytes(g) for g in range(len(self.layout.groups)))
+        if measured != self.layout.slot_bytes:
+            raise HybridKVConfigError(
+                "kv_caches",
+                measured,
+                f"bytes per block differ from the {self.layout.slot_bytes} the KV cache config "
+                "implies (the scheduler sized the host store on those)",
+                "register the caches vLLM allocated for this KVCacheConfig",
+            )
+        on_cuda = caches.device.type == "cuda"
+        host = HostMemory(
+            self.num_chunks * measured, measured, PinMode.AUTO if on_cuda else PinMode.OFF
+        )
+        if on_cuda:
+            from hybridkv.transfer.cuda_engine import CudaTransferEngine
+
+            engine: Any = CudaTransferEngine(caches, host)
+        else:
+            from hybridkv.transfer import CpuTransferEngine
+
+            engine = CpuTransferEngine(caches, host)
+        self._host, self._engine = host, engine
+        self.worker = TransferWorker(engine, self._slots, caches, host)
+
+    def handle_preemptions(self, kv_connector_metadata: Any) -> None:
+        # Nothing to flush: every block an in-flight store reads is pinned in vLLM's block pool
+        # by the scheduler-side core until the store reports (and a request's free is delayed
+        # while its stores run), and loads only write blocks of requests waiting for them,
+        # which vLLM never preempts; so no block about to be reused is still being read.
+        return
+
+    def start_load_kv(self, forward_context: Any, **kwargs: Any) -> None:
+        # Loads of attention KV and mamba state both start here, at step granularity: mamba
+        # and GDN layers never call the per-layer hooks.
+        metadata = self._get_connector_metadata()
+        assert isinstance(metadata, HybridKVMetadata)
+        self._slots.show(metadata)
+        self._worker().bind_connector_metadata(metadata.meta)
+
+    def wait_for_layer_load(self, layer_name: str) -> None:
+        # Step granularity (start_load_kv): an async load's request is not in this forward.
+        return
+
+    def save_kv_layer(self, layer_name: str, kv_layer: Any, attn_metadata: Any, **kw: Any) -> None:
+        # Step granularity (wait_for_save): mamba/GDN layers never reach this hook.
+        return
+
+    def wait_for_save(self) -> None:
+        self._worker().wait_for_save()
+
+    def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str], set[str]]:
+        results = self.get_transfer_results(finished_req_ids)
+        return results.finished_sending, results.finished_recving
+
+    def get_transfer_results(self, finished_req_ids: set[str]) -> KVConnectorTransferResults:
+        output = self._worker().get_transfer_results()
+        self._reported = (*self._reported, *output.completed_jobs)
+        return KVConnectorTransferResults(
+            finished_sending=set(output.finished_sending),
+            finished_recving=set(output.finished_recving),
+            failed_recving=set(output.failed_recving),
+        )
+
+    def get_block_ids_with_load_errors(self) -> set[int]:
+        # Failed loads are reported per request in failed_recving: vLLM 0.33 raises on block
+        # ids for models with more than one KV cache group. The worker's per-request block
+        # record is drained so it does not grow.
+        self._worker().get_block_ids_with_load_errors()
+        return set()
+
+    def build_connector_worker_meta(self) -> KVConnectorWorkerMetadata | None:
+        reported, self._reported = self._reported, ()
+        return HybridKVWorkerMeta(reported) if reported else None
+
+    def get_kv_connector_stats(self) -> KVConnectorStats | None:
+        now = self._counters()
+        delta = {k: v - self._last_stats.get(k, 0) for k, v in now.items()}
+        self._last_stats = now
+        return HybridKVStats(delta) if any(delta.values()) else None
+
+    def _counters(self) -> dict[str, int]:
+        if self.core is not None:
+            s = self.core.stats()
+            return {
+                "lookups": s.lookups,
+                "claims": s.claims,
+                "claimed_tokens": s.claimed_tokens,
+                "load_jobs": s.load_jobs,
+                "load_jobs_failed": s.load_jobs_failed,
+                "store_jobs": s.store_jobs,
+                "store_jobs_failed": s.store_jobs_failed,
+            }
+        if self.worker is not None:
+            w = self.worker.stats()
+            return {"bytes_loaded": w.bytes_loaded, "bytes_stored": w.bytes_stored}
+        return {}
+
+    @classmethod
+    def build_kv_connector_stats(cls, data: dict[str, Any] | None = None) -> KVConnectorStats:
+        return HybridKVStats(dict(data or {}))
+
+    def shutdown(self) -> None:
+        if self._engine is not None:
+            self._engine.close()
+        if self._host is not None:
+            self._host.close()
