@@ -8,14 +8,19 @@ in :mod:`hybridkv.vllm.planning` (the in-process engine uses it too) and is re-e
 - :class:`InProcessExecutor`: a stand-in for the model executor that reports one in-process
   worker's KV-cache specs to ``EngineCore._initialize_kv_caches``.
 
-vLLM is imported inside the functions, so importing this module is cheap.
+Importing this module imports no vLLM: the conftest reads :data:`VLLM_CPU_ENV` before it has
+installed the torchvision shim and before it knows whether vLLM imports at all, and
+``hybridkv.vllm`` imports vLLM (it registers the connector), so the three planning names are
+resolved on first use (PEP 562).
 """
 
 from __future__ import annotations
 
 import os
+from typing import TYPE_CHECKING, Any
 
-from hybridkv.vllm.planning import InProcessExecutor, init_distributed, plan_kv_caches
+if TYPE_CHECKING:
+    from hybridkv.vllm.planning import InProcessExecutor, init_distributed, plan_kv_caches
 
 __all__ = [
     "VLLM_CPU_ENV",
@@ -37,3 +42,14 @@ def set_cpu_env() -> None:
     """Put :data:`VLLM_CPU_ENV` into the environment (values already set are kept)."""
     for key, value in VLLM_CPU_ENV.items():
         os.environ.setdefault(key, value)
+
+
+_PLANNING = frozenset({"InProcessExecutor", "init_distributed", "plan_kv_caches"})
+
+
+def __getattr__(name: str) -> Any:
+    if name in _PLANNING:
+        from hybridkv.vllm import planning
+
+        return getattr(planning, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
