@@ -10,6 +10,9 @@ The connector's worker side runs unchanged on the CPU caches vLLM's ``allocate_k
   moved when the second raises, so a failed load leaves its blocks half written, which vLLM's
   recompute must overwrite before anything reads them.
 
+Timing: a job is reported on its ``delay``-th poll of ``get_transfer_results`` (one a step) and
+waited for then, whatever the copy thread's timing (as :mod:`hybridkv.vllm.native_cpu` does).
+
 Only failures that actually fired are counted (a mid-copy fault planned for a one-run job does
 not fire). Nothing here is reachable from ``kv_connector_extra_config``.
 """
@@ -91,9 +94,13 @@ class HybridKVOnCPU:
     """The :class:`~hybridkv.vllm.inprocess.WorkerAdapter` of ``HybridKVConnector``: its own
     registration on the CPU caches, with ``faults`` injected (None: none)."""
 
-    def __init__(self, faults: FaultPlan | None = None) -> None:
+    def __init__(self, faults: FaultPlan | None = None, delay: int = 1) -> None:
+        if delay < 1:
+            raise ValueError(f"delay={delay}: a job is reported at the earliest on its 1st poll")
         self._injector = None if faults is None else _Injector(faults)
+        self.delay = delay
         self.connector: Any = None
+        self._age: dict[int, int] = {}
 
     def configure(self, vllm_config: Any, kv_cache_config: Any) -> None:
         """Nothing to size: the extra config's ``host_memory_bytes`` sizes the host tier."""
@@ -105,6 +112,22 @@ class HybridKVOnCPU:
             connector.register_kv_caches(kv_caches)
         else:
             connector._register(kv_caches, injector.job_hook, injector.copy_hook)
+        worker = connector.worker
+        real = worker.get_transfer_results
+
+        def after_delay(*, wait: bool = False, hold: Any = ()) -> Any:
+            # Step-counted timing, not the copy thread's: a job is reported on its
+            # ``delay``-th poll (one poll a step), waited for then, so a run does not depend
+            # on how the OS schedules the copy thread (a starved thread would otherwise look
+            # like a wedge to the step-counting guard).
+            flight = worker.in_flight()
+            for job in flight:
+                self._age[job] = self._age.get(job, 0) + 1
+            young = {job for job in flight if self._age[job] < self.delay}
+            self._age = {job: self._age[job] for job in young}
+            return real(wait=True, hold=young | set(hold))
+
+        worker.get_transfer_results = after_delay
 
     def pending(self) -> int:
         """Connector jobs bound on the worker and not reported yet."""
