@@ -13,7 +13,8 @@ hybrid stride trick (a ``(2, B, ...)`` shape with block-outermost strides) is re
 - split K/V, ``(2, B, ...)`` (K and V planes) and ``(B, 2, ...)``, NHD or HND token order;
 - packed K|V ``(B, ..., 2 * head_size)`` and MLA latent rows ``(B, block_size, latent)``;
 - a flat page ``(B, page_bytes)``;
-- mamba/GDN state tuples (conv + ssm, different dtypes), padded pages included;
+- mamba/GDN state tuples (conv + ssm, different dtypes), padded pages included, and vLLM 0.33's
+  own per-layer ``(B, 1, 1, state_bytes)`` view of a mamba layer (what its runner registers);
 - kernel-block-split caches: ``shape[block_dim] = num_blocks * ratio``, a manager block being
   ``ratio`` consecutive kernel blocks (vLLM 0.33 leaves these opaque; we map them).
 
@@ -56,7 +57,7 @@ class LayoutKind(Enum):
     PACKED_KV = "packed_kv"  # (B, N, H, 2D) or (B, H, N, 2D)
     MLA_LATENT = "mla_latent"  # (B, N, latent)
     FLAT_PAGE = "flat_page"  # (B, page_bytes)
-    MAMBA_STATE = "mamba_state"  # tuple of (B, *state_shape)
+    MAMBA_STATE = "mamba_state"  # tuple of (B, *state_shape), or vLLM 0.33's (B, 1, 1, C) view
 
 
 @dataclass(frozen=True, slots=True)
@@ -242,7 +243,7 @@ def _tensor_planes(
     name: str, t: torch.Tensor, spec: CacheGroupSpec, num_blocks: int
 ) -> tuple[LayoutKind, int, list[_Plane]]:
     if spec.kind is GroupKind.MAMBA:
-        raise _unknown(name, t, "a mamba layer's cache is a tuple of state tensors")
+        return _state_view_planes(name, t, num_blocks)
     kv_first = t.dim() >= 3 and t.shape[0] == 2 and t.shape[1] % num_blocks == 0
     block_first = t.dim() >= 2 and t.shape[0] % num_blocks == 0
     if kv_first and block_first:
@@ -287,6 +288,22 @@ def _state_planes(
             raise _unknown(name, states, f"each state tensor is (num_blocks={num_blocks}, ...)")
         planes.extend(_planes_of(name, s, 0, 1))
     return LayoutKind.MAMBA_STATE, 1, planes
+
+
+def _state_view_planes(
+    name: str, t: torch.Tensor, num_blocks: int
+) -> tuple[LayoutKind, int, list[_Plane]]:
+    """A mamba layer registered as vLLM 0.33's per-layer byte view ``(B, 1, 1, state_bytes)``
+    (``allocate_kv_cache`` views every layer as ``[B, H, N, C]``, mamba included): the state's
+    bytes are one run per block, however the model later splits them into conv and ssm."""
+    if t.dim() != 4 or t.shape[0] != num_blocks:
+        raise _unknown(
+            name,
+            t,
+            "a mamba layer's cache is a tuple of state tensors or vLLM 0.33's "
+            f"(num_blocks={num_blocks}, H, N, C) byte view",
+        )
+    return LayoutKind.MAMBA_STATE, 1, _planes_of(name, t, 0, 1)
 
 
 def _planes_of(name: str, t: torch.Tensor, block_dim: int, ratio: int) -> list[_Plane]:

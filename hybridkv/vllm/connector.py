@@ -45,10 +45,11 @@ from hybridkv.connector import (
     StepView,
     TransferKind,
 )
-from hybridkv.connector.worker import TransferWorker
+from hybridkv.connector.worker import JobFaultHook, TransferWorker
 from hybridkv.errors import HybridKVConfigError
 from hybridkv.hostmem import HostMemory, PinMode
 from hybridkv.store import HostStore, LookupResult
+from hybridkv.transfer.cpu_engine import FaultHook
 from hybridkv.vllm.config import HybridKVConfig, parse_extra_config
 from hybridkv.vllm.layout import VllmLayout, read_layout, recommended_chunk_size, whole_blocks
 
@@ -316,6 +317,16 @@ class HybridKVConnector(KVConnectorBase_V1, SupportsHMA):
     # ============================================================ worker side
 
     def register_kv_caches(self, kv_caches: dict[str, Any]) -> None:
+        self._register(kv_caches)
+
+    def _register(
+        self,
+        kv_caches: dict[str, Any],
+        job_fault_hook: JobFaultHook | None = None,
+        copy_fault_hook: FaultHook | None = None,
+    ) -> None:
+        """``register_kv_caches`` with fault hooks (in-package only: the in-process engine's
+        fault-injecting adapter, :mod:`hybridkv.vllm.cpu_worker`; never a user setting)."""
         caches = build_canonical_caches(kv_caches, self.layout.groups, self.layout.num_blocks)
         measured = max(caches.group_bytes(g) for g in range(len(self.layout.groups)))
         if measured != self.layout.slot_bytes:
@@ -333,13 +344,15 @@ class HybridKVConnector(KVConnectorBase_V1, SupportsHMA):
         if on_cuda:
             from hybridkv.transfer.cuda_engine import CudaTransferEngine
 
+            if copy_fault_hook is not None:
+                raise ValueError("copy_fault_hook: the CUDA engine takes no copy fault hook")
             engine: Any = CudaTransferEngine(caches, host)
         else:
             from hybridkv.transfer import CpuTransferEngine
 
-            engine = CpuTransferEngine(caches, host)
+            engine = CpuTransferEngine(caches, host, fault_hook=copy_fault_hook)
         self._host, self._engine = host, engine
-        self.worker = TransferWorker(engine, self._slots, caches, host)
+        self.worker = TransferWorker(engine, self._slots, caches, host, fault_hook=job_fault_hook)
 
     def handle_preemptions(self, kv_connector_metadata: Any) -> None:
         # Nothing to flush: every block an in-flight store reads is pinned in vLLM's block pool

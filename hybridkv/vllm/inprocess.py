@@ -398,6 +398,19 @@ class InProcessEngine:
         self.tally.prompt_tokens += len(prompt)
         self.scheduler.add_request(request)
 
+    def abort(self, request_id: str) -> bool:
+        """Abort a request as the engine core does when a client goes away
+        (``Scheduler.finish_requests`` with ``FINISHED_ABORTED``); False if it had finished."""
+        from vllm.v1.request import RequestStatus
+
+        aborted = self.scheduler.finish_requests(request_id, RequestStatus.FINISHED_ABORTED)
+        self._state_idx.pop(request_id, None)
+        return bool(aborted)
+
+    def status(self, request_id: str) -> str:
+        """The request's vLLM status name (e.g. ``WAITING_FOR_REMOTE_KVS``)."""
+        return str(self.requests[request_id].status.name)
+
     def busy(self) -> bool:
         """vLLM's ``has_requests()`` (includes the connector's pending push work)."""
         return bool(self.scheduler.has_requests())

@@ -185,6 +185,21 @@ def test_tuple_in_attention_group_and_tensor_in_mamba_group_are_refused() -> Non
     assert build_canonical_caches({"m": states}, [mamba], 7).group_bytes(0) == 16 + 16
 
 
+def test_vllm_033s_byte_view_of_a_mamba_layer_is_its_state_page() -> None:
+    # vLLM 0.33's allocate_kv_cache views every layer as [B, H, N, C], a mamba layer as
+    # (B, 1, 1, state bytes) over a padded page; the runner registers that view.
+    raw = torch.arange(7 * 64, dtype=torch.int64).to(torch.int8)
+    view = torch.as_strided(raw, (7, 1, 1, 32), (64, 32, 32, 1))
+    mamba = CacheGroupSpec(GroupKind.MAMBA, 16, 64, 32, ("m",))
+    caches = build_canonical_caches({"m": view}, [mamba], 7)
+    assert caches.group_bytes(0) == 32
+    assert [layer.layout for layer in caches.layers] == [LayoutKind.MAMBA_STATE]
+    ref = caches.group_refs[0][0]
+    row = caches.tensors[ref.tensor_index].view[3]
+    got = torch.cat([row[r.offset : r.offset + r.length] for r in ref.runs])
+    assert torch.equal(got, raw[3 * 64 : 3 * 64 + 32])
+
+
 def test_kernel_ratio_must_divide_block_size() -> None:
     t = torch.zeros(2, 7 * 3, 5, 2, 8, dtype=torch.float16)  # 3 kernel blocks of 5 tokens
     with pytest.raises(HybridKVConfigError, match="do not divide block_size=16"):

@@ -1,0 +1,283 @@
+"""``HybridKVConnector`` inside the in-process vLLM 0.33 engine (:mod:`hybridkv.vllm.inprocess`):
+vLLM's real Scheduler with HMA on, the caches vLLM's own ``allocate_kv_cache`` builds (the hybrid
+stride, mamba pages viewed as vLLM's runner registers them), every read content-checked.
+
+- The multi-turn chat of ``test_inprocess_engine.py`` on mamba-align + full and sliding + full:
+  host hits, 0 wrong reads, 0 leaked GPU blocks, and at the end nothing in flight, no store
+  entry pinned or storing, no block held, no request left in the core.
+- Random traces (a seeded generator; ``max_examples`` of the Hypothesis profile, split over three
+  layouts: ``ci`` 201 traces, ``nightly`` 2,001) with load and store failures injected before
+  submission and inside the copy (:class:`hybridkv.vllm.cpu_worker.FaultPlan`), tight GPU pools
+  (preemptions), aborts of requests waiting for their load, and random aborts: 0 wrong reads,
+  0 wedges, 0 leaks, and across each layout's batch failures injected, loads failed and the
+  requests they hit recovered by recompute.
+"""
+
+from __future__ import annotations
+
+import random
+from collections import Counter
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+
+pytestmark = pytest.mark.vllm
+pytest.importorskip("vllm.v1.core.sched.scheduler", reason="vLLM 0.33 is not installed")
+
+from diffharness.layouts import RECIPES, Layout  # noqa: E402
+from hypothesis import settings  # noqa: E402
+from vllm.config import KVTransferConfig  # noqa: E402
+
+from hybridkv.vllm.cpu_worker import FaultPlan, HybridKVOnCPU  # noqa: E402
+from hybridkv.vllm.inprocess import (  # noqa: E402
+    ChatTrace,
+    EngineSettings,
+    InProcessEngine,
+    InProcessReport,
+    WedgedError,
+    run_trace,
+)
+
+HOST_BYTES = 64 << 20
+
+
+def _transfer(chunk_size: int, host_bytes: int = HOST_BYTES) -> KVTransferConfig:
+    return KVTransferConfig(
+        kv_connector="HybridKVConnector",
+        kv_connector_module_path="hybridkv.vllm",
+        kv_role="kv_both",
+        kv_load_failure_policy="recompute",
+        kv_connector_extra_config={"host_memory_bytes": host_bytes, "chunk_size": chunk_size},
+    )
+
+
+def _quiescent(engine: InProcessEngine) -> None:
+    """Nothing in flight, pinned, storing, held or remembered once every request is done."""
+    core = engine.scheduler.connector.core
+    stats = core.stats()
+    store = core.store.stats()
+    assert engine.adapter.pending() == 0
+    assert (stats.jobs_in_flight, stats.held_blocks, stats.requests) == (0, 0, 0), stats
+    assert (store.pinned, store.storing) == (0, 0), store
+    assert engine.leaked_blocks() == 0
+
+
+# ------------------------------------------------------------------ the chat trace
+
+# The GPU pools of test_inprocess_engine.py; chunk = one block of the layout.
+CHAT = {
+    Layout.MAMBA_FULL: (
+        EngineSettings(
+            num_gpu_blocks=16, max_model_len=2560, max_num_seqs=2, max_num_batched_tokens=1280
+        ),
+        ChatTrace(convs=3, turns=3, system_len=700, user_min=150, user_max=300),
+        640,
+    ),
+    Layout.SLIDING_FULL: (
+        EngineSettings(
+            num_gpu_blocks=30,
+            max_model_len=512,
+            block_size=32,
+            max_num_seqs=3,
+            max_num_batched_tokens=128,
+        ),
+        ChatTrace(convs=4, turns=3, system_len=128),
+        32,
+    ),
+}
+
+
+@pytest.mark.parametrize("layout", list(CHAT), ids=lambda lay: lay.value)
+def test_hybridkv_hits_the_host_tier_with_correct_content(layout: Layout) -> None:
+    settings_, trace, chunk = CHAT[layout]
+    engine = InProcessEngine(
+        RECIPES[layout].config_json(), settings_, _transfer(chunk), HybridKVOnCPU()
+    )
+    report = run_trace(engine, trace)
+    print(f"\n{layout.value} HybridKVConnector: {report}")
+    assert report.connector == "HybridKVConnector"
+    assert report.finished == report.requests > 0
+    assert report.slots_checked > 0
+    assert report.wrong_reads == 0
+    assert report.external_loaded > 0
+    assert report.external_hits == report.external_loaded
+    assert report.preemptions == 0  # the identity below holds without recompute
+    total = report.prefill_computed + report.gpu_prefix_hits + report.external_hits
+    assert total == report.prompt_tokens
+    assert report.transfers["bytes_loaded"] > 0
+    assert report.transfers["bytes_stored"] > 0
+    assert engine.scheduler.connector.core.stats().loaded_tokens == report.external_loaded
+    _quiescent(engine)
+
+
+# ------------------------------------------------------------------ random traces
+
+
+@dataclass(frozen=True, slots=True)
+class Shape:
+    """One layout's random-trace geometry: the budget, the chunk and prompt lengths."""
+
+    layout: Layout
+    budget: int
+    chunk: int
+    max_prompt: int
+    max_seqs: int
+    preempts: bool  # whether its random traces are known to preempt (sliding+full: not yet)
+
+
+SHAPES = {
+    s.layout: s
+    for s in (
+        Shape(Layout.MAMBA_FULL, 1280, 640, 2400, 2, True),
+        Shape(Layout.SLIDING_FULL, 128, 32, 400, 3, False),
+        Shape(Layout.THREE_GROUPS, 128, 32, 400, 3, True),
+    )
+}
+TRACES_PER_LAYOUT = max(10, -(-settings.default.max_examples // len(SHAPES)))
+
+
+@dataclass(frozen=True, slots=True)
+class Arrival:
+    step: int
+    request_id: str
+    prompt: tuple[int, ...]
+    max_tokens: int
+
+
+def _random_trace(shape: Shape, rng: random.Random) -> list[Arrival]:
+    """4-7 requests over two shared bases: prefixes of a base (repeats, extensions) plus a few
+    own tokens, arriving over the first steps so later ones find earlier ones' chunks stored."""
+    bases = [[rng.randint(3, 999) for _ in range(shape.max_prompt)] for _ in range(2)]
+    arrivals = []
+    for i in range(rng.randint(4, 7)):
+        base = rng.choice(bases)
+        length = rng.randint(shape.chunk // 2, shape.max_prompt - 8)
+        own = [rng.randint(3, 999) for _ in range(rng.choice((0, 0, 3, shape.chunk // 2)))]
+        prompt = (base[:length] + own)[: shape.max_prompt]
+        arrivals.append(Arrival(rng.randint(0, 10), f"r{i}", tuple(prompt), rng.randint(1, 3)))
+    return sorted(arrivals, key=lambda a: (a.step, a.request_id))
+
+
+@dataclass(slots=True)
+class Outcome:
+    """One trace's observations."""
+
+    report: InProcessReport
+    faults: int
+    failed_loads: set[str]
+    recovered: int
+    aborted_loading: int
+    aborted: int
+
+
+def _engine(shape: Shape, rng: random.Random, seed: int) -> InProcessEngine:
+    recipe = RECIPES[shape.layout]
+    settings_ = EngineSettings(
+        num_gpu_blocks=recipe.min_blocks(shape.budget) + rng.choice((0, 1, 3, 8)),
+        max_model_len=recipe.max_model_len,
+        block_size=recipe.block_size,
+        max_num_seqs=shape.max_seqs,
+        max_num_batched_tokens=shape.budget,
+        max_steps=600,
+    )
+    plan = FaultPlan(seed, load_rate=rng.choice((0.0, 0.3, 0.6)), store_rate=rng.choice((0.0, 0.3)))
+    host = rng.choice((HOST_BYTES, 6 * RECIPES[shape.layout].max_model_len * 4096))
+    return InProcessEngine(
+        recipe.config_json(),
+        settings_,
+        _transfer(shape.chunk, host),
+        HybridKVOnCPU(plan, delay=rng.choice((1, 2, 3))),
+    )
+
+
+def _watch_failed_loads(engine: InProcessEngine, failed: set[str]) -> None:
+    worker = engine.worker
+    real = worker.get_transfer_results
+
+    def results(finished: Any) -> Any:
+        out = real(finished)
+        failed.update(out.failed_recving)
+        return out
+
+    worker.get_transfer_results = results
+
+
+def _play(shape: Shape, seed: int) -> Outcome:
+    rng = random.Random(seed)
+    engine = _engine(shape, rng, seed)
+    failed: set[str] = set()
+    _watch_failed_loads(engine, failed)
+    arrivals = _random_trace(shape, rng)
+    aborted: set[str] = set()
+    aborted_loading = 0
+    step = 0
+    while arrivals or engine.busy():
+        while arrivals and arrivals[0].step <= step:
+            a = arrivals.pop(0)
+            engine.add(a.request_id, list(a.prompt), a.max_tokens)
+        step += 1
+        if not engine.busy():
+            continue
+        if engine.tally.steps >= engine.settings.max_steps:
+            live = {
+                rid: (engine.status(rid), r.num_computed_tokens, r.num_prompt_tokens)
+                for rid, r in engine.requests.items()
+                if not r.is_finished()
+            }
+            core = engine.scheduler.connector.core.stats()
+            raise WedgedError(f"seed {seed}: max_steps={engine.settings.max_steps} {live} {core}")
+        for rid, request in engine.requests.items():
+            if request.is_finished() or rid in aborted:
+                continue
+            loading = engine.status(rid) == "WAITING_FOR_REMOTE_KVS"
+            if rng.random() < (0.25 if loading else 0.01) and engine.abort(rid):
+                aborted.add(rid)
+                aborted_loading += loading
+        engine.step()
+    report = engine.report(sum(r.is_finished() for r in engine.requests.values()))
+    assert report.finished == report.requests, f"seed {seed}: unfinished requests"
+    _quiescent(engine)
+    recovered = sum(
+        engine.status(rid) == "FINISHED_LENGTH_CAPPED" for rid in failed if rid not in aborted
+    )
+    faults = engine.adapter.stats()
+    return Outcome(
+        report,
+        faults.get("load_faults", 0) + faults.get("store_faults", 0),
+        failed,
+        recovered,
+        aborted_loading,
+        len(aborted),
+    )
+
+
+@pytest.mark.parametrize("layout", list(SHAPES), ids=lambda lay: lay.value)
+def test_random_traces_with_faults_preemptions_and_aborts(layout: Layout) -> None:
+    shape = SHAPES[layout]
+    total: Counter[str] = Counter()
+    for seed in range(TRACES_PER_LAYOUT):
+        out = _play(shape, seed)
+        r = out.report
+        assert r.wrong_reads == 0, f"seed {seed}: {r}"
+        total.update(
+            traces=1,
+            prompt=r.prompt_tokens,
+            computed=r.prefill_computed,
+            gpu_hits=r.gpu_prefix_hits,
+            host_loaded=r.external_loaded,
+            slots_checked=r.slots_checked,
+            wrong_reads=r.wrong_reads,
+            preemptions=r.preemptions,
+            faults_injected=out.faults,
+            failed_loads=len(out.failed_loads),
+            recovered=out.recovered,
+            aborted=out.aborted,
+            aborted_loading=out.aborted_loading,
+        )
+    print(f"\n{layout.value}: {dict(total)}")
+    assert total["wrong_reads"] == 0
+    for name in ("slots_checked", "host_loaded", "faults_injected", "failed_loads", "recovered"):
+        assert total[name] > 0, (name, dict(total))
+    assert (total["preemptions"] > 0) == shape.preempts, dict(total)
+    assert total["aborted_loading"] > 0, dict(total)
