@@ -6,7 +6,7 @@ tensors, content-checked): (a) no connector; (b) the native ``OffloadingConnecto
 offloading spec, LRU and ARC, both built into vLLM 0.33's ``CachePolicyFactory``) with its
 worker on :class:`hybridkv.vllm.native_cpu.NativeOffloadOnCPU`; (c) ``HybridKVConnector``
 (``eviction_policy`` lru and arc) with its real CPU transfer engine under
-:class:`hybridkv.vllm.delayed.HybridKVOnCPU`. Both connectors' copies report ``delay`` steps
+:class:`hybridkv.vllm.cpu_worker.HybridKVOnCPU`. Both connectors' copies report ``delay`` steps
 after submission by the same rule (0, 1, 4).
 
 Layouts: mamba align + full (Qwen3-Next cut to 4 layers, the platform's block) and sliding +
@@ -74,7 +74,7 @@ except ImportError as missing:  # pragma: no cover - depends on the environment
     )
     sys.exit(2)
 
-from hybridkv.vllm.delayed import HybridKVOnCPU  # noqa: E402
+from hybridkv.vllm.cpu_worker import HybridKVOnCPU  # noqa: E402
 from hybridkv.vllm.inprocess import (  # noqa: E402
     ChatTrace,
     EngineSettings,
@@ -248,7 +248,7 @@ def _engine(case: Case, variant: Variant, chunk_bytes: int) -> tuple[InProcessEn
     if variant.kind == "native":
         adapter = NativeOffloadOnCPU(variant.chunks, variant.delay)
     else:
-        adapter = HybridKVOnCPU(variant.chunks * chunk_bytes, variant.delay)
+        adapter = HybridKVOnCPU(host_bytes=variant.chunks * chunk_bytes, delay=variant.delay)
     engine = InProcessEngine(case.config_json, case.settings, _transfer(variant), adapter)
     connector = engine.scheduler.connector
     store = (

@@ -18,7 +18,7 @@ cache salt folded in).
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -49,6 +49,7 @@ from hybridkv.connector.worker import JobFaultHook, TransferWorker
 from hybridkv.errors import HybridKVConfigError
 from hybridkv.hostmem import HostMemory, PinMode
 from hybridkv.store import HostStore, LookupResult
+from hybridkv.transfer import TransferEngine
 from hybridkv.transfer.cpu_engine import FaultHook
 from hybridkv.vllm.config import HybridKVConfig, parse_extra_config
 from hybridkv.vllm.layout import VllmLayout, read_layout, recommended_chunk_size, whole_blocks
@@ -324,9 +325,11 @@ class HybridKVConnector(KVConnectorBase_V1, SupportsHMA):
         kv_caches: dict[str, Any],
         job_fault_hook: JobFaultHook | None = None,
         copy_fault_hook: FaultHook | None = None,
+        wrap_engine: Callable[[TransferEngine], TransferEngine] | None = None,
     ) -> None:
-        """``register_kv_caches`` with fault hooks (in-package only: the in-process engine's
-        fault-injecting adapter, :mod:`hybridkv.vllm.cpu_worker`; never a user setting)."""
+        """``register_kv_caches`` with fault hooks and an engine wrapper (in-package only: the
+        in-process engine's adapter, :mod:`hybridkv.vllm.cpu_worker`, injects faults and delays
+        reports this way; never a user setting)."""
         caches = build_canonical_caches(kv_caches, self.layout.groups, self.layout.num_blocks)
         measured = max(caches.group_bytes(g) for g in range(len(self.layout.groups)))
         if measured != self.layout.slot_bytes:
@@ -351,6 +354,8 @@ class HybridKVConnector(KVConnectorBase_V1, SupportsHMA):
             from hybridkv.transfer import CpuTransferEngine
 
             engine = CpuTransferEngine(caches, host, fault_hook=copy_fault_hook)
+        if wrap_engine is not None:
+            engine = wrap_engine(engine)
         self._host, self._engine = host, engine
         self.worker = TransferWorker(engine, self._slots, caches, host, fault_hook=job_fault_hook)
 

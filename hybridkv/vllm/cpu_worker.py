@@ -1,5 +1,5 @@
 """The in-process engine's worker adapter for :class:`~hybridkv.vllm.connector.HybridKVConnector`,
-with seeded fault injection (:class:`FaultPlan`).
+with seeded fault injection (:class:`FaultPlan`), a simulated copy delay and an optional host size.
 
 The connector's worker side runs unchanged on the CPU caches vLLM's ``allocate_kv_cache`` built
 (canonical caches, the CPU transfer engine on its copy thread, the core's transfer worker). A
@@ -10,11 +10,17 @@ The connector's worker side runs unchanged on the CPU caches vLLM's ``allocate_k
   moved when the second raises, so a failed load leaves its blocks half written, which vLLM's
   recompute must overwrite before anything reads them.
 
-Timing: a job is reported on its ``delay``-th poll of ``get_transfer_results`` (one a step) and
-waited for then, whatever the copy thread's timing (as :mod:`hybridkv.vllm.native_cpu` does).
+Timing: the engine sits under :class:`~hybridkv.vllm.delayed.DelayedCompletion`, the report rule
+of :class:`hybridkv.vllm.native_cpu.HostCopyWorker`: a job reports once it has been polled
+``delay`` times (one poll a step; 0 and 1 both mean the first poll after submission), in
+submission order per direction, and is waited for then, whatever the copy thread's timing. So
+``HybridKVOnCPU(delay=d)`` and ``NativeOffloadOnCPU(host_chunks, d)`` simulate the same copy
+latency. A job failed before submission never reaches the engine: it reports at the next poll.
 
 Only failures that actually fired are counted (a mid-copy fault planned for a one-run job does
-not fire). Nothing here is reachable from ``kv_connector_extra_config``.
+not fire). Faults and delay are not reachable from ``kv_connector_extra_config``;
+``host_bytes`` only writes its ``host_memory_bytes`` (the benchmark sizes both connectors' host
+tiers alike this way).
 """
 
 from __future__ import annotations
@@ -28,6 +34,8 @@ import torch
 
 from hybridkv.connector.api import TransferJob, TransferKind
 from hybridkv.transfer.api import Direction, JobId
+from hybridkv.vllm.delayed import DelayedCompletion
+from hybridkv.vllm.layout import read_layout
 
 __all__ = ["FaultPlan", "HybridKVOnCPU", "InjectedFault"]
 
@@ -92,45 +100,45 @@ class _Injector:
 
 class HybridKVOnCPU:
     """The :class:`~hybridkv.vllm.inprocess.WorkerAdapter` of ``HybridKVConnector``: its own
-    registration on the CPU caches, with ``faults`` injected (None: none)."""
+    registration on the CPU caches, reports ``delay`` polls late (:class:`DelayedCompletion`,
+    the rule of the native adapter's ``HostCopyWorker``), ``faults`` injected (None: none).
 
-    def __init__(self, faults: FaultPlan | None = None, delay: int = 1) -> None:
-        if delay < 1:
-            raise ValueError(f"delay={delay}: a job is reported at the earliest on its 1st poll")
+    ``host_bytes``: written to ``host_memory_bytes`` before vLLM builds the connector (at least
+    one slot, so it can be built); None keeps the extra config's own.
+    """
+
+    def __init__(
+        self, *, host_bytes: int | None = None, faults: FaultPlan | None = None, delay: int = 1
+    ) -> None:
+        if host_bytes is not None and host_bytes < 1:
+            raise ValueError(f"host_bytes={host_bytes}: the host tier needs at least 1 byte")
+        if delay < 0:
+            raise ValueError(f"delay={delay}: a transfer takes 0 or more steps")
+        self.host_bytes = host_bytes
         self._injector = None if faults is None else _Injector(faults)
         self.delay = delay
         self.connector: Any = None
-        self._age: dict[int, int] = {}
 
     def configure(self, vllm_config: Any, kv_cache_config: Any) -> None:
-        """Nothing to size: the extra config's ``host_memory_bytes`` sizes the host tier."""
+        if self.host_bytes is None:
+            return
+        extra = vllm_config.kv_transfer_config.kv_connector_extra_config
+        slot = read_layout(vllm_config, kv_cache_config).slot_bytes
+        extra["host_memory_bytes"] = max(self.host_bytes, slot)
 
     def attach(self, connector: Any, kv_caches: dict[str, torch.Tensor]) -> None:
-        self.connector = connector
         injector = self._injector
-        if injector is None:
-            connector.register_kv_caches(kv_caches)
-        else:
-            connector._register(kv_caches, injector.job_hook, injector.copy_hook)
-        worker = connector.worker
-        real = worker.get_transfer_results
-
-        def after_delay(*, wait: bool = False, hold: Any = ()) -> Any:
-            # Step-counted timing, not the copy thread's: a job is reported on its
-            # ``delay``-th poll (one poll a step), waited for then, so a run does not depend
-            # on how the OS schedules the copy thread (a starved thread would otherwise look
-            # like a wedge to the step-counting guard).
-            flight = worker.in_flight()
-            for job in flight:
-                self._age[job] = self._age.get(job, 0) + 1
-            young = {job for job in flight if self._age[job] < self.delay}
-            self._age = {job: self._age[job] for job in young}
-            return real(wait=True, hold=young | set(hold))
-
-        worker.get_transfer_results = after_delay
+        connector._register(
+            kv_caches,
+            None if injector is None else injector.job_hook,
+            None if injector is None else injector.copy_hook,
+            lambda engine: DelayedCompletion(engine, self.delay),
+        )
+        self.connector = connector
 
     def pending(self) -> int:
-        """Connector jobs bound on the worker and not reported yet."""
+        """Connector jobs bound on the worker and not reported yet (a job failed before
+        submission counts too: it never reaches the engine)."""
         worker = None if self.connector is None else self.connector.worker
         return 0 if worker is None else len(worker.in_flight())
 

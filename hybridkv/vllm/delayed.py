@@ -1,11 +1,13 @@
-"""HybridKVConnector's worker side on CPU tensors with copies reported ``delay`` steps late.
+"""A transfer engine whose jobs report ``delay`` polls late, by the native simulated worker's rule.
 
-The benchmark against vLLM's native connector (``tools/bench_vs_native.py``) gives both
-connectors the same simulated copy latency. :class:`hybridkv.vllm.native_cpu.HostCopyWorker`
-reports a native job once it has been polled ``delay`` times (one poll a step), in submission
-order per direction; :class:`DelayedCompletion` applies that rule to hybridkv's real CPU transfer
-engine, and :class:`HybridKVOnCPU` is the in-process engine's worker adapter that puts it under
-the connector's :class:`~hybridkv.connector.worker.TransferWorker`.
+The in-process engine gives hybridkv's connector and vLLM's native one the same simulated copy
+latency (``tools/bench_vs_native.py`` compares them at the same ``delay``).
+:class:`hybridkv.vllm.native_cpu.HostCopyWorker` reports a native job once it has been polled
+``delay`` times (one poll a step), in submission order per direction, and ``wait`` releases a job
+and the ones before it; :class:`DelayedCompletion` applies that rule to hybridkv's real CPU
+transfer engine (:class:`hybridkv.vllm.cpu_worker.HybridKVOnCPU` puts it under the connector's
+:class:`~hybridkv.connector.worker.TransferWorker`). Polls are counted before the check, so delay
+0 and delay 1 both report a job at the first poll after its submission, as the native rule does.
 
 The bytes move when the inner engine moves them (at once, on its copy thread); only the report
 is held back, and a held job is waited for before it is reported, so a reported job's bytes
@@ -16,15 +18,11 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Iterable, Sequence
-from typing import Any
-
-import torch
 
 from hybridkv.transfer import Direction, TransferEngine, TransferPair
 from hybridkv.transfer.api import FinishedJob, JobId
-from hybridkv.vllm.layout import read_layout
 
-__all__ = ["DelayedCompletion", "HybridKVOnCPU"]
+__all__ = ["DelayedCompletion"]
 
 
 class DelayedCompletion(TransferEngine):
@@ -75,41 +73,3 @@ class DelayedCompletion(TransferEngine):
         for finished in self.inner.poll():
             self._results[finished.job_id] = finished.success
         return [FinishedJob(job, self._results.pop(job)) for job in ready]
-
-
-class HybridKVOnCPU:
-    """The in-process engine's worker adapter for ``HybridKVConnector``.
-
-    ``host_bytes`` sets ``host_memory_bytes`` (before vLLM builds the connector); ``delay`` is
-    the steps a copy takes to report (:class:`DelayedCompletion`).
-    """
-
-    def __init__(self, host_bytes: int, delay: int = 1) -> None:
-        if host_bytes < 1:
-            raise ValueError(f"host_bytes={host_bytes}: the host tier needs at least 1 byte")
-        self.host_bytes = host_bytes
-        self.delay = delay
-        self.engine: DelayedCompletion | None = None
-        self.connector: Any = None
-
-    def configure(self, vllm_config: Any, kv_cache_config: Any) -> None:
-        """Write ``host_memory_bytes`` (at least one slot, so the connector can be built)."""
-        extra = vllm_config.kv_transfer_config.kv_connector_extra_config
-        slot = read_layout(vllm_config, kv_cache_config).slot_bytes
-        extra["host_memory_bytes"] = max(self.host_bytes, slot)
-
-    def attach(self, connector: Any, kv_caches: dict[str, torch.Tensor]) -> None:
-        """The connector's own ``register_kv_caches``, then the delay around its engine."""
-        connector.register_kv_caches(kv_caches)
-        self.engine = DelayedCompletion(connector.worker.engine, self.delay)
-        connector.worker.engine = self.engine
-        connector._engine = self.engine
-        self.connector = connector
-
-    def pending(self) -> int:
-        return 0 if self.engine is None else self.engine.pending()
-
-    def stats(self) -> dict[str, int]:
-        if self.connector is None or self.connector.worker is None:
-            return {}
-        return dict(self.connector.worker.stats()._asdict())

@@ -1,5 +1,7 @@
 """hybridkv.vllm.delayed.DelayedCompletion: the report rule of the native simulated worker
-(``delay`` polls, FIFO per direction, ``wait`` releases a job and the ones before it)."""
+(``delay`` polls, FIFO per direction, ``wait`` releases a job and the ones before it), and the
+argument checks of the adapter that uses it, :class:`hybridkv.vllm.cpu_worker.HybridKVOnCPU`
+(its runs in the engine: ``test_hybridkv_inprocess.py``)."""
 
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ pytest.importorskip("vllm.v1.core.sched.scheduler", reason="vLLM 0.33 is not ins
 
 from hybridkv.transfer import Direction, TransferEngine, TransferPair  # noqa: E402
 from hybridkv.transfer.api import FinishedJob, JobId  # noqa: E402
+from hybridkv.vllm.cpu_worker import HybridKVOnCPU  # noqa: E402
 from hybridkv.vllm.delayed import DelayedCompletion  # noqa: E402
 
 PAIR = [TransferPair(0, 1, 0)]
@@ -80,3 +83,18 @@ def test_wait_releases_the_job_and_those_before_it_in_its_direction() -> None:
 def test_a_negative_delay_is_refused() -> None:
     with pytest.raises(ValueError, match="delay=-1"):
         DelayedCompletion(_Instant(), -1)
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "field"), [({"delay": -1}, "delay=-1"), ({"host_bytes": 0}, "host_bytes=0")]
+)
+def test_the_adapter_refuses_a_negative_delay_and_an_empty_host_tier(
+    kwargs: dict[str, int], field: str
+) -> None:
+    with pytest.raises(ValueError, match=field):
+        HybridKVOnCPU(**kwargs)
+
+
+def test_the_adapter_takes_the_native_delays() -> None:
+    for delay in (0, 1, 4):
+        assert HybridKVOnCPU(host_bytes=1, delay=delay).delay == delay

@@ -88,14 +88,18 @@ CHAT = {
 }
 
 
+@pytest.mark.parametrize("sized", [False, True], ids=["extra-config", "host-bytes-delay0"])
 @pytest.mark.parametrize("layout", list(CHAT), ids=lambda lay: lay.value)
-def test_hybridkv_hits_the_host_tier_with_correct_content(layout: Layout) -> None:
+def test_hybridkv_hits_the_host_tier_with_correct_content(layout: Layout, sized: bool) -> None:
+    """Sized: the adapter's ``host_bytes`` replaces an extra config of 1 byte (too small to
+    build the connector) and copies report at the first poll (delay 0, as the native rule)."""
     settings_, trace, chunk = CHAT[layout]
-    engine = InProcessEngine(
-        RECIPES[layout].config_json(), settings_, _transfer(chunk), HybridKVOnCPU()
-    )
+    adapter = HybridKVOnCPU(host_bytes=HOST_BYTES, delay=0) if sized else HybridKVOnCPU()
+    transfer = _transfer(chunk, 1 if sized else HOST_BYTES)
+    engine = InProcessEngine(RECIPES[layout].config_json(), settings_, transfer, adapter)
+    assert engine.scheduler.connector.hybridkv_config.host_memory_bytes == HOST_BYTES
     report = run_trace(engine, trace)
-    print(f"\n{layout.value} HybridKVConnector: {report}")
+    print(f"\n{layout.value} HybridKVConnector d={adapter.delay}: {report}")
     assert report.connector == "HybridKVConnector"
     assert report.finished == report.requests > 0
     assert report.slots_checked > 0
@@ -187,7 +191,7 @@ def _engine(shape: Shape, rng: random.Random, seed: int) -> InProcessEngine:
         recipe.config_json(),
         settings_,
         _transfer(shape.chunk, host),
-        HybridKVOnCPU(plan, delay=rng.choice((1, 2, 3))),
+        HybridKVOnCPU(faults=plan, delay=rng.choice((0, 1, 2, 3))),
     )
 
 
