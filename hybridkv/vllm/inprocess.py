@@ -190,7 +190,7 @@ class RegisterCaches:
     """The runner's own registration: ``register_kv_caches`` then ``set_host_xfer_buffer_ops``."""
 
     def configure(self, vllm_config: Any, kv_cache_config: Any) -> None:
-        pass
+        """Nothing to size: the connector reads its settings from the KVTransferConfig as is."""
 
     def attach(self, connector: Any, kv_caches: dict[str, torch.Tensor]) -> None:
         from vllm.distributed.kv_transfer.kv_connector.utils import copy_kv_blocks

@@ -20,7 +20,9 @@ from typing import Any
 
 import pytest
 
-pytest.importorskip("vllm.v1.core.sched.scheduler")
+pytest.importorskip(
+    "vllm.v1.core.sched.scheduler", reason="vLLM 0.33 is not installed (run `nox -s vllm`)"
+)
 
 import torch
 from _inprocess import plan_kv_caches
