@@ -31,7 +31,8 @@ _PATH = Path(__file__).resolve().parents[2] / "tools" / "bench_salvage.py"
 
 def _tool() -> ModuleType:
     found = importlib.util.spec_from_file_location("bench_salvage", _PATH)
-    assert found is not None and found.loader is not None
+    assert found is not None
+    assert found.loader is not None
     module = importlib.util.module_from_spec(found)
     sys.modules["bench_salvage"] = module  # its dataclasses resolve names through it
     found.loader.exec_module(module)
@@ -58,7 +59,9 @@ def test_salvage_recomputes_less_and_every_recovery_adds_up(
     assert wedged == []
     for run in (on, off):
         t = run.tally
-        assert t.failed_loads > 0 and t.failed_claimed > 0 and t.windows > 0
+        assert t.failed_loads > 0
+        assert t.failed_claimed > 0
+        assert t.windows > 0
         assert t.broken == [], t.broken
         assert t.preempted_in_window == 0
         assert t.recomputed == t.recomputed_last > 0
