@@ -75,3 +75,37 @@ def test_salvage_recomputes_less_and_every_recovery_adds_up(
     assert off.tally.reloaded == 0
     assert on.tally.recomputed < off.tally.recomputed
     assert bench.problems(name, "salvage", on) == bench.problems(name, "whole", off) == []
+
+
+def test_a_salvaged_re_claim_can_wedge_vllm_on_a_tight_pool() -> None:
+    """vLLM 0.33 finding, reached through salvage: a request whose async load failed keeps its
+    entry in the scheduler's ``_inflight_prefills`` after ``_update_waiting_for_remote_kv``
+    freed its blocks (only preemption, the end of its prefill and its finish remove it). Its
+    async re-claim then reserves its own remaining blocks on top of allocating them
+    (``reserved_blocks`` counts every in-flight prefill), fails, and, at the head of
+    ``kv_holding_waiting``, ``break``s the waiting loop before a request behind it whose load
+    has finished: nothing runs, nothing frees, the engine wedges. sliding + full, seed 5, with
+    40 GPU blocks instead of the tool's 48; the same trace without the re-claim finishes.
+    """
+    from dataclasses import replace
+
+    case = _case("sliding+full")
+    tight = replace(case, settings=replace(case.settings, num_gpu_blocks=40, max_steps=300))
+    adapter = bench.KeyedLoadFaults(5, tight.load_rate)
+    engine = bench.InProcessEngine(
+        tight.config_json, tight.settings, bench._transfer(tight.chunk), adapter
+    )
+    trace = replace(tight.trace, seed=5)
+    with pytest.raises(bench.WedgedError):
+        bench.run_trace(engine, trace)
+    scheduler = engine.scheduler
+    head = scheduler.kv_holding_waiting.peek_request()
+    assert head.status.name == "WAITING"
+    assert head.num_computed_tokens == 0  # restarted by the failed load; no block held
+    assert head in scheduler._inflight_prefills  # the stale reservation
+    assert scheduler.running == []
+    behind = [r for r in scheduler.kv_holding_waiting if r is not head]
+    assert any(r.request_id in scheduler.finished_recving_kv_req_ids for r in behind)
+    whole = bench.play(tight, 5, salvage=False)
+    assert whole.unfinished == 0
+    assert whole.tally.failed_loads > 0
