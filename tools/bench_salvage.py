@@ -46,7 +46,7 @@ import hashlib
 import importlib.util
 import sys
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -111,9 +111,12 @@ class Case:
 def cases(quick: bool) -> list[Case]:
     """mamba align + full, sliding + full and (unless quick) two windows + full."""
     sliding = EngineSettings(
-        num_gpu_blocks=48, max_model_len=768, block_size=32, max_num_seqs=3,
+        num_gpu_blocks=48,
+        max_model_len=768,
+        block_size=32,
+        max_num_seqs=3,
         max_num_batched_tokens=128,
-    )  # fmt: skip
+    )
     found = [
         Case(
             "mamba+full",
@@ -139,17 +142,13 @@ def cases(quick: bool) -> list[Case]:
             Case(
                 "2sliding+full",
                 tiny_config("gpt-oss-20b", 3),
-                EngineSettings(**{**_fields(sliding), "num_gpu_blocks": 56}),
+                replace(sliding, num_gpu_blocks=56),
                 32,
                 ChatTrace(convs=4, turns=3, system_len=160),
                 0.1,
             )
         )
     return found
-
-
-def _fields(settings: EngineSettings) -> dict[str, Any]:
-    return {name: getattr(settings, name) for name in EngineSettings.__slots__}
 
 
 # ------------------------------------------------------------------ keyed load faults
@@ -368,8 +367,7 @@ def play(case: Case, seed: int, *, salvage: bool) -> Run:
     engine = InProcessEngine(case.config_json, case.settings, _transfer(case.chunk), adapter)
     engine.scheduler.connector.core._set_salvage(salvage)
     watch = SalvageWatch(engine)
-    trace = ChatTrace(**{**{n: getattr(case.trace, n) for n in ChatTrace.__slots__}, "seed": seed})
-    report = run_trace(engine, trace)
+    report = run_trace(engine, replace(case.trace, seed=seed))
     return Run(
         watch.finish(),
         report.wrong_reads,
