@@ -18,6 +18,7 @@ scheduler and compares after every call). It satisfies
 - ``update_connector_output``: folds job results: loads unpin (a failed load's keys are
   remembered, so the re-ask salvages the longest prefix that avoids them), stores complete.
 - ``request_finished_all_groups``: delays the block free while a store of the request runs.
+- ``_set_salvage``: a benchmark control, never a user setting (see its docstring).
 - ``bind_gpu_block_pool`` / ``held_blocks``: store sources are pinned in the GPU block pool from
   the job's emission to its report (TR-1).
 
@@ -162,6 +163,27 @@ class ConnectorCore:
         self._stores_of: dict[RequestId, int] = {}
         self._jobs_of: dict[RequestId, int] = {}
         self._count = dict.fromkeys(_COUNTERS, 0)
+        self._salvage = True
+        self._restarting: set[RequestId] = set()  # salvage off: failed, not scheduled since
+
+    # ----------------------------------------------------------------- benchmark control
+
+    def _set_salvage(self, enabled: bool) -> None:
+        """Switch the re-claim after a failed load on (the default) or off.
+
+        A benchmark control for ``tools/bench_salvage.py``, in-package only (like the facade's
+        ``_register`` hooks; no configuration key reaches it). On, the core behaves as its
+        contract says: when vLLM's ``recompute`` policy restarts a request whose load failed
+        and asks again, the claim rule salvages the longest prefix that avoids the failed keys.
+        Off, a request with a failed load job is answered NONE from that failure until it is
+        next scheduled (or finishes): vLLM's whole-request recompute, what a connector without
+        failure salvage leaves it with. Nothing else changes (the failure memory, the evictions
+        of failed keys, stores), so a run with it off differs from one with it on only by the
+        re-claim. Post: only the switch changes; requests already restarting keep their answer.
+        """
+        if not isinstance(enabled, bool):
+            raise HybridKVConfigError("enabled", enabled, "not a bool", "pass True or False")
+        self._salvage = enabled
 
     # ----------------------------------------------------------------- the pool
 
@@ -209,6 +231,8 @@ class ConnectorCore:
         if record is not None and record.in_flight:
             self._count["deferred"] += 1
             return Claim(ClaimKind.DEFER)
+        if rid in self._restarting:
+            return Claim(ClaimKind.NONE)  # salvage off (``_set_salvage``)
         end, defer = self._decide(request, start)
         if defer:
             self._count["deferred"] += 1
@@ -290,6 +314,7 @@ class ConnectorCore:
         self._unsent_loads = []
         stores = []
         for scheduled in step.scheduled:
+            self._restarting.discard(scheduled.request.request_id)
             start = scheduled.num_computed_tokens
             job = self._store_job(
                 scheduled.request,
@@ -339,6 +364,7 @@ class ConnectorCore:
         self._asked.pop(rid, None)
         self._requests.pop(rid, None)
         self._claim_memo.pop(rid, None)
+        self._restarting.discard(rid)
         record = self._loads.get(rid)
         if record is not None:
             if record.in_flight:
@@ -526,6 +552,8 @@ class ConnectorCore:
         self._memory.departed(self.store.evict([key for key in keys if key in self._memory]))
         rid = job.request_id
         record = self._loads.get(rid)
+        if not (success or self._salvage or rid in self._finished):
+            self._restarting.add(rid)
         if record is not None and job.job_id in record.jobs:
             record.job_reported(job.job_id, job.items, success=success)
             if rid in self._finished and not record.in_flight:
