@@ -157,7 +157,8 @@ def test_the_multi_worker_aggregator_drops_an_unpaired_failed_recving() -> None:
         kv_connector_output=KVConnectorOutput(failed_recving={"r0"}),
     )
     merged = aggregator.aggregate([worker_output])
-    assert merged is not None and merged.kv_connector_output is not None
+    assert merged is not None
+    assert merged.kv_connector_output is not None
     assert not merged.kv_connector_output.failed_recving
     assert merged.sampled_token_ids == [[7]]
     # paired with finished_recving (an async load's report), the same id goes through
@@ -167,7 +168,8 @@ def test_the_multi_worker_aggregator_drops_an_unpaired_failed_recving() -> None:
         kv_connector_output=KVConnectorOutput(finished_recving={"r1"}, failed_recving={"r1"}),
     )
     through = aggregator.aggregate([paired])
-    assert through is not None and through.kv_connector_output is not None
+    assert through is not None
+    assert through.kv_connector_output is not None
     assert through.kv_connector_output.failed_recving == {"r1"}
 
 
@@ -198,7 +200,6 @@ def test_one_group_has_the_block_level_path() -> None:
     assert r0.num_output_tokens == 0
     obs = side.schedule()
     assert obs.scheduled == (("r0", (PROMPT_UNITS - 1) * unit),)
-
 
 
 # The chat traces of test_hybridkv_inprocess.py (GPU pool, trace, chunk = one block).
