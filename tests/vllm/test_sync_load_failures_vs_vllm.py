@@ -57,6 +57,8 @@ from vllm.v1.outputs import KVConnectorOutput, ModelRunnerOutput
 from vllm.v1.request import RequestStatus
 
 from hybridkv.connector import LoadMode
+from hybridkv.errors import HybridKVConfigError
+from hybridkv.vllm.config import parse_extra_config
 from hybridkv.vllm.cpu_worker import FaultPlan, HybridKVOnCPU
 from hybridkv.vllm.inprocess import ChatTrace, InProcessEngine, run_trace
 from hybridkv.vllm.inprocess import EngineSettings as InProcessSettings
@@ -186,7 +188,7 @@ def test_sync_failure_reported_as_finished_recving_trips_an_assert(layout: Layou
 def test_one_group_has_the_block_level_path() -> None:
     """The contrast: on one full-attention group the same block-level report is a recovery.
     vLLM truncates r0 at its first invalid block (``scheduler.py:3662``), drops the token the
-    wrong forward sampled (the affected ids skip the output loop, 3776-3783), and computes the
+    wrong forward sampled (the affected ids skip the output loop, 2323-2325), and computes the
     truncated tokens again in the next step."""
     layout = Layout.FULL_ONLY
     side = _sync_claim(layout)
@@ -276,3 +278,20 @@ def test_failed_sync_loads_are_read_as_if_loaded(layout: Layout, failing: bool) 
     assert report.transfers["bytes_loaded"] == 0
     assert report.wrong_reads > 0
     assert not engine.scheduler.failed_recving_kv_req_ids
+
+
+@pytest.mark.parametrize("value", [1, 4096, 1 << 40])
+def test_a_sync_load_budget_is_refused_with_vllms_reason(value: int) -> None:
+    """Any non-zero budget stops start-up, one line naming the key, vLLM's file:line for the
+    raise and the ignore shown above, and where the docs explain it; 0 is the default."""
+    assert parse_extra_config({}).sync_load_max_bytes == 0
+    assert parse_extra_config({"sync_load_max_bytes": 0}).sync_load_max_bytes == 0
+    with pytest.raises(HybridKVConfigError) as caught:
+        parse_extra_config({"sync_load_max_bytes": value})
+    message = str(caught.value)
+    assert caught.value.field == "kv_connector_extra_config.sync_load_max_bytes"
+    assert "\n" not in message
+    assert str(value) in message
+    assert "scheduler.py:3712" in message
+    assert "3688-3701" in message
+    assert "vllm-differential.md" in message
