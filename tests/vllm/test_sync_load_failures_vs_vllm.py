@@ -6,7 +6,7 @@ into ``running`` with its claimed tokens counted as computed; the worker must mo
 step's output is wrong unless the scheduler is told in time to throw it away and recompute.
 vLLM 0.33 offers a worker three ways to say a load failed; these tests drive vLLM's own
 ``Scheduler`` (the differential harness's :class:`~diffharness.vllm_side.VllmSide`) through a
-sync claim on the two-group layouts and report the failure each way:
+sync claim on the multi-group layouts and report the failure each way:
 
 1. block ids (``invalid_block_ids``): ``_handle_invalid_blocks`` raises ``RuntimeError`` when
    there is more than one KV cache group (``v1/core/sched/scheduler.py:3712-3721``), inside
@@ -66,6 +66,12 @@ from hybridkv.vllm.inprocess import EngineSettings as InProcessSettings
 pytestmark = [pytest.mark.vllm, pytest.mark.known_vllm_behaviour]
 
 MULTI_GROUP = pytest.mark.parametrize(
+    "layout",
+    [Layout.MAMBA_FULL, Layout.SLIDING_FULL, Layout.THREE_GROUPS],
+    ids=lambda lay: lay.value,
+)
+# The in-process chat traces exist for these two (test_hybridkv_inprocess.py's CHAT).
+CHAT_LAYOUTS = pytest.mark.parametrize(
     "layout", [Layout.MAMBA_FULL, Layout.SLIDING_FULL], ids=lambda lay: lay.value
 )
 PROMPT_UNITS = 3  # the sync claim takes 2 units, the forward computes the last one
@@ -115,7 +121,7 @@ def _loaded_blocks(side: VllmSide, layout: Layout) -> frozenset[int]:
 
 
 @MULTI_GROUP
-def test_block_level_sync_failure_kills_the_engine_on_two_groups(layout: Layout) -> None:
+def test_block_level_sync_failure_kills_the_engine_with_several_groups(layout: Layout) -> None:
     """Way 1: the failed sync load's blocks as ``invalid_block_ids`` -> ``RuntimeError`` out of
     ``update_from_output`` (``scheduler.py:3712``), not a per-request recovery."""
     side = _sync_claim(layout)
@@ -227,7 +233,7 @@ CHAT = {
 }
 
 
-@MULTI_GROUP
+@CHAT_LAYOUTS
 @pytest.mark.parametrize("failing", [False, True], ids=["loads-succeed", "every-load-fails"])
 def test_failed_sync_loads_are_read_as_if_loaded(layout: Layout, failing: bool) -> None:
     """HybridKVConnector with its core in ``LoadMode.SYNC`` (set here; ``sync_load_max_bytes``
