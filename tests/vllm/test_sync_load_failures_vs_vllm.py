@@ -13,10 +13,10 @@ sync claim on the multi-group layouts and report the failure each way:
    ``update_from_output``: the engine dies;
 2. the request id in ``failed_recving`` alone: ``_handle_failed_recving`` only acts on requests
    in ``WAITING_FOR_REMOTE_KVS`` (3688-3701), and a sync-loaded request is ``RUNNING``, so the
-   report is ignored and the token sampled from the unloaded blocks is kept, under both
-   failure policies (and with more than one worker the executor's ``KVOutputAggregator``
-   drops a ``failed_recving`` not paired with ``finished_recving`` before the scheduler sees
-   it, ``distributed/kv_transfer/kv_connector/utils.py:180-183``);
+   report is ignored and the token sampled from the unloaded blocks is kept, under both failure
+   policies (and behind ``MultiprocExecutor``, world size > 1, its ``KVOutputAggregator`` drops
+   a ``failed_recving`` not paired with ``finished_recving`` before the scheduler sees it,
+   ``distributed/kv_transfer/kv_connector/utils.py:180-183``);
 3. ``failed_recving`` with ``finished_recving``: ``_update_from_kv_xfer_finished`` asserts that
    a finished-receiving request is waiting for its KV or already finished (3567-3578): an
    ``AssertionError`` for a running one.
@@ -24,13 +24,13 @@ sync claim on the multi-group layouts and report the failure each way:
 With one KV cache group the block-level path exists (the contrast test): vLLM truncates the
 request at the first invalid block and discards the step's sampled token.
 
-End to end (the last test): ``HybridKVConnector`` in the in-process engine
-(:mod:`hybridkv.vllm.inprocess`, vLLM's Scheduler and the runner's hook order, every read
-content-checked) with its core switched to ``LoadMode.SYNC`` by the test (the facade never
-selects it). Sync loads that succeed give 0 wrong reads on mamba + full and sliding + full: the
-success path is sound. With every load failing, every request still finishes and the forwards
-read the never-loaded blocks (wrong reads > 0): the failures reach the connector's own core, and
-no channel above can pass them to vLLM. So hybridkv keeps every load async
+End to end (``test_failed_sync_loads_are_read_as_if_loaded``): ``HybridKVConnector`` in the in-
+process engine (:mod:`hybridkv.vllm.inprocess`, vLLM's Scheduler and the runner's hook order,
+every read content-checked) with its core switched to ``LoadMode.SYNC`` by the test (the facade
+never selects it). Sync loads that succeed give 0 wrong reads on mamba + full and sliding +
+full: the success path is sound. With every load failing, every request still finishes and the
+forwards read the never-loaded blocks (wrong reads > 0): the failures reach the connector's own
+core, and no channel above can pass them to vLLM. So hybridkv keeps every load async
 (docs/howto/serve.md, docs/explanation/vllm-differential.md "Sync loads").
 """
 
