@@ -24,8 +24,8 @@ sync claim on the multi-group layouts and report the failure each way:
 With one KV cache group the block-level path exists (the contrast test): vLLM truncates the
 request at the first invalid block and discards the step's sampled token.
 
-End to end (``test_failed_sync_loads_are_read_as_if_loaded``): ``HybridKVConnector`` in the in-
-process engine (:mod:`hybridkv.vllm.inprocess`, vLLM's Scheduler and the runner's hook order,
+End to end (``test_failed_sync_loads_are_read_as_if_loaded``): ``HybridKVConnector`` in the
+in-process engine (:mod:`hybridkv.vllm.inprocess`, vLLM's Scheduler and the runner's hook order,
 every read content-checked) with its core switched to ``LoadMode.SYNC`` by the test (the facade
 never selects it). Sync loads that succeed give 0 wrong reads on mamba + full and sliding +
 full: the success path is sound. With every load failing, every request still finishes and the
