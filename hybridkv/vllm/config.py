@@ -14,8 +14,14 @@ Every key, its default and what it does (docs/howto/serve.md repeats this table)
 - ``offload_decode_state`` (bool, default true): store the units completed by decode steps
   (the continuation a next turn hits), not only the prompt's.
 - ``sync_load_max_bytes`` (int >= 0, default 0 = every load async): loads up to this many bytes
-  would run before the step's forward. Not implemented yet: only 0 is accepted (vLLM 0.33 has
-  no per-request failure path for sync loads on hybrid models, so async is the safe default).
+  would run before the step's forward. Only 0 is accepted: vLLM 0.33 has no way to undo a
+  failed sync load on a model with more than one KV cache group. Block ids raise
+  (``v1/core/sched/scheduler.py:3712-3721``), a ``failed_recving`` id is ignored for a running
+  request (3688-3701) or dropped by the multi-worker aggregator
+  (``distributed/kv_transfer/kv_connector/utils.py:180-183``), and with ``finished_recving``
+  it trips an assert (3577); the forward has read the blocks by then.
+  ``tests/vllm/test_sync_load_failures_vs_vllm.py`` shows each
+  (docs/explanation/vllm-differential.md, "Sync loads").
 
 Unknown keys and bad values raise a one-line :class:`~hybridkv.errors.HybridKVConfigError`
 naming the key, the value and the fix.
@@ -136,7 +142,8 @@ def _refuse_unimplemented(config: HybridKVConfig) -> None:
         raise HybridKVConfigError(
             f"{_WHERE}.sync_load_max_bytes",
             config.sync_load_max_bytes,
-            "sync loads are not implemented in this release of hybridkv.vllm",
-            "leave it 0 (every load async; vLLM 0.33 cannot report a failed sync load "
-            "on a hybrid model)",
+            "sync loads are refused: with several KV cache groups vLLM 0.33 cannot undo a "
+            "failed sync load (block ids raise at v1/core/sched/scheduler.py:3712, "
+            "failed_recving of a running request is ignored at 3688-3701)",
+            "leave it 0, every load async (docs/explanation/vllm-differential.md, Sync loads)",
         )

@@ -131,7 +131,7 @@ BAD_VALUES = [
     ("load_deadline_steps", 8),  # valid, not implemented yet: refused, never ignored
     ("offload_decode_state", "yes"),
     ("sync_load_max_bytes", -1),
-    ("sync_load_max_bytes", 4096),  # valid, not implemented yet
+    ("sync_load_max_bytes", 4096),  # refused: test_sync_load_failures_vs_vllm.py says why
     ("no_such_key", 1),
 ]
 
