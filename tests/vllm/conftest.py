@@ -40,6 +40,13 @@ for _key, _value in {
 }.items():
     os.environ.setdefault(_key, _value)
 
+# vLLM inspects a model's architecture in a subprocess of its own (ModelConfig -> the model
+# registry), which inherits os.environ: with the shim on PYTHONPATH there, that subprocess imports
+# torchvision too, whichever test builds the first ModelConfig of an architecture.
+_paths = os.environ.get("PYTHONPATH", "").split(os.pathsep)
+if str(TORCHVISION_SHIM) not in _paths:
+    os.environ["PYTHONPATH"] = os.pathsep.join([str(TORCHVISION_SHIM), *filter(None, _paths)])
+
 
 def _install_torchvision_shim() -> object:
     spec = importlib.util.spec_from_file_location(
