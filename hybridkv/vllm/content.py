@@ -80,10 +80,15 @@ class LayerTags:
         return torch.tensor(values, dtype=torch.int64)
 
     def write(self, blocks: torch.Tensor, slots: torch.Tensor, tags: torch.Tensor) -> None:
+        # Indices and tags are built on the CPU; the caches may live on a GPU (tests/gpu).
+        device = self.views[0].device
+        blocks, slots, tags = blocks.to(device), slots.to(device), tags.to(device)
         for view in self.views:
             view[blocks, slots] = tags
 
     def check(self, blocks: torch.Tensor, slots: torch.Tensor, tags: torch.Tensor) -> TagCounts:
+        device = self.views[0].device
+        blocks, slots, tags = blocks.to(device), slots.to(device), tags.to(device)
         wrong = 0
         for view in self.views:
             wrong += int((view[blocks, slots] != tags).sum())

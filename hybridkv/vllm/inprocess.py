@@ -103,6 +103,8 @@ class EngineSettings:
         max_num_seqs / max_num_batched_tokens: the scheduler's limits (chunked prefill).
         max_steps: the wedge guard.
         tensor_parallel_size: ranks simulated in this process (module docstring).
+        device: where ``allocate_kv_cache`` puts the caches (``"cuda"``: the connector's
+            worker picks its CUDA transfer engine; tests/gpu).
     """
 
     num_gpu_blocks: int
@@ -112,6 +114,7 @@ class EngineSettings:
     max_num_batched_tokens: int = 256
     max_steps: int = 5000
     tensor_parallel_size: int = 1
+    device: str = "cpu"
 
 
 @dataclass(frozen=True, slots=True)
@@ -394,7 +397,12 @@ class InProcessEngine:
         )
         layout = self.vllm_config.cache_config.get_resolved_kv_cache_layout()
         self.ranks = [
-            _Rank(r, config, allocate_kv_cache(config, torch.device("cpu"), layout), adapters[r])
+            _Rank(
+                r,
+                config,
+                allocate_kv_cache(config, torch.device(settings.device), layout),
+                adapters[r],
+            )
             for r, config in enumerate(rank_configs)
         ]
         self.kv_caches = self.ranks[0].kv_caches
