@@ -16,6 +16,11 @@ the content-tag stand-in, on every rank with rank-salted tags.
   load for both ranks (the core sees exactly the faults as failed load jobs), vLLM gets the
   requests in ``failed_recving`` and recomputes, nothing reads wrong on either rank, nothing
   leaks or stays pending.
+- Random traces (seeded; ``max_examples / 20`` per layout at the Hypothesis profile, at least 4:
+  ``ci`` 10 per layout, ``nightly`` 100) on three layouts: load and store faults on one
+  rank drawn per trace, each rank its own report delay, tight pools (preemptions) and aborts of
+  loading requests: 0 wrong reads on either rank, 0 wedges, 0 leaks, and the core's failed jobs
+  are exactly the faults that fired on the faulty rank.
 - The fold itself against vLLM's ``KVOutputAggregator``: a job one rank finished and the other
   failed a step later is released once, failed, in the step vLLM emits the request as finished
   and failed.
@@ -25,6 +30,8 @@ the content-tag stand-in, on every rank with rank-salted tags.
 from __future__ import annotations
 
 import copy
+import random
+from collections import Counter
 from typing import Any
 
 import pytest
@@ -33,6 +40,7 @@ pytestmark = pytest.mark.vllm
 pytest.importorskip("vllm.v1.core.sched.scheduler", reason="vLLM 0.33 is not installed")
 
 from diffharness.layouts import RECIPES, Layout  # noqa: E402
+from hypothesis import settings as hypothesis_settings  # noqa: E402
 from vllm.config import KVTransferConfig  # noqa: E402
 from vllm.distributed.kv_transfer.kv_connector.utils import KVOutputAggregator  # noqa: E402
 from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole  # noqa: E402
@@ -47,6 +55,7 @@ from hybridkv.vllm.inprocess import (  # noqa: E402
     ChatTrace,
     EngineSettings,
     InProcessEngine,
+    WedgedError,
     run_trace,
 )
 from hybridkv.vllm.ranks import JobQuorum, RankReport  # noqa: E402
@@ -82,13 +91,13 @@ CHAT = {
 }
 
 
-def _transfer(chunk_size: int) -> KVTransferConfig:
+def _transfer(chunk_size: int, host_bytes: int = HOST_BYTES) -> KVTransferConfig:
     return KVTransferConfig(
         kv_connector="HybridKVConnector",
         kv_connector_module_path="hybridkv.vllm",
         kv_role="kv_both",
         kv_load_failure_policy="recompute",
-        kv_connector_extra_config={"host_memory_bytes": HOST_BYTES, "chunk_size": chunk_size},
+        kv_connector_extra_config={"host_memory_bytes": host_bytes, "chunk_size": chunk_size},
     )
 
 
@@ -167,6 +176,114 @@ def test_a_load_fault_on_one_rank_fails_the_load_for_both_and_vllm_recomputes() 
     assert report.slots_checked > 0
     assert report.wrong_reads == 0
     _quiescent(engine)
+
+
+# ------------------------------------------------------------------ random traces
+
+# layout -> (budget, chunk, longest prompt, max_num_seqs): test_hybridkv_inprocess.py's shapes.
+SHAPES = {
+    Layout.MAMBA_FULL: (1280, 640, 2400, 2),
+    Layout.SLIDING_FULL: (128, 32, 400, 3),
+    Layout.THREE_GROUPS: (128, 32, 400, 3),
+}
+TRACES_PER_LAYOUT = max(4, hypothesis_settings.default.max_examples // 20)
+
+
+def _random_engine(layout: Layout, rng: random.Random, seed: int) -> tuple[InProcessEngine, int]:
+    """A TP=2 engine on a tight pool, faults on one rank (returned), delays per rank."""
+    budget, chunk, _, seqs = SHAPES[layout]
+    recipe = RECIPES[layout]
+    settings = EngineSettings(
+        num_gpu_blocks=recipe.min_blocks(budget) + rng.choice((0, 1, 3, 8)),
+        max_model_len=recipe.max_model_len,
+        block_size=recipe.block_size,
+        max_num_seqs=seqs,
+        max_num_batched_tokens=budget,
+        max_steps=600,
+        tensor_parallel_size=TP,
+    )
+    faulty = rng.randrange(TP)
+    plan = FaultPlan(seed, load_rate=rng.choice((0.3, 0.6)), store_rate=rng.choice((0.0, 0.3)))
+    adapters = [
+        HybridKVOnCPU(faults=plan if r == faulty else None, delay=rng.choice((0, 1, 2, 3)))
+        for r in range(TP)
+    ]
+    host = rng.choice((HOST_BYTES, TP * 6 * recipe.max_model_len * 4096))
+    engine = InProcessEngine(recipe.config_json(), settings, _transfer(chunk, host), adapters)
+    return engine, faulty
+
+
+def _random_arrivals(layout: Layout, rng: random.Random) -> list[tuple[int, str, list[int], int]]:
+    """4-7 requests over two shared bases, arriving over the first steps (step, id, prompt,
+    max_tokens)."""
+    _, chunk, longest, _ = SHAPES[layout]
+    bases = [[rng.randint(3, 999) for _ in range(longest)] for _ in range(2)]
+    arrivals = []
+    for i in range(rng.randint(4, 7)):
+        base = rng.choice(bases)
+        length = rng.randint(chunk // 2, longest - 8)
+        own = [rng.randint(3, 999) for _ in range(rng.choice((0, 0, 3, chunk // 2)))]
+        prompt = (base[:length] + own)[:longest]
+        arrivals.append((rng.randint(0, 10), f"r{i}", prompt, rng.randint(1, 3)))
+    return sorted(arrivals, key=lambda a: (a[0], a[1]))
+
+
+def _play(layout: Layout, seed: int) -> Counter[str]:
+    rng = random.Random(seed)
+    engine, faulty = _random_engine(layout, rng, seed)
+    arrivals = _random_arrivals(layout, rng)
+    aborted_loading = 0
+    step = 0
+    while arrivals or engine.busy():
+        while arrivals and arrivals[0][0] <= step:
+            _, rid, prompt, max_tokens = arrivals.pop(0)
+            engine.add(rid, prompt, max_tokens)
+        step += 1
+        if not engine.busy():
+            continue
+        if engine.tally.steps >= engine.settings.max_steps:
+            live = {r: engine.status(r) for r, q in engine.requests.items() if not q.is_finished()}
+            raise WedgedError(f"{layout.value} seed {seed}: {live}")
+        for rid, request in engine.requests.items():
+            if request.is_finished():
+                continue
+            loading = engine.status(rid) == "WAITING_FOR_REMOTE_KVS"
+            if rng.random() < (0.25 if loading else 0.01) and engine.abort(rid):
+                aborted_loading += loading
+        engine.step()
+    report = engine.report(sum(r.is_finished() for r in engine.requests.values()))
+    assert report.finished == report.requests, f"seed {seed}: unfinished requests"
+    assert report.wrong_reads == 0, f"seed {seed}: {report}"
+    _quiescent(engine)
+    injected = [rank.adapter.stats() for rank in engine.ranks]
+    clean = [f for r, f in enumerate(injected) if r != faulty]
+    assert all(f.get("load_faults", 0) == f.get("store_faults", 0) == 0 for f in clean)
+    core = engine.scheduler.connector.core.stats()
+    # A job fails for all ranks exactly when it failed on the faulty one.
+    assert core.load_jobs_failed == injected[faulty].get("load_faults", 0), seed
+    assert core.store_jobs_failed == injected[faulty].get("store_faults", 0), seed
+    return Counter(
+        traces=1,
+        slots_checked=report.slots_checked,
+        wrong_reads=report.wrong_reads,
+        host_loaded=report.external_loaded,
+        load_faults=injected[faulty].get("load_faults", 0),
+        store_faults=injected[faulty].get("store_faults", 0),
+        failed_loads=report.failed_loads,
+        preemptions=report.preemptions,
+        aborted_loading=aborted_loading,
+    )
+
+
+@pytest.mark.parametrize("layout", list(SHAPES), ids=lambda lay: lay.value)
+def test_tp2_random_traces_with_faults_on_one_rank_preemptions_and_aborts(layout: Layout) -> None:
+    total: Counter[str] = Counter()
+    for seed in range(TRACES_PER_LAYOUT):
+        total.update(_play(layout, seed))
+    print(f"\n{layout.value} TP={TP}: {dict(total)}")
+    assert total["wrong_reads"] == 0
+    for name in ("slots_checked", "host_loaded", "load_faults", "failed_loads"):
+        assert total[name] > 0, (name, dict(total))
 
 
 def _rank_output(jobs: tuple[JobResult, ...], finished: set[str], failed: set[str]) -> Any:
