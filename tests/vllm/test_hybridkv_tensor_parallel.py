@@ -146,6 +146,9 @@ def test_tp2_chat_hits_the_host_tier_with_correct_content_on_every_rank(layout: 
     assert report.external_loaded > 0
     assert report.external_hits == report.external_loaded
     assert report.failed_loads == 0
+    assert report.preemptions == 0  # the identity below holds without recompute
+    total = report.prefill_computed + report.gpu_prefix_hits + report.external_hits
+    assert total == report.prompt_tokens
     per_rank = [a.stats() for a in adapters]
     # Both ranks moved the same jobs, each its own shard: equal bytes, none zero.
     assert per_rank[0]["bytes_loaded"] == per_rank[1]["bytes_loaded"] > 0
@@ -168,10 +171,16 @@ def test_a_load_fault_on_one_rank_fails_the_load_for_both_and_vllm_recomputes() 
     injected = faulty.stats()["load_faults"]
     assert injected > 0
     assert clean.stats().get("load_faults", 0) == 0
+    assert clean.stats()["jobs_failed"] == 0  # the clean rank's copies of those jobs succeeded
     # Every fault fired on rank 1 fails its job for both ranks, and nothing else fails.
     assert core.load_jobs_failed == injected
     assert core.load_jobs > core.load_jobs_failed
     assert report.failed_loads > 0  # vLLM got them in failed_recving and recomputed
+    # Failed loads count as computed (recomputed), never as external hits.
+    assert report.preemptions == 0
+    assert report.external_hits < report.external_loaded
+    total = report.prefill_computed + report.gpu_prefix_hits + report.external_hits
+    assert total == report.prompt_tokens
     assert report.finished == report.requests
     assert report.slots_checked > 0
     assert report.wrong_reads == 0
