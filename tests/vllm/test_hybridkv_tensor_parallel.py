@@ -119,6 +119,10 @@ def _check_sharded(engine: InProcessEngine, layout: Layout) -> None:
         assert heads == {config_json["num_key_value_heads"] // TP}
     first, second = (rank.kv_caches for rank in engine.ranks)
     assert all(first[name].data_ptr() != second[name].data_ptr() for name in first)
+    # Rank-salted tags: one rank's content never verifies on the other.
+    for (_, tags0, _), (_, tags1, _) in zip(*(r.layers for r in engine.ranks), strict=True):
+        assert tags0.name == tags1.name
+        assert (tags0.expected([12345], range(1)) != tags1.expected([12345], range(1))).all()
 
 
 def _quiescent(engine: InProcessEngine) -> None:
