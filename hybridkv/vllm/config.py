@@ -3,9 +3,10 @@ and validated once, when vLLM builds the connector (engine start-up), never late
 
 Every key, its default and what it does (docs/howto/serve.md repeats this table):
 
-- ``host_memory_bytes`` (int >= 1, default 4 GiB): the host tier's size; it is cut into whole
-  slots of the largest group's block (all its layers), so the store holds
-  ``host_memory_bytes // slot_bytes`` chunks.
+- ``host_memory_bytes`` (int >= 1, default 4 GiB): the host tier's size, all tensor-parallel
+  ranks together; it is cut into whole slots of the largest group's block (all its layers, one
+  rank's shard), so the store holds ``host_memory_bytes // (slot_bytes * world_size)`` chunks
+  and each rank holds that many slots.
 - ``chunk_size`` (int or null, default null = the recommendation of
   :func:`hybridkv.vllm.layout.recommended_chunk_size`): the offload chunk in tokens.
 - ``eviction_policy`` (``"lru"`` | ``"arc"``, default ``"lru"``): the host store's policy.

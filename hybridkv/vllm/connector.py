@@ -12,6 +12,10 @@ metadata (:class:`HybridKVMetadata`), and reports job results back through vLLM'
 metadata (:class:`HybridKVWorkerMeta`, ``KVConnectorOutput.kv_connector_worker_meta``).
 Failures are reported per request (``failed_recving``), never as block ids: vLLM 0.33 raises on
 block-level load errors for models with more than one KV cache group (``scheduler.py:3712``).
+Under tensor parallelism (:mod:`hybridkv.vllm.ranks`) each worker moves its own rank's shard
+through its own host memory (``host_memory_bytes`` is split evenly over the ranks), and the
+scheduler side releases a job result only once every rank reported it, failed if any rank
+failed it. Pipeline and context parallelism are refused at start-up.
 Offload keys are read off vLLM's own ``request.block_hashes`` (multimodal inputs, LoRA and the
 cache salt folded in).
 """
@@ -53,6 +57,7 @@ from hybridkv.transfer import TransferEngine
 from hybridkv.transfer.cpu_engine import FaultHook
 from hybridkv.vllm.config import HybridKVConfig, parse_extra_config
 from hybridkv.vllm.layout import VllmLayout, read_layout, recommended_chunk_size, whole_blocks
+from hybridkv.vllm.ranks import JobQuorum, RankReport, merge_reports, refuse_unsupported_parallelism
 
 __all__ = ["HybridKVConnector", "HybridKVMetadata", "HybridKVStats", "HybridKVWorkerMeta"]
 
@@ -67,17 +72,16 @@ class HybridKVMetadata(KVConnectorMetadata):
 
 @dataclass
 class HybridKVWorkerMeta(KVConnectorWorkerMetadata):
-    """The job results one worker folded this step, for the scheduler side's core."""
+    """The job results workers folded this step, for the scheduler side's quorum: per job,
+    how many workers reported it and whether all of them succeeded (:mod:`hybridkv.vllm.ranks`).
+    """
 
-    completed_jobs: tuple[JobResult, ...] = ()
+    reports: tuple[RankReport, ...] = ()
 
     def aggregate(self, other: KVConnectorWorkerMetadata) -> KVConnectorWorkerMetadata:
-        """A job succeeded only if it succeeded on every worker that reported it."""
+        """Workers added, success ANDed per job (vLLM folds the workers of one step so)."""
         assert isinstance(other, HybridKVWorkerMeta)
-        merged: dict[int, bool] = {}
-        for job_id, success in (*self.completed_jobs, *other.completed_jobs):
-            merged[job_id] = merged.get(job_id, True) and success
-        return HybridKVWorkerMeta(tuple(JobResult(j, ok) for j, ok in sorted(merged.items())))
+        return HybridKVWorkerMeta(merge_reports(self.reports, other.reports))
 
 
 @dataclass
@@ -182,13 +186,10 @@ class HybridKVConnector(KVConnectorBase_V1, SupportsHMA):
     def __init__(self, vllm_config: Any, role: KVConnectorRole, kv_cache_config: Any) -> None:
         super().__init__(vllm_config, role, kv_cache_config)
         require_hma(vllm_config)
-        if vllm_config.parallel_config.world_size > 1:
-            raise HybridKVConfigError(
-                "world_size",
-                vllm_config.parallel_config.world_size,
-                "tensor/pipeline parallel is not implemented yet in hybridkv.vllm",
-                "run with one GPU per engine",
-            )
+        refuse_unsupported_parallelism(vllm_config.parallel_config)
+        # With pipeline and context parallel refused, the workers are the tensor-parallel
+        # ranks: the count vLLM's KVOutputAggregator waits for (get_finished_count is None).
+        self.world_size = int(vllm_config.parallel_config.world_size)
         extra = vllm_config.kv_transfer_config.kv_connector_extra_config
         self.hybridkv_config: HybridKVConfig = parse_extra_config(extra)
         self.layout: VllmLayout = read_layout(vllm_config, kv_cache_config)
@@ -201,6 +202,7 @@ class HybridKVConnector(KVConnectorBase_V1, SupportsHMA):
         self._host: HostMemory | None = None
         self._engine: Any = None
         self._reported: tuple[JobResult, ...] = ()
+        self._quorum = JobQuorum(self.world_size)
         self._last_stats: dict[str, int] = {}
         if role == KVConnectorRole.SCHEDULER:
             self.core = ConnectorCore(
@@ -227,14 +229,18 @@ class HybridKVConnector(KVConnectorBase_V1, SupportsHMA):
         return chunk
 
     def _num_chunks(self) -> int:
+        # One slot per rank per chunk: the KV cache config is one rank's (every rank's page is
+        # the same size), and each worker holds its own shard of every chunk.
         slot = self.layout.slot_bytes
-        chunks = self.hybridkv_config.host_memory_bytes // slot
+        ranks = self.world_size
+        chunks = self.hybridkv_config.host_memory_bytes // (slot * ranks)
         if chunks < 1:
+            on_ranks = f" on each of {ranks} ranks" if ranks > 1 else ""
             raise HybridKVConfigError(
                 "kv_connector_extra_config.host_memory_bytes",
                 self.hybridkv_config.host_memory_bytes,
-                f"holds no whole slot of {slot} bytes (the largest group's block)",
-                f"give at least {slot}",
+                f"holds no whole slot of {slot} bytes (the largest group's block){on_ranks}",
+                f"give at least {slot * ranks}",
             )
         return chunks
 
@@ -296,7 +302,9 @@ class HybridKVConnector(KVConnectorBase_V1, SupportsHMA):
 
     def update_connector_output(self, connector_output: Any) -> None:
         worker_meta = connector_output.kv_connector_worker_meta
-        jobs = worker_meta.completed_jobs if isinstance(worker_meta, HybridKVWorkerMeta) else ()
+        reports = worker_meta.reports if isinstance(worker_meta, HybridKVWorkerMeta) else ()
+        # A job reaches the core once every rank reported it (ranks finish in different steps).
+        jobs = self._quorum.fold(reports)
         self._core().update_connector_output(
             KVConnectorOutput(
                 finished_recving=frozenset(connector_output.finished_recving or ()),
@@ -407,7 +415,9 @@ class HybridKVConnector(KVConnectorBase_V1, SupportsHMA):
 
     def build_connector_worker_meta(self) -> KVConnectorWorkerMetadata | None:
         reported, self._reported = self._reported, ()
-        return HybridKVWorkerMeta(reported) if reported else None
+        if not reported:
+            return None
+        return HybridKVWorkerMeta(tuple(RankReport(r.job_id, 1, r.success) for r in reported))
 
     def get_kv_connector_stats(self) -> KVConnectorStats | None:
         now = self._counters()

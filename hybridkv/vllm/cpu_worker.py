@@ -123,7 +123,9 @@ class HybridKVOnCPU:
         if self.host_bytes is None:
             return
         extra = vllm_config.kv_transfer_config.kv_connector_extra_config
-        slot = read_layout(vllm_config, kv_cache_config).slot_bytes
+        # One slot on each tensor-parallel rank (host_memory_bytes is split over the ranks).
+        ranks = int(vllm_config.parallel_config.world_size)
+        slot = read_layout(vllm_config, kv_cache_config).slot_bytes * ranks
         extra["host_memory_bytes"] = max(self.host_bytes, slot)
 
     def attach(self, connector: Any, kv_caches: dict[str, torch.Tensor]) -> None:

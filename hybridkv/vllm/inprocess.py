@@ -15,6 +15,16 @@ Built (:class:`InProcessEngine`) from a config.json, :class:`EngineSettings` and
    them (default: ``register_kv_caches`` then ``set_host_xfer_buffer_ops``, as
    ``v1/worker/gpu/kv_connector.py`` does).
 
+Tensor parallel (``EngineSettings.tensor_parallel_size`` > 1), simulated in this one process:
+vLLM plans each rank's shard (:func:`hybridkv.vllm.planning.plan_tensor_parallel`: each rank's
+model built on the meta device while the one-rank TP group reads as that rank) and hands each
+rank its ``KVCacheConfig``; each rank gets its own caches from ``allocate_kv_cache``, its own
+worker-role connector and adapter, and its own copy of each step's metadata (the executor
+pickles it to each worker); the forward writes and checks every rank's caches, with rank-salted
+tags; the ranks' ``KVConnectorOutput`` are combined by vLLM's own ``KVOutputAggregator``
+(``world_size`` expected, as ``Executor.init_kv_output_aggregator`` builds it) before
+``update_from_output``. What is not real: no second process, no collective, no model.
+
 Each step (:meth:`InProcessEngine.step`) mirrors ``EngineCore.step``: ``schedule()``; the
 stand-in runner (``handle_preemptions``, ``bind_connector_metadata``, ``start_load_kv`` before the
 forward for sync loads, the forward with ``wait_for_layer_load``/``save_kv_layer`` around each
@@ -38,7 +48,7 @@ import logging
 import random
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
@@ -46,7 +56,7 @@ from typing import Any, Protocol
 import torch
 
 from hybridkv.vllm.content import LayerTags, layer_tags, prefix_tags
-from hybridkv.vllm.planning import init_distributed, plan_kv_caches
+from hybridkv.vllm.planning import init_distributed, plan_kv_caches, plan_tensor_parallel
 
 __all__ = [
     "ChatTrace",
@@ -92,6 +102,9 @@ class EngineSettings:
         block_size: ``--block-size`` (``None``: the platform's choice).
         max_num_seqs / max_num_batched_tokens: the scheduler's limits (chunked prefill).
         max_steps: the wedge guard.
+        tensor_parallel_size: ranks simulated in this process (module docstring).
+        device: where ``allocate_kv_cache`` puts the caches (``"cuda"``: the connector's
+            worker picks its CUDA transfer engine; tests/gpu).
     """
 
     num_gpu_blocks: int
@@ -100,6 +113,8 @@ class EngineSettings:
     max_num_seqs: int = 4
     max_num_batched_tokens: int = 256
     max_steps: int = 5000
+    tensor_parallel_size: int = 1
+    device: str = "cpu"
 
 
 @dataclass(frozen=True, slots=True)
@@ -148,7 +163,8 @@ class InProcessReport:
         schedule_us / connector_us: mean per step of ``schedule() + update_from_output()`` and of
             the scheduler-side connector calls inside them.
         leaked_blocks: GPU blocks not back in vLLM's free pool after everything finished.
-        transfers: the worker adapter's counters (e.g. jobs and bytes moved).
+        transfers: the worker adapters' counters (e.g. jobs and bytes moved), summed over ranks.
+        failed_loads: requests vLLM got in ``failed_recving`` (after aggregation over ranks).
     """
 
     connector: str
@@ -167,6 +183,7 @@ class InProcessReport:
     connector_us: float
     leaked_blocks: int
     transfers: dict[str, int] = field(default_factory=dict)
+    failed_loads: int = 0
 
     @property
     def connector_share(self) -> float:
@@ -208,6 +225,22 @@ class RegisterCaches:
 # ------------------------------------------------------------------ building
 
 
+def _adapters(
+    adapter: WorkerAdapter | Sequence[WorkerAdapter] | None, world: int
+) -> list[WorkerAdapter]:
+    """One adapter per rank: a sequence of ``world`` under tensor parallel, else one."""
+    if world < 1:
+        raise ValueError(f"tensor_parallel_size={world}: at least 1")
+    if adapter is None:
+        return [RegisterCaches() for _ in range(world)]
+    found = list(adapter) if isinstance(adapter, Sequence) else [adapter]
+    if len(found) != world:
+        raise ValueError(
+            f"adapter: {len(found)} given for tensor_parallel_size={world}; pass one per rank"
+        )
+    return found
+
+
 @functools.cache
 def _process_setup() -> None:
     # With AVX-512 BF16 vLLM makes the SSM state float32 and the hybrid block doubles: pin "no"
@@ -223,7 +256,7 @@ def _config_dir(config_json: dict[str, Any]) -> str:
 
 
 def _vllm_config(config_json: dict[str, Any], settings: EngineSettings, kv_transfer: Any) -> Any:
-    from vllm.config import CacheConfig, ModelConfig, SchedulerConfig, VllmConfig
+    from vllm.config import CacheConfig, ModelConfig, ParallelConfig, SchedulerConfig, VllmConfig
 
     directory = _config_dir(config_json)
     cache: dict[str, Any] = {
@@ -250,6 +283,7 @@ def _vllm_config(config_json: dict[str, Any], settings: EngineSettings, kv_trans
             is_encoder_decoder=False,
             async_scheduling=False,
         ),
+        parallel_config=ParallelConfig(tensor_parallel_size=settings.tensor_parallel_size),
         kv_transfer_config=copy.deepcopy(kv_transfer),
     )
     if vllm_config.scheduler_config.disable_hybrid_kv_cache_manager:
@@ -303,6 +337,19 @@ class _Tally:
     wrong: int = 0
     schedule_s: float = 0.0
     connector_s: float = 0.0
+    failed_loads: int = 0
+
+
+@dataclass(slots=True)
+class _Rank:
+    """One tensor-parallel rank: its KV cache config, caches, layer tags, adapter and worker."""
+
+    rank: int
+    kv_cache_config: Any
+    kv_caches: dict[str, torch.Tensor]
+    adapter: WorkerAdapter
+    layers: list[tuple[int, LayerTags, Any]] = field(default_factory=list)
+    worker: Any = None
 
 
 class InProcessEngine:
@@ -313,8 +360,9 @@ class InProcessEngine:
         config_json: dict[str, Any],
         settings: EngineSettings,
         kv_transfer_config: Any = None,
-        adapter: WorkerAdapter | None = None,
+        adapter: WorkerAdapter | Sequence[WorkerAdapter] | None = None,
     ) -> None:
+        """``adapter``: one per rank under tensor parallel (a sequence), else one."""
         from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
         from vllm.v1.core.sched.scheduler import Scheduler
         from vllm.v1.structured_output import StructuredOutputManager
@@ -322,11 +370,21 @@ class InProcessEngine:
 
         _process_setup()
         self.settings = settings
-        self.vllm_config = _vllm_config(config_json, settings, kv_transfer_config)
-        kv_cache_config, block_size, hash_block_size = plan_kv_caches(self.vllm_config, 1 << 30)
+        world = settings.tensor_parallel_size
+        adapters = _adapters(adapter, world)
+        if world == 1:
+            self.vllm_config = _vllm_config(config_json, settings, kv_transfer_config)
+            kv_cache_config, block_size, hash_block_size = plan_kv_caches(self.vllm_config, 1 << 30)
+            rank_configs = [kv_cache_config]
+        else:
+            self.vllm_config, kv_cache_config, rank_configs, block_size, hash_block_size = (
+                plan_tensor_parallel(
+                    lambda: _vllm_config(config_json, settings, kv_transfer_config), 1 << 30
+                )
+            )
         self.kv_cache_config = kv_cache_config
         self.block_size, self.hash_block_size = block_size, hash_block_size
-        self.adapter: WorkerAdapter = adapter or RegisterCaches()
+        self.adapter: WorkerAdapter = adapters[0]
         if kv_transfer_config is not None:
             self.adapter.configure(self.vllm_config, kv_cache_config)
         self.scheduler = Scheduler(
@@ -338,17 +396,33 @@ class InProcessEngine:
             log_stats=True,
         )
         layout = self.vllm_config.cache_config.get_resolved_kv_cache_layout()
-        self.kv_caches = allocate_kv_cache(kv_cache_config, torch.device("cpu"), layout)
-        self.worker: Any = None
+        self.ranks = [
+            _Rank(
+                r,
+                config,
+                allocate_kv_cache(config, torch.device(settings.device), layout),
+                adapters[r],
+            )
+            for r, config in enumerate(rank_configs)
+        ]
+        self.kv_caches = self.ranks[0].kv_caches
         self.clock: _ConnectorClock | None = None
+        self._aggregator: Any = None
         if self.scheduler.connector is not None:
             self.clock = _ConnectorClock(self.scheduler.connector)
-            worker_config = copy.deepcopy(kv_cache_config)
-            self.worker = type(self.scheduler.connector)(
-                self.vllm_config, KVConnectorRole.WORKER, worker_config
-            )
-            self.adapter.attach(self.worker, self.kv_caches)
-        self._layers = self._layer_tags()
+            for rank in self.ranks:
+                rank.worker = type(self.scheduler.connector)(
+                    self.vllm_config, KVConnectorRole.WORKER, copy.deepcopy(rank.kv_cache_config)
+                )
+                rank.adapter.attach(rank.worker, rank.kv_caches)
+            if world > 1:
+                from vllm.distributed.kv_transfer.kv_connector.utils import KVOutputAggregator
+
+                self._aggregator = KVOutputAggregator.from_connector(self.ranks[0].worker, world)
+        self.worker: Any = self.ranks[0].worker
+        for rank in self.ranks:
+            rank.layers = self._layer_tags(rank)
+        self._layers = self.ranks[0].layers
         self._hasher = self._block_hasher()
         self.free_at_start = self.scheduler.kv_cache_manager.block_pool.get_num_free_blocks()
         self.requests: dict[str, Any] = {}
@@ -357,16 +431,17 @@ class InProcessEngine:
         self.tally = _Tally()
 
     # ------------------------------------------------------------ set-up helpers
-    def _layer_tags(self) -> list[tuple[int, LayerTags, Any]]:
-        """(group, tags, spec) per layer, in model order (vLLM's layer index)."""
+    def _layer_tags(self, rank: _Rank) -> list[tuple[int, LayerTags, Any]]:
+        """(group, tags, spec) per layer of ``rank``, in model order (vLLM's layer index)."""
         from vllm.v1.kv_cache_interface import MambaSpec
 
         found = []
-        for gid, group in enumerate(self.kv_cache_config.kv_cache_groups):
+        for gid, group in enumerate(rank.kv_cache_config.kv_cache_groups):
             spec = group.kv_cache_spec
             for name in group.layer_names:
                 index = int(name.split("layers.")[1].split(".")[0])
-                tags = layer_tags(name, index, isinstance(spec, MambaSpec), self.kv_caches[name])
+                mamba = isinstance(spec, MambaSpec)
+                tags = layer_tags(name, index, mamba, rank.kv_caches[name], rank.rank)
                 found.append((gid, tags, spec))
         return sorted(found, key=lambda item: item[1].index)
 
@@ -454,16 +529,25 @@ class InProcessEngine:
 
     # ------------------------------------------------------------ the stand-in runner
     def _run_model(self, output: Any) -> tuple[Any, list[list[int]]]:
-        w = self.worker
-        if w is not None:
-            meta = output.kv_connector_metadata
-            w.handle_preemptions(meta)
-            w.bind_connector_metadata(meta)
+        if self.worker is None:
+            return None, self._forward(output)
+        meta = output.kv_connector_metadata
+        for rank in self.ranks:
+            w = rank.worker
+            # Each worker gets its own copy of the metadata, as the executor's pickling does.
+            own = meta if len(self.ranks) == 1 else copy.deepcopy(meta)
+            w.handle_preemptions(own)
+            w.bind_connector_metadata(own)
             if output.has_sync_kv_loads:
                 w.start_load_kv(None)
         sampled = self._forward(output)
-        if w is None:
-            return None, sampled
+        outputs = [self._rank_output(rank.worker, output) for rank in self.ranks]
+        connector_output = outputs[0] if self._aggregator is None else self._aggregate(outputs)
+        self.tally.failed_loads += len(connector_output.failed_recving or ())
+        return connector_output, sampled
+
+    def _rank_output(self, w: Any, output: Any) -> Any:
+        """One worker's hooks after the forward and its ``KVConnectorOutput``."""
         from vllm.v1.outputs import KVConnectorOutput
 
         if not output.has_sync_kv_loads:
@@ -480,7 +564,19 @@ class InProcessEngine:
             kv_connector_worker_meta=w.build_connector_worker_meta(),
         )
         w.clear_connector_metadata()
-        return connector_output, sampled
+        return connector_output
+
+    def _aggregate(self, outputs: list[Any]) -> Any:
+        """vLLM's ``KVOutputAggregator`` over the ranks' outputs (rank 0's is the result)."""
+        from vllm.v1.outputs import EMPTY_MODEL_RUNNER_OUTPUT
+
+        runner_outputs = []
+        for kv_output in outputs:
+            # A fresh object per rank: the aggregator rewrites the chosen one's field.
+            runner_output = copy.copy(EMPTY_MODEL_RUNNER_OUTPUT)
+            runner_output.kv_connector_output = kv_output
+            runner_outputs.append(runner_output)
+        return self._aggregator.aggregate(runner_outputs).kv_connector_output
 
     def _spans(self, output: Any) -> Iterator[tuple[str, int, int]]:
         for rid, n in output.num_scheduled_tokens.items():
@@ -501,17 +597,19 @@ class InProcessEngine:
         for rid in output.preempted_req_ids or ():
             self._state_idx.pop(rid, None)
         self._mamba_precopy(spans, tables)
-        for gid, tags, spec in self._layers:
-            attention = not tags.is_mamba
-            if attention and self.worker is not None:
-                self.worker.wait_for_layer_load(tags.name)
-            for rid, c0, c1 in spans:
-                if tags.is_mamba:
-                    self._mamba_layer(tags, tables[rid][gid], (rid, c0, c1), spec.block_size)
-                else:
-                    self._attention_layer(tags, tables[rid][gid], (rid, c0, c1), spec)
-            if attention and self.worker is not None:
-                self.worker.save_kv_layer(tags.name, self.kv_caches[tags.name], None)
+        for rank in self.ranks:
+            w = rank.worker
+            for gid, tags, spec in rank.layers:
+                attention = not tags.is_mamba
+                if attention and w is not None:
+                    w.wait_for_layer_load(tags.name)
+                for rid, c0, c1 in spans:
+                    if tags.is_mamba:
+                        self._mamba_layer(tags, tables[rid][gid], (rid, c0, c1), spec.block_size)
+                    else:
+                        self._attention_layer(tags, tables[rid][gid], (rid, c0, c1), spec)
+                if attention and w is not None:
+                    w.save_kv_layer(tags.name, rank.kv_caches[tags.name], None)
         sampled = []
         for rid, _c0, c1 in spans:
             request = self.requests[rid]
@@ -520,17 +618,19 @@ class InProcessEngine:
         return sampled
 
     def _mamba_precopy(self, spans: list[tuple[str, int, int]], tables: dict[str, Any]) -> None:
-        """``preprocess_mamba``: the running state moves to the last block before the forward."""
-        for gid, tags, spec in self._layers:
-            if not tags.is_mamba:
-                continue
-            size = spec.block_size
-            for rid, c0, c1 in spans:
-                prev = self._state_idx.get(rid, (c0 - 1) // size) if c0 > 0 else -1
-                curr = -(-c1 // size) - 1
-                if prev not in (-1, curr):
-                    table = tables[rid][gid]
-                    tags.copy_state(table[prev], table[curr], self.kv_caches[tags.name])
+        """``preprocess_mamba``: the running state moves to the last block before the forward
+        (on every rank)."""
+        for rank in self.ranks:
+            for gid, tags, spec in rank.layers:
+                if not tags.is_mamba:
+                    continue
+                size = spec.block_size
+                for rid, c0, c1 in spans:
+                    prev = self._state_idx.get(rid, (c0 - 1) // size) if c0 > 0 else -1
+                    curr = -(-c1 // size) - 1
+                    if prev not in (-1, curr):
+                        table = tables[rid][gid]
+                        tags.copy_state(table[prev], table[curr], rank.kv_caches[tags.name])
         for rid, _c0, c1 in spans:
             size = next((s.block_size for _, t, s in self._layers if t.is_mamba), 0)
             if size:
@@ -593,8 +693,20 @@ class InProcessEngine:
             schedule_us=1e6 * t.schedule_s / steps,
             connector_us=1e6 * t.connector_s / steps,
             leaked_blocks=self.leaked_blocks(),
-            transfers=self.adapter.stats(),
+            transfers=self._transfers(),
+            failed_loads=t.failed_loads,
         )
+
+    def _transfers(self) -> dict[str, int]:
+        summed: dict[str, int] = {}
+        for rank in self.ranks:
+            for name, value in rank.adapter.stats().items():
+                summed[name] = summed.get(name, 0) + value
+        return summed
+
+    def pending(self) -> int:
+        """Transfer jobs in flight on any rank."""
+        return sum(rank.adapter.pending() for rank in self.ranks)
 
 
 def run_trace(engine: InProcessEngine, trace: ChatTrace) -> InProcessReport:
@@ -637,6 +749,6 @@ def run_trace(engine: InProcessEngine, trace: ChatTrace) -> InProcessReport:
             turn[conv] += 1
             if turn[conv] < trace.turns:
                 arrive[conv] = clock + trace.think
-    if engine.adapter.pending():
-        raise WedgedError(f"{engine.adapter.pending()} transfer jobs still in flight at the end")
+    if engine.pending():
+        raise WedgedError(f"{engine.pending()} transfer jobs still in flight at the end")
     return engine.report(finished)

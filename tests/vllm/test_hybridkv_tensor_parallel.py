@@ -1,0 +1,369 @@
+"""``HybridKVConnector`` under tensor parallel 2, simulated in one process
+(:mod:`hybridkv.vllm.inprocess`, ``tensor_parallel_size=2``).
+
+What is real: vLLM 0.33's ``Scheduler`` on a ``VllmConfig`` with ``tensor_parallel_size=2``
+(``world_size`` 2, so the scheduler-side connector sizes the host tier for two ranks and waits
+for two reports per job); vLLM's planning over two workers' layer specs, each rank's model
+constructed as that rank of two (its KV and mamba heads halved); each rank's own CPU caches from
+``allocate_kv_cache``, worker-role connector, host memory and copy engine; vLLM's own
+``KVOutputAggregator`` combining the two ranks' outputs each step. What is simulated: both ranks
+run in this process one after the other (no second process, no collective), and the forward is
+the content-tag stand-in, on every rank with rank-salted tags.
+
+- A multi-turn chat hits the host tier on both layouts, every read on both ranks content-checked.
+- Load faults injected on rank 1 only (before submission and inside the copy), reports delayed
+  differently per rank (ranks finish jobs in different steps): every injected fault fails the
+  load for both ranks (the core sees exactly the faults as failed load jobs), vLLM gets the
+  requests in ``failed_recving`` and recomputes, nothing reads wrong on either rank, nothing
+  leaks or stays pending.
+- Random traces (seeded; ``max_examples / 20`` per layout at the Hypothesis profile, at least 4:
+  ``ci`` 10 per layout, ``nightly`` 100) on three layouts: load and store faults on one
+  rank drawn per trace, each rank its own report delay, tight pools (preemptions) and aborts of
+  loading requests: 0 wrong reads on either rank, 0 wedges, 0 leaks, and the core's failed jobs
+  are exactly the faults that fired on the faulty rank.
+- The fold itself against vLLM's ``KVOutputAggregator``: a job one rank finished and the other
+  failed a step later is released once, failed, in the step vLLM emits the request as finished
+  and failed.
+- Pipeline and context parallel are refused at construction, naming the setting.
+"""
+
+from __future__ import annotations
+
+import copy
+import random
+from collections import Counter
+from typing import Any
+
+import pytest
+
+pytestmark = pytest.mark.vllm
+pytest.importorskip("vllm.v1.core.sched.scheduler", reason="vLLM 0.33 is not installed")
+
+from diffharness.layouts import RECIPES, Layout  # noqa: E402
+from hypothesis import settings as hypothesis_settings  # noqa: E402
+from vllm.config import KVTransferConfig  # noqa: E402
+from vllm.distributed.kv_transfer.kv_connector.utils import KVOutputAggregator  # noqa: E402
+from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole  # noqa: E402
+from vllm.v1.kv_cache_interface import AttentionSpec  # noqa: E402
+from vllm.v1.outputs import EMPTY_MODEL_RUNNER_OUTPUT, KVConnectorOutput  # noqa: E402
+
+from hybridkv.connector import JobResult  # noqa: E402
+from hybridkv.errors import HybridKVConfigError  # noqa: E402
+from hybridkv.vllm.connector import HybridKVConnector, HybridKVWorkerMeta  # noqa: E402
+from hybridkv.vllm.cpu_worker import FaultPlan, HybridKVOnCPU  # noqa: E402
+from hybridkv.vllm.inprocess import (  # noqa: E402
+    ChatTrace,
+    EngineSettings,
+    InProcessEngine,
+    WedgedError,
+    run_trace,
+)
+from hybridkv.vllm.ranks import JobQuorum, RankReport  # noqa: E402
+
+TP = 2
+HOST_BYTES = 64 << 20
+
+# The chat pools of test_hybridkv_inprocess.py, smaller traces; chunk = one block.
+CHAT = {
+    Layout.MAMBA_FULL: (
+        EngineSettings(
+            num_gpu_blocks=16,
+            max_model_len=2560,
+            max_num_seqs=2,
+            max_num_batched_tokens=1280,
+            tensor_parallel_size=TP,
+        ),
+        ChatTrace(convs=3, turns=3, system_len=700, user_min=150, user_max=300),
+        640,
+    ),
+    Layout.SLIDING_FULL: (
+        EngineSettings(
+            num_gpu_blocks=30,
+            max_model_len=512,
+            block_size=32,
+            max_num_seqs=3,
+            max_num_batched_tokens=128,
+            tensor_parallel_size=TP,
+        ),
+        ChatTrace(convs=3, turns=3, system_len=128),
+        32,
+    ),
+}
+
+
+def _transfer(chunk_size: int, host_bytes: int = HOST_BYTES) -> KVTransferConfig:
+    return KVTransferConfig(
+        kv_connector="HybridKVConnector",
+        kv_connector_module_path="hybridkv.vllm",
+        kv_role="kv_both",
+        kv_load_failure_policy="recompute",
+        kv_connector_extra_config={"host_memory_bytes": host_bytes, "chunk_size": chunk_size},
+    )
+
+
+def _check_sharded(engine: InProcessEngine, layout: Layout) -> None:
+    """Two ranks, each with its own caches holding its shard of the KV heads; the scheduler
+    sized the host tier for two ranks of one rank's slot."""
+    config_json = RECIPES[layout].config_json()
+    scheduler = engine.scheduler.connector
+    assert len(engine.ranks) == TP
+    assert scheduler.world_size == TP
+    assert scheduler.num_chunks == HOST_BYTES // (TP * scheduler.layout.slot_bytes)
+    for rank in engine.ranks:
+        assert rank.worker.layout.slot_bytes == scheduler.layout.slot_bytes
+        heads = {
+            g.kv_cache_spec.num_kv_heads
+            for g in rank.kv_cache_config.kv_cache_groups
+            if isinstance(g.kv_cache_spec, AttentionSpec)
+        }
+        assert heads == {config_json["num_key_value_heads"] // TP}
+    first, second = (rank.kv_caches for rank in engine.ranks)
+    assert all(first[name].data_ptr() != second[name].data_ptr() for name in first)
+    # Rank-salted tags: one rank's content never verifies on the other.
+    for (_, tags0, _), (_, tags1, _) in zip(*(r.layers for r in engine.ranks), strict=True):
+        assert tags0.name == tags1.name
+        assert (tags0.expected([12345], range(1)) != tags1.expected([12345], range(1))).all()
+
+
+def _quiescent(engine: InProcessEngine) -> None:
+    scheduler = engine.scheduler.connector
+    stats = scheduler.core.stats()
+    store = scheduler.core.store.stats()
+    assert engine.pending() == 0
+    assert scheduler._quorum.pending() == 0
+    assert (stats.jobs_in_flight, stats.held_blocks, stats.requests) == (0, 0, 0), stats
+    assert (store.pinned, store.storing) == (0, 0), store
+    assert engine.leaked_blocks() == 0
+
+
+@pytest.mark.parametrize("layout", list(CHAT), ids=lambda lay: lay.value)
+def test_tp2_chat_hits_the_host_tier_with_correct_content_on_every_rank(layout: Layout) -> None:
+    settings, trace, chunk = CHAT[layout]
+    adapters = [HybridKVOnCPU(delay=1), HybridKVOnCPU(delay=2)]
+    engine = InProcessEngine(RECIPES[layout].config_json(), settings, _transfer(chunk), adapters)
+    _check_sharded(engine, layout)
+    report = run_trace(engine, trace)
+    print(f"\n{layout.value} TP={TP}: {report}")
+    assert report.finished == report.requests > 0
+    assert report.slots_checked > 0
+    assert report.wrong_reads == 0
+    assert report.external_loaded > 0
+    assert report.external_hits == report.external_loaded
+    assert report.failed_loads == 0
+    assert report.preemptions == 0  # the identity below holds without recompute
+    total = report.prefill_computed + report.gpu_prefix_hits + report.external_hits
+    assert total == report.prompt_tokens
+    per_rank = [a.stats() for a in adapters]
+    # Both ranks moved the same jobs, each its own shard: equal bytes, none zero.
+    assert per_rank[0]["bytes_loaded"] == per_rank[1]["bytes_loaded"] > 0
+    assert per_rank[0]["bytes_stored"] == per_rank[1]["bytes_stored"] > 0
+    assert report.transfers["bytes_loaded"] == TP * per_rank[0]["bytes_loaded"]
+    _quiescent(engine)
+
+
+def test_a_load_fault_on_one_rank_fails_the_load_for_both_and_vllm_recomputes() -> None:
+    layout = Layout.SLIDING_FULL
+    settings, trace, chunk = CHAT[layout]
+    faulty = HybridKVOnCPU(faults=FaultPlan(seed=7, load_rate=0.5, mid_copy=0.5), delay=2)
+    clean = HybridKVOnCPU(delay=1)
+    engine = InProcessEngine(
+        RECIPES[layout].config_json(), settings, _transfer(chunk), [clean, faulty]
+    )
+    report = run_trace(engine, trace)
+    print(f"\n{layout.value} TP={TP} faults on rank 1: {report}")
+    core = engine.scheduler.connector.core.stats()
+    injected = faulty.stats()["load_faults"]
+    assert injected > 0
+    assert clean.stats().get("load_faults", 0) == 0
+    assert clean.stats()["jobs_failed"] == 0  # the clean rank's copies of those jobs succeeded
+    # Every fault fired on rank 1 fails its job for both ranks, and nothing else fails.
+    assert core.load_jobs_failed == injected
+    assert core.load_jobs > core.load_jobs_failed
+    assert report.failed_loads > 0  # vLLM got them in failed_recving and recomputed
+    # Failed loads count as computed (recomputed), never as external hits.
+    assert report.preemptions == 0
+    assert report.external_hits < report.external_loaded
+    total = report.prefill_computed + report.gpu_prefix_hits + report.external_hits
+    assert total == report.prompt_tokens
+    assert report.finished == report.requests
+    assert report.slots_checked > 0
+    assert report.wrong_reads == 0
+    _quiescent(engine)
+
+
+# ------------------------------------------------------------------ random traces
+
+# layout -> (budget, chunk, longest prompt, max_num_seqs): test_hybridkv_inprocess.py's shapes.
+SHAPES = {
+    Layout.MAMBA_FULL: (1280, 640, 2400, 2),
+    Layout.SLIDING_FULL: (128, 32, 400, 3),
+    Layout.THREE_GROUPS: (128, 32, 400, 3),
+}
+TRACES_PER_LAYOUT = max(4, hypothesis_settings.default.max_examples // 20)
+
+
+def _random_engine(layout: Layout, rng: random.Random, seed: int) -> tuple[InProcessEngine, int]:
+    """A TP=2 engine on a tight pool, faults on one rank (returned), delays per rank."""
+    budget, chunk, _, seqs = SHAPES[layout]
+    recipe = RECIPES[layout]
+    settings = EngineSettings(
+        num_gpu_blocks=recipe.min_blocks(budget) + rng.choice((0, 1, 3, 8)),
+        max_model_len=recipe.max_model_len,
+        block_size=recipe.block_size,
+        max_num_seqs=seqs,
+        max_num_batched_tokens=budget,
+        max_steps=600,
+        tensor_parallel_size=TP,
+    )
+    faulty = rng.randrange(TP)
+    plan = FaultPlan(seed, load_rate=rng.choice((0.3, 0.6)), store_rate=rng.choice((0.0, 0.3)))
+    adapters = [
+        HybridKVOnCPU(faults=plan if r == faulty else None, delay=rng.choice((0, 1, 2, 3)))
+        for r in range(TP)
+    ]
+    host = rng.choice((HOST_BYTES, TP * 6 * recipe.max_model_len * 4096))
+    engine = InProcessEngine(recipe.config_json(), settings, _transfer(chunk, host), adapters)
+    return engine, faulty
+
+
+def _random_arrivals(layout: Layout, rng: random.Random) -> list[tuple[int, str, list[int], int]]:
+    """4-7 requests over two shared bases, arriving over the first steps (step, id, prompt,
+    max_tokens)."""
+    _, chunk, longest, _ = SHAPES[layout]
+    bases = [[rng.randint(3, 999) for _ in range(longest)] for _ in range(2)]
+    arrivals = []
+    for i in range(rng.randint(4, 7)):
+        base = rng.choice(bases)
+        length = rng.randint(chunk // 2, longest - 8)
+        own = [rng.randint(3, 999) for _ in range(rng.choice((0, 0, 3, chunk // 2)))]
+        prompt = (base[:length] + own)[:longest]
+        arrivals.append((rng.randint(0, 10), f"r{i}", prompt, rng.randint(1, 3)))
+    return sorted(arrivals, key=lambda a: (a[0], a[1]))
+
+
+def _play(layout: Layout, seed: int) -> Counter[str]:
+    rng = random.Random(seed)
+    engine, faulty = _random_engine(layout, rng, seed)
+    arrivals = _random_arrivals(layout, rng)
+    aborted_loading = 0
+    step = 0
+    while arrivals or engine.busy():
+        while arrivals and arrivals[0][0] <= step:
+            _, rid, prompt, max_tokens = arrivals.pop(0)
+            engine.add(rid, prompt, max_tokens)
+        step += 1
+        if not engine.busy():
+            continue
+        if engine.tally.steps >= engine.settings.max_steps:
+            live = {r: engine.status(r) for r, q in engine.requests.items() if not q.is_finished()}
+            raise WedgedError(f"{layout.value} seed {seed}: {live}")
+        for rid, request in engine.requests.items():
+            if request.is_finished():
+                continue
+            loading = engine.status(rid) == "WAITING_FOR_REMOTE_KVS"
+            if rng.random() < (0.25 if loading else 0.01) and engine.abort(rid):
+                aborted_loading += loading
+        engine.step()
+    report = engine.report(sum(r.is_finished() for r in engine.requests.values()))
+    assert report.finished == report.requests, f"seed {seed}: unfinished requests"
+    assert report.wrong_reads == 0, f"seed {seed}: {report}"
+    _quiescent(engine)
+    injected = [rank.adapter.stats() for rank in engine.ranks]
+    clean = [f for r, f in enumerate(injected) if r != faulty]
+    assert all(f.get("load_faults", 0) == f.get("store_faults", 0) == 0 for f in clean)
+    core = engine.scheduler.connector.core.stats()
+    # A job fails for all ranks exactly when it failed on the faulty one.
+    assert core.load_jobs_failed == injected[faulty].get("load_faults", 0), seed
+    assert core.store_jobs_failed == injected[faulty].get("store_faults", 0), seed
+    return Counter(
+        traces=1,
+        slots_checked=report.slots_checked,
+        wrong_reads=report.wrong_reads,
+        host_loaded=report.external_loaded,
+        load_faults=injected[faulty].get("load_faults", 0),
+        store_faults=injected[faulty].get("store_faults", 0),
+        failed_loads=report.failed_loads,
+        preemptions=report.preemptions,
+        aborted_loading=aborted_loading,
+    )
+
+
+@pytest.mark.parametrize("layout", list(SHAPES), ids=lambda lay: lay.value)
+def test_tp2_random_traces_with_faults_on_one_rank_preemptions_and_aborts(layout: Layout) -> None:
+    total: Counter[str] = Counter()
+    for seed in range(TRACES_PER_LAYOUT):
+        total.update(_play(layout, seed))
+    print(f"\n{layout.value} TP={TP}: {dict(total)}")
+    assert total["wrong_reads"] == 0
+    for name in ("slots_checked", "host_loaded", "load_faults", "failed_loads"):
+        assert total[name] > 0, (name, dict(total))
+
+
+def _rank_output(jobs: tuple[JobResult, ...], finished: set[str], failed: set[str]) -> Any:
+    output = copy.copy(EMPTY_MODEL_RUNNER_OUTPUT)
+    meta = HybridKVWorkerMeta(tuple(RankReport(j.job_id, 1, j.success) for j in jobs))
+    output.kv_connector_output = KVConnectorOutput(
+        finished_recving=finished,
+        failed_recving=failed,
+        kv_connector_worker_meta=meta if jobs else None,
+    )
+    return output
+
+
+def test_vllms_aggregator_and_the_quorum_release_a_job_once_failed_if_one_rank_failed() -> None:
+    aggregator = KVOutputAggregator(TP)
+    quorum = JobQuorum(TP)
+    # Step 1: rank 0 finished job 7 (request r) well, rank 1 is still copying; job 8 (request s)
+    # finished well on both.
+    step1 = aggregator.aggregate(
+        [
+            _rank_output((JobResult(7, True), JobResult(8, True)), {"r", "s"}, set()),
+            _rank_output((JobResult(8, True),), {"s"}, set()),
+        ]
+    ).kv_connector_output
+    assert step1.finished_recving == {"s"}
+    assert not step1.failed_recving
+    assert quorum.fold(step1.kv_connector_worker_meta.reports) == (JobResult(8, True),)
+    assert quorum.pending() == 1
+    # Step 2: rank 1's copy of job 7 failed.
+    step2 = aggregator.aggregate(
+        [_rank_output((), set(), set()), _rank_output((JobResult(7, False),), {"r"}, {"r"})]
+    ).kv_connector_output
+    assert step2.finished_recving == {"r"}
+    assert step2.failed_recving == {"r"}
+    assert quorum.fold(step2.kv_connector_worker_meta.reports) == (JobResult(7, False),)
+    assert quorum.pending() == 0
+    assert quorum.fold((RankReport(9, 1, True),)) == ()
+    with pytest.raises(HybridKVConfigError):  # 3 reports of 2 workers: one reported it twice
+        quorum.fold((RankReport(9, 2, True),))
+
+
+@pytest.fixture(scope="module")
+def one_rank() -> Any:
+    settings, _, chunk = CHAT[Layout.SLIDING_FULL]
+    one = EngineSettings(**{**_fields(settings), "tensor_parallel_size": 1})
+    engine = InProcessEngine(
+        RECIPES[Layout.SLIDING_FULL].config_json(), one, _transfer(chunk), HybridKVOnCPU()
+    )
+    yield engine
+    engine.worker.shutdown()
+
+
+@pytest.mark.parametrize(
+    "name",
+    ["pipeline_parallel_size", "decode_context_parallel_size", "prefill_context_parallel_size"],
+)
+def test_pipeline_and_context_parallel_are_refused_naming_the_setting(
+    name: str, one_rank: InProcessEngine
+) -> None:
+    config = copy.copy(one_rank.vllm_config)
+    config.parallel_config = copy.copy(config.parallel_config)
+    setattr(config.parallel_config, name, 2)
+    with pytest.raises(HybridKVConfigError) as caught:
+        HybridKVConnector(config, KVConnectorRole.SCHEDULER, one_rank.kv_cache_config)
+    assert caught.value.field == f"parallel_config.{name}"
+    assert "\n" not in str(caught.value)
+
+
+def _fields(settings: EngineSettings) -> dict[str, Any]:
+    return {name: getattr(settings, name) for name in EngineSettings.__slots__}
