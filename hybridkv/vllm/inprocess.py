@@ -92,6 +92,8 @@ class EngineSettings:
         block_size: ``--block-size`` (``None``: the platform's choice).
         max_num_seqs / max_num_batched_tokens: the scheduler's limits (chunked prefill).
         max_steps: the wedge guard.
+        max_loras: > 0 turns LoRA on (``LoRAConfig(max_loras=...)``) so requests may name an
+            adapter (:meth:`InProcessEngine.add`); no adapter weights are loaded.
     """
 
     num_gpu_blocks: int
@@ -100,6 +102,7 @@ class EngineSettings:
     max_num_seqs: int = 4
     max_num_batched_tokens: int = 256
     max_steps: int = 5000
+    max_loras: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -149,6 +152,9 @@ class InProcessReport:
             the scheduler-side connector calls inside them.
         leaked_blocks: GPU blocks not back in vLLM's free pool after everything finished.
         transfers: the worker adapter's counters (e.g. jobs and bytes moved).
+
+    The engine also keeps every ``SchedulerStats.kv_connector_stats`` payload vLLM produced
+    (``InProcessEngine.connector_stats``: the workers' stats aggregated, then the scheduler's).
     """
 
     connector: str
@@ -251,6 +257,7 @@ def _vllm_config(config_json: dict[str, Any], settings: EngineSettings, kv_trans
             async_scheduling=False,
         ),
         kv_transfer_config=copy.deepcopy(kv_transfer),
+        lora_config=_lora_config(settings.max_loras),
     )
     if vllm_config.scheduler_config.disable_hybrid_kv_cache_manager:
         raise ValueError(
@@ -258,6 +265,14 @@ def _vllm_config(config_json: dict[str, Any], settings: EngineSettings, kv_trans
             "(the connector class must subclass SupportsHMA)"
         )
     return vllm_config
+
+
+def _lora_config(max_loras: int) -> Any:
+    if max_loras <= 0:
+        return None
+    from vllm.config import LoRAConfig
+
+    return LoRAConfig(max_loras=max_loras)
 
 
 class _ConnectorClock:
@@ -355,6 +370,7 @@ class InProcessEngine:
         self._hashes: dict[str, list[int]] = {}
         self._state_idx: dict[str, int] = {}
         self.tally = _Tally()
+        self.connector_stats: list[dict[str, Any]] = []
 
     # ------------------------------------------------------------ set-up helpers
     def _layer_tags(self) -> list[tuple[int, LayerTags, Any]]:
@@ -381,18 +397,36 @@ class InProcessEngine:
         )
 
     # ------------------------------------------------------------ driving
-    def add(self, request_id: str, prompt: list[int], max_tokens: int) -> None:
-        """Add a request (``Scheduler.add_request``)."""
+    def make_request(
+        self,
+        request_id: str,
+        prompt: list[int],
+        max_tokens: int,
+        *,
+        cache_salt: str | None = None,
+        lora_request: Any = None,
+        mm_features: list[Any] | None = None,
+    ) -> Any:
+        """A vLLM ``Request`` hashed by this engine's block hasher, not added. ``cache_salt``,
+        ``lora_request`` and ``mm_features`` reach the hasher as the engine's input processor
+        passes them (the forward still tags content by token ids alone)."""
         from vllm.sampling_params import SamplingParams
         from vllm.v1.request import Request
 
-        request = Request(
+        return Request(
             request_id=request_id,
             prompt_token_ids=list(prompt),
             sampling_params=SamplingParams(max_tokens=max_tokens, ignore_eos=True),
             pooling_params=None,
+            mm_features=mm_features,
+            lora_request=lora_request,
+            cache_salt=cache_salt,
             block_hasher=self._hasher,
         )
+
+    def add(self, request_id: str, prompt: list[int], max_tokens: int, **extra: Any) -> None:
+        """Add a request (``Scheduler.add_request``); ``extra``: :meth:`make_request`'s."""
+        request = self.make_request(request_id, prompt, max_tokens, **extra)
         self.requests[request_id] = request
         self._hashes[request_id] = []
         self.tally.prompt_tokens += len(prompt)
@@ -444,6 +478,9 @@ class InProcessEngine:
         t.preemptions += len(output.preempted_req_ids or ())
         found = []
         for engine_outputs in outputs.values():
+            stats_out = engine_outputs.scheduler_stats
+            if stats_out is not None and stats_out.kv_connector_stats:
+                self.connector_stats.append(stats_out.kv_connector_stats)
             for out in engine_outputs.outputs:
                 stats = out.prefill_stats
                 if stats is not None:
