@@ -94,6 +94,8 @@ class EngineSettings:
         max_steps: the wedge guard.
         max_loras: > 0 turns LoRA on (``LoRAConfig(max_loras=...)``) so requests may name an
             adapter (:meth:`InProcessEngine.add`); no adapter weights are loaded.
+        kv_events: turn vLLM's KV cache events on (``KVEventsConfig``, the null publisher):
+            the scheduler then drains the block pool's and the connector's ``take_events``.
     """
 
     num_gpu_blocks: int
@@ -103,6 +105,7 @@ class EngineSettings:
     max_num_batched_tokens: int = 256
     max_steps: int = 5000
     max_loras: int = 0
+    kv_events: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -258,6 +261,7 @@ def _vllm_config(config_json: dict[str, Any], settings: EngineSettings, kv_trans
         ),
         kv_transfer_config=copy.deepcopy(kv_transfer),
         lora_config=_lora_config(settings.max_loras),
+        kv_events_config=_kv_events_config(settings.kv_events),
     )
     if vllm_config.scheduler_config.disable_hybrid_kv_cache_manager:
         raise ValueError(
@@ -273,6 +277,12 @@ def _lora_config(max_loras: int) -> Any:
     from vllm.config import LoRAConfig
 
     return LoRAConfig(max_loras=max_loras)
+
+
+def _kv_events_config(enabled: bool) -> Any:
+    from vllm.config import KVEventsConfig
+
+    return KVEventsConfig(enable_kv_cache_events=enabled, publisher="null")
 
 
 class _ConnectorClock:
