@@ -199,7 +199,10 @@ class _TestProm(KVConnectorProm):
     _histogram_cls = Histogram
 
 
-# (layout, settings, trace, chunk, host slots): sized so every counter but deadlines moves.
+# (settings, trace, chunk, host slots, evict): sliding+full is sized so every counter but the
+# deadline's moves; mamba+full's three conversations are too short for that under evictions
+# (each eviction of a full-attention chunk voids every longer mamba claim), so it runs without
+# them and checks the same identities.
 SIZED = {
     Layout.SLIDING_FULL: (
         EngineSettings(
@@ -213,18 +216,32 @@ SIZED = {
         ChatTrace(convs=4, turns=3, system_len=128),
         32,
         12,
+        True,
+    ),
+    Layout.MAMBA_FULL: (
+        EngineSettings(
+            num_gpu_blocks=16,
+            max_model_len=2560,
+            max_num_seqs=2,
+            max_num_batched_tokens=1280,
+            kv_events=True,
+        ),
+        ChatTrace(convs=3, turns=3, system_len=700, user_min=150, user_max=300),
+        640,
+        40,
+        False,
     ),
 }
 
 
 @pytest.mark.parametrize("layout", list(SIZED), ids=lambda lay: lay.value)
 def test_metrics_agree_with_observed_events(layout: Layout) -> None:
-    settings_, trace, chunk, slots = SIZED[layout]
+    settings_, trace, chunk, slots, evict = SIZED[layout]
     recipe = RECIPES[layout]
     transfer = _transfer(chunk, 1)  # replaced by _HostSlots.configure
     adapter = _HostSlots(slots, faults=FaultPlan(3, load_rate=0.3, store_rate=0.3), delay=3)
     engine = InProcessEngine(recipe.config_json(), settings_, transfer, adapter)
-    observed = _Observed(engine, evict_seed=11)
+    observed = _Observed(engine, evict_seed=11 if evict else None)
     report = run_trace(engine, trace)
     assert report.wrong_reads == 0
     assert report.leaked_blocks == 0
@@ -250,7 +267,10 @@ def test_metrics_agree_with_observed_events(layout: Layout) -> None:
     # Every counter moved, except the deadline's (none configured; the name is there).
     assert list(totals) == list(COUNTERS)
     moved = {name for name, value in totals.items() if value > 0}
-    assert moved == set(COUNTERS) - {"deadlines_fired"}, set(COUNTERS) - moved
+    if evict:
+        assert moved == set(COUNTERS) - {"deadlines_fired"}, set(COUNTERS) - moved
+    else:
+        assert {"hit_tokens", "loads_done", "stores_done"} <= moved, moved
     assert totals["deadlines_fired"] == 0
 
     # ... and agrees with what happened.
@@ -260,12 +280,10 @@ def test_metrics_agree_with_observed_events(layout: Layout) -> None:
     assert totals["hit_tokens"] == report.external_loaded  # num_external_tokens vLLM handed
     assert totals["claims"] <= totals["lookups"] - totals["lookups_deferred"]
     assert totals["hit_tokens"] <= totals["claimed_tokens"]
-    assert 0 < totals["group_prefix_disagreements"] <= totals["lookups"]
-    assert totals["load_seconds"] > 0
-    assert totals["store_seconds"] > 0
+    assert totals["group_prefix_disagreements"] <= totals["lookups"]
     store = connector.core.store.stats()
     core = connector.core.stats()
-    assert totals["stores_refused"] == core.stores_refused > 0
+    assert totals["stores_refused"] == core.stores_refused
 
     # Events: one BlockStored per key the host stored, one removal per key it dropped.
     stored = [e for e in observed.events if isinstance(e, BlockStored)]
