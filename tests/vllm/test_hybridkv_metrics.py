@@ -289,7 +289,8 @@ def test_metrics_agree_with_observed_events(layout: Layout) -> None:
     stored = [e for e in observed.events if isinstance(e, BlockStored)]
     removed = [h for e in observed.events if isinstance(e, BlockRemoved) for h in e.block_hashes]
     assert len(stored) == store.stored > 0
-    assert len(removed) == store.removed + store.evicted > 0
+    assert len(removed) == store.removed + store.evicted
+    assert bool(removed) == evict  # mamba+full's host never fills, nothing fails there
     assert all(e.medium == "CPU" for e in (*stored, *observed.events))
     assert all(len(e.block_hashes) == 1 for e in stored)
     units = connector.core.geometry.units
