@@ -297,6 +297,7 @@ def test_metrics_agree_with_observed_events(layout: Layout) -> None:
     assert all(e.block_size == units[e.group_idx] for e in stored)
 
     # Prometheus, built with vLLM's own classes: each counter holds the total.
+    _RegistryCounter.registry = CollectorRegistry()  # one registry per run
     prom = _TestProm(engine.vllm_config, LABELS, PER_ENGINE)
     for payload in engine.connector_stats:
         prom.observe(payload, 0)
