@@ -94,7 +94,7 @@ COUNTERS: dict[str, str] = {**SCHEDULER_COUNTERS, **WORKER_COUNTERS}
 
 
 def counters_non_negative(data: Mapping[str, Any]) -> bool:
-    """STAT-1: every value of a stats payload is a number >= 0 (a bool is not a number)."""
+    """Every value of a stats payload is a number >= 0 (a bool is not a number)."""
     return all(
         isinstance(v, int | float) and not isinstance(v, bool) and v >= 0 for v in data.values()
     )

@@ -249,7 +249,7 @@ def test_metrics_agree_with_observed_events(layout: Layout) -> None:
     layout_groups = connector.layout.groups
     group_bytes = tuple(len(g.layer_names) * g.real_page_size_bytes for g in layout_groups)
 
-    # Every payload vLLM produced is a non-negative increment (STAT-1).
+    # Every payload vLLM produced is a non-negative increment (counters_non_negative).
     assert engine.connector_stats
     for payload in engine.connector_stats:
         assert counters_non_negative(payload), payload
