@@ -178,8 +178,11 @@ class TransferMeter:
         now = time.perf_counter()
         counts = self.counts
         for result in results:
-            kind, blocks, size = self._jobs.pop(result.job_id)
+            bound = self._jobs.pop(result.job_id, None)
             started = self._started.pop(result.job_id, now)
+            if bound is None:  # never seen bound: counting it must not fail the step
+                continue
+            kind, blocks, size = bound
             if not result.success:
                 counts["transfer_failures"] += 1
                 continue
