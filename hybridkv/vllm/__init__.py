@@ -8,6 +8,8 @@ can rebuild :class:`HybridKVStats` by class name.
 
 - :mod:`hybridkv.vllm.config`: ``kv_connector_extra_config``, validated at start-up;
 - :mod:`hybridkv.vllm.connector`: ``HybridKVConnector`` (both roles) over the connector core;
+- :mod:`hybridkv.vllm.metrics`: its counters through vLLM's stats and Prometheus pipeline, and
+  the host store's events as vLLM KV cache events;
 - :mod:`hybridkv.vllm.planning`: vLLM's own KV-cache planning for a config.json, in-process;
 - :mod:`hybridkv.vllm.inprocess`: vLLM's real ``Scheduler`` with any KV connector, the worker
   side driven in-process on CPU tensors in the model runner's hook order, content-verified;

@@ -23,7 +23,7 @@ cache salt folded in).
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from vllm.distributed.kv_transfer.kv_connector.v1.base import (
@@ -34,7 +34,10 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     KVConnectorWorkerMetadata,
     SupportsHMA,
 )
-from vllm.distributed.kv_transfer.kv_connector.v1.metrics import KVConnectorStats
+from vllm.distributed.kv_transfer.kv_connector.v1.metrics import (
+    KVConnectorPromMetrics,
+    KVConnectorStats,
+)
 
 from hybridkv.canonical import build_canonical_caches
 from hybridkv.connector import (
@@ -57,6 +60,14 @@ from hybridkv.transfer import TransferEngine
 from hybridkv.transfer.cpu_engine import FaultHook
 from hybridkv.vllm.config import HybridKVConfig, parse_extra_config
 from hybridkv.vllm.layout import VllmLayout, read_layout, recommended_chunk_size, whole_blocks
+from hybridkv.vllm.metrics import (
+    GroupAgreement,
+    HybridKVPromMetrics,
+    HybridKVStats,
+    TransferMeter,
+    scheduler_counters,
+    store_events_to_vllm,
+)
 from hybridkv.vllm.ranks import JobQuorum, RankReport, merge_reports, refuse_unsupported_parallelism
 
 __all__ = ["HybridKVConnector", "HybridKVMetadata", "HybridKVStats", "HybridKVWorkerMeta"]
@@ -82,28 +93,6 @@ class HybridKVWorkerMeta(KVConnectorWorkerMetadata):
         """Workers added, success ANDed per job (vLLM folds the workers of one step so)."""
         assert isinstance(other, HybridKVWorkerMeta)
         return HybridKVWorkerMeta(merge_reports(self.reports, other.reports))
-
-
-@dataclass
-class HybridKVStats(KVConnectorStats):
-    """Counters since the last reset (``data``: name -> non-negative int), summed over
-    workers and the scheduler."""
-
-    data: dict[str, Any] = field(default_factory=dict)
-
-    def reset(self) -> None:
-        self.data = {}
-
-    def aggregate(self, other: KVConnectorStats) -> KVConnectorStats:
-        for name, value in other.data.items():
-            self.data[name] = self.data.get(name, 0) + value
-        return self
-
-    def reduce(self) -> dict[str, int | float]:
-        return dict(self.data)
-
-    def is_empty(self) -> bool:
-        return not any(self.data.values())
 
 
 class _MetaSlots:
@@ -203,7 +192,11 @@ class HybridKVConnector(KVConnectorBase_V1, SupportsHMA):
         self._engine: Any = None
         self._reported: tuple[JobResult, ...] = ()
         self._quorum = JobQuorum(self.world_size)
-        self._last_stats: dict[str, int] = {}
+        self._last_stats: dict[str, int | float] = {}
+        self._agreement = GroupAgreement()
+        self._meter = TransferMeter(
+            len(g.layer_names) * g.real_page_size_bytes for g in self.layout.groups
+        )
         if role == KVConnectorRole.SCHEDULER:
             self.core = ConnectorCore(
                 self.layout.planner(self.chunk_size),
@@ -267,8 +260,12 @@ class HybridKVConnector(KVConnectorBase_V1, SupportsHMA):
         self, request: Any, num_computed_tokens: int
     ) -> tuple[int | None, bool]:
         self._requests[request.request_id] = request
-        claim = self._core().get_num_new_matched_tokens(_view(request), num_computed_tokens)
-        return claim.as_vllm()
+        view = _view(request)
+        claim = self._core().get_num_new_matched_tokens(view, num_computed_tokens)
+        answer = claim.as_vllm()
+        if answer[0] is not None:
+            self._agreement.observe(self._core(), view, num_computed_tokens)
+        return answer
 
     def update_state_after_alloc(self, request: Any, blocks: Any, num_external_tokens: int) -> None:
         # vLLM may call this again for one request; the core loads only for a positive count.
@@ -321,6 +318,7 @@ class HybridKVConnector(KVConnectorBase_V1, SupportsHMA):
         self, request: Any, block_ids: tuple[list[int], ...]
     ) -> tuple[bool, None]:
         self._requests.pop(request.request_id, None)
+        self._agreement.forget(request.request_id)
         return self._core().request_finished_all_groups(_view(request), _tables(block_ids)), None
 
     # ============================================================ worker side
@@ -381,6 +379,7 @@ class HybridKVConnector(KVConnectorBase_V1, SupportsHMA):
         assert isinstance(metadata, HybridKVMetadata)
         self._slots.show(metadata)
         self._worker().bind_connector_metadata(metadata.meta)
+        self._meter.bound((*metadata.meta.load_jobs, *metadata.meta.store_jobs))
 
     def wait_for_layer_load(self, layer_name: str) -> None:
         # Step granularity (start_load_kv): an async load's request is not in this forward.
@@ -392,6 +391,7 @@ class HybridKVConnector(KVConnectorBase_V1, SupportsHMA):
 
     def wait_for_save(self) -> None:
         self._worker().wait_for_save()
+        self._meter.saving()
 
     def get_finished(self, finished_req_ids: set[str]) -> tuple[set[str], set[str]]:
         results = self.get_transfer_results(finished_req_ids)
@@ -400,6 +400,7 @@ class HybridKVConnector(KVConnectorBase_V1, SupportsHMA):
     def get_transfer_results(self, finished_req_ids: set[str]) -> KVConnectorTransferResults:
         output = self._worker().get_transfer_results()
         self._reported = (*self._reported, *output.completed_jobs)
+        self._meter.reported(output.completed_jobs)
         return KVConnectorTransferResults(
             finished_sending=set(output.finished_sending),
             finished_recving=set(output.finished_recving),
@@ -419,32 +420,46 @@ class HybridKVConnector(KVConnectorBase_V1, SupportsHMA):
             return None
         return HybridKVWorkerMeta(tuple(RankReport(r.job_id, 1, r.success) for r in reported))
 
+    # ============================================================ metrics and events
+
     def get_kv_connector_stats(self) -> KVConnectorStats | None:
+        """This side's counter increments since the last call (hybridkv.vllm.metrics): the
+        scheduler's from the core, a worker's from its transfer meter; None when nothing moved."""
         now = self._counters()
         delta = {k: v - self._last_stats.get(k, 0) for k, v in now.items()}
         self._last_stats = now
         return HybridKVStats(delta) if any(delta.values()) else None
 
-    def _counters(self) -> dict[str, int]:
+    def _counters(self) -> dict[str, int | float]:
         if self.core is not None:
-            s = self.core.stats()
-            return {
-                "lookups": s.lookups,
-                "claims": s.claims,
-                "claimed_tokens": s.claimed_tokens,
-                "load_jobs": s.load_jobs,
-                "load_jobs_failed": s.load_jobs_failed,
-                "store_jobs": s.store_jobs,
-                "store_jobs_failed": s.store_jobs_failed,
-            }
+            return dict(scheduler_counters(self.core, self._agreement.count))
         if self.worker is not None:
-            w = self.worker.stats()
-            return {"bytes_loaded": w.bytes_loaded, "bytes_stored": w.bytes_stored}
+            return dict(self._meter.counts)
         return {}
 
     @classmethod
     def build_kv_connector_stats(cls, data: dict[str, Any] | None = None) -> KVConnectorStats:
         return HybridKVStats(dict(data or {}))
+
+    @classmethod
+    def build_prom_metrics(
+        cls,
+        vllm_config: Any,
+        metric_types: dict[type, type],
+        labelnames: list[str],
+        per_engine_labelvalues: dict[int, list[object]],
+    ) -> KVConnectorPromMetrics:
+        return HybridKVPromMetrics(vllm_config, metric_types, labelnames, per_engine_labelvalues)
+
+    def take_events(self) -> Iterable[Any]:
+        """The host store's events since the last call as vLLM KV cache events (medium CPU),
+        when vLLM's KV events are on. Drained every call either way: nothing else takes them,
+        and an undrained store would grow its event list for the server's life."""
+        events = self._core().store.take_events()
+        config = self._vllm_config.kv_events_config
+        if not events or config is None or not config.enable_kv_cache_events:
+            return ()
+        return list(store_events_to_vllm(events, self._core().geometry.units))
 
     def shutdown(self) -> None:
         if self._engine is not None:

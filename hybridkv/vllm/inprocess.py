@@ -105,6 +105,10 @@ class EngineSettings:
         tensor_parallel_size: ranks simulated in this process (module docstring).
         device: where ``allocate_kv_cache`` puts the caches (``"cuda"``: the connector's
             worker picks its CUDA transfer engine; tests/gpu).
+        max_loras: > 0 turns LoRA on (``LoRAConfig(max_loras=...)``) so requests may name an
+            adapter (:meth:`InProcessEngine.add`); no adapter weights are loaded.
+        kv_events: turn vLLM's KV cache events on (``KVEventsConfig``, the null publisher):
+            the scheduler then drains the block pool's and the connector's ``take_events``.
     """
 
     num_gpu_blocks: int
@@ -115,6 +119,8 @@ class EngineSettings:
     max_steps: int = 5000
     tensor_parallel_size: int = 1
     device: str = "cpu"
+    max_loras: int = 0
+    kv_events: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -165,6 +171,9 @@ class InProcessReport:
         leaked_blocks: GPU blocks not back in vLLM's free pool after everything finished.
         transfers: the worker adapters' counters (e.g. jobs and bytes moved), summed over ranks.
         failed_loads: requests vLLM got in ``failed_recving`` (after aggregation over ranks).
+
+    The engine also keeps every ``SchedulerStats.kv_connector_stats`` payload vLLM produced
+    (``InProcessEngine.connector_stats``: the workers' stats aggregated, then the scheduler's).
     """
 
     connector: str
@@ -285,6 +294,8 @@ def _vllm_config(config_json: dict[str, Any], settings: EngineSettings, kv_trans
         ),
         parallel_config=ParallelConfig(tensor_parallel_size=settings.tensor_parallel_size),
         kv_transfer_config=copy.deepcopy(kv_transfer),
+        lora_config=_lora_config(settings.max_loras),
+        kv_events_config=_kv_events_config(settings.kv_events),
     )
     if vllm_config.scheduler_config.disable_hybrid_kv_cache_manager:
         raise ValueError(
@@ -292,6 +303,20 @@ def _vllm_config(config_json: dict[str, Any], settings: EngineSettings, kv_trans
             "(the connector class must subclass SupportsHMA)"
         )
     return vllm_config
+
+
+def _lora_config(max_loras: int) -> Any:
+    if max_loras <= 0:
+        return None
+    from vllm.config import LoRAConfig
+
+    return LoRAConfig(max_loras=max_loras)
+
+
+def _kv_events_config(enabled: bool) -> Any:
+    from vllm.config import KVEventsConfig
+
+    return KVEventsConfig(enable_kv_cache_events=enabled, publisher="null")
 
 
 class _ConnectorClock:
@@ -429,6 +454,7 @@ class InProcessEngine:
         self._hashes: dict[str, list[int]] = {}
         self._state_idx: dict[str, int] = {}
         self.tally = _Tally()
+        self.connector_stats: list[dict[str, Any]] = []
 
     # ------------------------------------------------------------ set-up helpers
     def _layer_tags(self, rank: _Rank) -> list[tuple[int, LayerTags, Any]]:
@@ -456,18 +482,36 @@ class InProcessEngine:
         )
 
     # ------------------------------------------------------------ driving
-    def add(self, request_id: str, prompt: list[int], max_tokens: int) -> None:
-        """Add a request (``Scheduler.add_request``)."""
+    def make_request(
+        self,
+        request_id: str,
+        prompt: list[int],
+        max_tokens: int,
+        *,
+        cache_salt: str | None = None,
+        lora_request: Any = None,
+        mm_features: list[Any] | None = None,
+    ) -> Any:
+        """A vLLM ``Request`` hashed by this engine's block hasher, not added. ``cache_salt``,
+        ``lora_request`` and ``mm_features`` reach the hasher as the engine's input processor
+        passes them (the forward still tags content by token ids alone)."""
         from vllm.sampling_params import SamplingParams
         from vllm.v1.request import Request
 
-        request = Request(
+        return Request(
             request_id=request_id,
             prompt_token_ids=list(prompt),
             sampling_params=SamplingParams(max_tokens=max_tokens, ignore_eos=True),
             pooling_params=None,
+            mm_features=mm_features,
+            lora_request=lora_request,
+            cache_salt=cache_salt,
             block_hasher=self._hasher,
         )
+
+    def add(self, request_id: str, prompt: list[int], max_tokens: int, **extra: Any) -> None:
+        """Add a request (``Scheduler.add_request``); ``extra``: :meth:`make_request`'s."""
+        request = self.make_request(request_id, prompt, max_tokens, **extra)
         self.requests[request_id] = request
         self._hashes[request_id] = []
         self.tally.prompt_tokens += len(prompt)
@@ -519,6 +563,9 @@ class InProcessEngine:
         t.preemptions += len(output.preempted_req_ids or ())
         found = []
         for engine_outputs in outputs.values():
+            stats_out = engine_outputs.scheduler_stats
+            if stats_out is not None and stats_out.kv_connector_stats:
+                self.connector_stats.append(stats_out.kv_connector_stats)
             for out in engine_outputs.outputs:
                 stats = out.prefill_stats
                 if stats is not None:

@@ -345,7 +345,7 @@ def test_a_stored_prefix_is_loaded_back_byte_for_byte_inside_vllms_scheduler() -
     assert final.held_blocks == 0
     worker_stats = run.worker.get_kv_connector_stats()
     assert worker_stats is not None
-    assert worker_stats.data["bytes_loaded"] > 0
+    assert worker_stats.data["load_bytes"] > 0
     run.worker.shutdown()
 
 

@@ -1,0 +1,321 @@
+"""``HybridKVConnector``'s metrics through vLLM 0.33's own pipeline, and its KV cache events.
+
+The path a counter takes (``scheduler.py:2588-2603``, ``kv_connector/utils.py:143-153``,
+``v1/metrics/loggers.py``):
+
+1. each worker's ``get_kv_connector_stats`` returns the worker-side counters moved since its
+   last call (:class:`HybridKVStats`); vLLM's ``KVOutputAggregator`` sums the ranks' objects
+   with :meth:`HybridKVStats.aggregate`;
+2. the scheduler's ``update_from_output`` aggregates its own connector's
+   ``get_kv_connector_stats`` (the scheduler-side counters) into that, and ``make_stats`` ships
+   ``to_dict()`` to the front-end;
+3. the front-end rebuilds the object with ``build_kv_connector_stats`` (the log line, summed
+   over the logging interval) and hands the dict to :class:`HybridKVPromMetrics` (one Prometheus
+   counter per name, ``vllm:hybridkv_<name>_total``).
+
+So every name below is produced on exactly one side (:data:`SCHEDULER_COUNTERS`,
+:data:`WORKER_COUNTERS`), and each payload holds increments, never totals: summing is the only
+merge, and a counter read twice never counts twice. Every value is a non-negative number
+(:func:`counters_non_negative`), because each increment is a difference of monotone counts.
+
+Worker-side counters are per rank: with tensor parallelism bytes and seconds are the sum over
+ranks (each rank moves its own shard), while job counts come from the scheduler, counted once.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Container, Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from vllm.distributed.kv_events import MEDIUM_CPU, BlockRemoved, BlockStored, KVCacheEvent
+from vllm.distributed.kv_transfer.kv_connector.v1.metrics import (
+    KVConnectorPromMetrics,
+    KVConnectorStats,
+)
+from vllm.v1.core.kv_cache_utils import maybe_convert_block_hash
+from vllm.v1.metrics.utils import create_metric_per_engine
+
+from hybridkv.connector import ConnectorCore, JobResult, RequestView, TransferJob, TransferKind
+from hybridkv.connector.claims import decide_claim
+from hybridkv.connector.requests import RequestKeys
+from hybridkv.store import EventKind, LookupResult, StoreEvent
+
+__all__ = [
+    "COUNTERS",
+    "SCHEDULER_COUNTERS",
+    "WORKER_COUNTERS",
+    "GroupAgreement",
+    "HybridKVPromMetrics",
+    "HybridKVStats",
+    "TransferMeter",
+    "counters_non_negative",
+    "scheduler_counters",
+    "store_events_to_vllm",
+]
+
+SCHEDULER_COUNTERS: dict[str, str] = {
+    "lookups": "get_num_new_matched_tokens calls (a waiting request is asked every step)",
+    "lookups_deferred": "lookups answered None: a load of the request in flight, or a key "
+    "that could lengthen the claim still being stored",
+    "claims": "lookups answered with a positive claim",
+    "claimed_tokens": "tokens offered by those claims (a claim vLLM could not allocate for is "
+    "offered again next step and counted again)",
+    "hit_tokens": "tokens vLLM accepted from the host tier (num_external_tokens of "
+    "update_state_after_alloc); vLLM's external prefix-cache hits",
+    "load_jobs": "load jobs built (one per alignment segment of an accepted claim)",
+    "load_jobs_failed": "load jobs reported failed (the request is recomputed or fails, per "
+    "kv_load_failure_policy)",
+    "store_jobs": "store jobs built",
+    "store_jobs_failed": "store jobs reported failed (their host entries are dropped)",
+    "stores_refused": "store attempts refused for lack of host space (nothing evictable)",
+    "delayed_frees": "finished requests whose block free was delayed while a store read them",
+    "deadlines_fired": "loads abandoned at the load deadline and recomputed (0 when the "
+    "connector core has no deadline)",
+    "group_prefix_disagreements": "decided lookups where the KV cache groups' own longest "
+    "loadable prefixes differ (the claim takes the common one); once per request and position",
+}
+WORKER_COUNTERS: dict[str, str] = {
+    "loads_done": "load jobs this worker reported successful",
+    "load_blocks": "blocks those loads moved (one block of one group each)",
+    "load_bytes": "bytes those loads moved into GPU blocks",
+    "load_seconds": "seconds from a load's submission to the step that reported it, summed "
+    "over load jobs reported successful",
+    "stores_done": "store jobs this worker reported successful",
+    "store_blocks": "blocks those stores moved",
+    "store_bytes": "bytes those stores moved into host memory",
+    "store_seconds": "seconds from a store's submission (wait_for_save) to the step that "
+    "reported it, summed over store jobs reported successful",
+    "transfer_failures": "load and store jobs this worker reported failed",
+}
+COUNTERS: dict[str, str] = {**SCHEDULER_COUNTERS, **WORKER_COUNTERS}
+"""Every counter name and what it counts (docs/howto/serve.md lists the same)."""
+
+
+def counters_non_negative(data: Mapping[str, Any]) -> bool:
+    """Every value of a stats payload is a number >= 0 (a bool is not a number)."""
+    return all(
+        isinstance(v, int | float) and not isinstance(v, bool) and v >= 0 for v in data.values()
+    )
+
+
+@dataclass
+class HybridKVStats(KVConnectorStats):
+    """Counter increments (``data``: name -> number >= 0), summed over the workers, then the
+    scheduler, then the logging interval. Names: :data:`COUNTERS`."""
+
+    data: dict[str, Any] = field(default_factory=dict)
+
+    def reset(self) -> None:
+        self.data = {}
+
+    def aggregate(self, other: KVConnectorStats) -> KVConnectorStats:
+        for name, value in other.data.items():
+            self.data[name] = self.data.get(name, 0) + value
+        return self
+
+    def reduce(self) -> dict[str, int | float]:
+        return {name: self.data[name] for name in COUNTERS if name in self.data}
+
+    def is_empty(self) -> bool:
+        return not any(self.data.values())
+
+
+def scheduler_counters(core: ConnectorCore, disagreements: int) -> dict[str, int]:
+    """The scheduler side's counts since creation (monotone; increments are differences)."""
+    s = core.stats()
+    return {
+        "lookups": s.lookups,
+        "lookups_deferred": s.deferred,
+        "claims": s.claims,
+        "claimed_tokens": s.claimed_tokens,
+        "hit_tokens": s.loaded_tokens,
+        "load_jobs": s.load_jobs,
+        "load_jobs_failed": s.load_jobs_failed,
+        "store_jobs": s.store_jobs,
+        "store_jobs_failed": s.store_jobs_failed,
+        "stores_refused": s.stores_refused,
+        "delayed_frees": s.delayed_frees,
+        # Added by the load-deadline work; a core without it never abandons a load.
+        "deadlines_fired": int(getattr(s, "deadlines_fired", 0)),
+        "group_prefix_disagreements": disagreements,
+    }
+
+
+class TransferMeter:
+    """The worker side's counts since creation: each job is timed from its submission (loads:
+    ``start_load_kv``; stores: ``wait_for_save``, after the forward) to the
+    ``get_transfer_results`` that reported it, so a time is at most one step late."""
+
+    def __init__(self, group_bytes: Iterable[int]) -> None:
+        self._group_bytes = tuple(group_bytes)
+        self._jobs: dict[int, tuple[TransferKind, int, int]] = {}  # id -> (kind, blocks, bytes)
+        self._started: dict[int, float] = {}
+        self._unstarted: list[int] = []  # stores bound, submitted at wait_for_save
+        self.counts: dict[str, int | float] = dict.fromkeys(WORKER_COUNTERS, 0)
+
+    def bound(self, jobs: Iterable[TransferJob]) -> None:
+        """This step's jobs reached the worker; the loads are submitted now."""
+        now = time.perf_counter()
+        for job in jobs:
+            size = sum(self._group_bytes[item.group_idx] for item in job.items)
+            self._jobs[job.job_id] = (job.kind, len(job.items), size)
+            if job.kind is TransferKind.LOAD:
+                self._started[job.job_id] = now
+            else:
+                self._unstarted.append(job.job_id)
+
+    def saving(self) -> None:
+        """``wait_for_save``: the stores bound this step are submitted now."""
+        now = time.perf_counter()
+        for job_id in self._unstarted:
+            self._started[job_id] = now
+        self._unstarted = []
+
+    def reported(self, results: Iterable[JobResult]) -> None:
+        """Fold the jobs this ``get_transfer_results`` reported."""
+        now = time.perf_counter()
+        counts = self.counts
+        for result in results:
+            bound = self._jobs.pop(result.job_id, None)
+            started = self._started.pop(result.job_id, now)
+            if bound is None:  # never seen bound: counting it must not fail the step
+                continue
+            kind, blocks, size = bound
+            if not result.success:
+                counts["transfer_failures"] += 1
+                continue
+            side = "load" if kind is TransferKind.LOAD else "store"
+            counts[f"{side}s_done"] += 1
+            counts[f"{side}_blocks"] += blocks
+            counts[f"{side}_bytes"] += size
+            counts[f"{side}_seconds"] += now - started
+
+
+class _GroupOnly:
+    """A container of the failed keys that belong to one group (by the key's suffix)."""
+
+    def __init__(self, failed: Container[bytes], suffix: bytes) -> None:
+        self._failed, self._suffix = failed, suffix
+
+    def __contains__(self, key: object) -> bool:
+        return isinstance(key, bytes) and key.endswith(self._suffix) and key in self._failed
+
+
+class GroupAgreement:
+    """Counts lookups where the groups' own longest loadable prefixes differ.
+
+    A group's own prefix is the claim rule (:func:`hybridkv.connector.claims.decide_claim`)
+    applied with every other group's keys taken as READY and this group's STORING keys as
+    absent: how far this group alone could serve. vLLM reconciles the groups' GPU hits to the
+    common boundary silently (``kv_cache_coordinator.py``); this counter makes the offload
+    tier's version visible. Counted once per request and asked position (a request waiting for
+    blocks is asked again each step with the same answer).
+    """
+
+    def __init__(self) -> None:
+        self.count = 0
+        self._seen: dict[str, tuple[int, int]] = {}
+
+    def observe(self, core: ConnectorCore, view: RequestView, start: int) -> None:
+        """After a decided lookup (not deferred) of ``view`` at ``start``."""
+        position = (start, len(view.token_ids))
+        if self._seen.get(view.request_id) == position:
+            return
+        self._seen[view.request_id] = position
+        if len(set(self.group_ends(core, view, start))) > 1:
+            self.count += 1
+
+    def forget(self, request_id: str) -> None:
+        self._seen.pop(request_id, None)
+
+    @staticmethod
+    def group_ends(core: ConnectorCore, view: RequestView, start: int) -> tuple[int, ...]:
+        """Each group's own claim end from ``start`` (``start`` when it has nothing)."""
+        geometry, store = core.geometry, core.store
+        keys = RequestKeys.for_view(geometry, view)
+        keys.sync(view)
+        failed = core.failed_keys()
+        ends = []
+        for suffix in geometry.suffixes:
+
+            def status(key: bytes, suffix: bytes = suffix) -> LookupResult:
+                if not key.endswith(suffix):
+                    return LookupResult.HIT
+                found = store.status(key)
+                return found if found is LookupResult.HIT else LookupResult.MISS
+
+            decision = decide_claim(
+                geometry,
+                keys.key,
+                len(view.token_ids),
+                start,
+                status=status,
+                failed=_GroupOnly(failed, suffix),
+            )
+            ends.append(decision.end)
+        return tuple(ends)
+
+
+def store_events_to_vllm(
+    events: Iterable[StoreEvent], unit_tokens: tuple[int, ...]
+) -> Iterator[KVCacheEvent]:
+    """The host store's events as vLLM KV cache events (medium ``CPU``), in order.
+
+    A key is vLLM's block hash at the unit's end plus the 4-byte big-endian group index, so
+    each event names ``block_hashes`` and ``group_idx`` exactly as vLLM's own offloading
+    connector does for chunks it has no request for (token ids and the parent hash are not kept
+    by the store: ``token_ids=[]``, ``parent_block_hash=None``; ``block_size`` is the group's
+    unit). STORED -> ``BlockStored`` per key; REMOVED (a failed store) and EVICTED ->
+    ``BlockRemoved`` per group.
+    """
+    for event in events:
+        if event.kind is EventKind.STORED:
+            for key in event.keys:
+                group = int.from_bytes(key[-4:], "big")
+                yield BlockStored(
+                    block_hashes=[maybe_convert_block_hash(key[:-4])],
+                    parent_block_hash=None,
+                    token_ids=[],
+                    block_size=unit_tokens[group],
+                    lora_id=None,
+                    medium=MEDIUM_CPU,
+                    lora_name=None,
+                    group_idx=group,
+                )
+            continue
+        by_group: dict[int, list[Any]] = {}
+        for key in event.keys:
+            group = int.from_bytes(key[-4:], "big")
+            by_group.setdefault(group, []).append(maybe_convert_block_hash(key[:-4]))
+        for group, hashes in sorted(by_group.items()):
+            yield BlockRemoved(block_hashes=hashes, medium=MEDIUM_CPU, group_idx=group)
+
+
+class HybridKVPromMetrics(KVConnectorPromMetrics):
+    """One Prometheus counter per name of :data:`COUNTERS` (``vllm:hybridkv_<name>``; the
+    client adds ``_total``), labelled per engine as vLLM's own metrics are."""
+
+    def __init__(
+        self,
+        vllm_config: Any,
+        metric_types: dict[type, type],
+        labelnames: list[str],
+        per_engine_labelvalues: dict[int, list[object]],
+    ) -> None:
+        super().__init__(vllm_config, metric_types, labelnames, per_engine_labelvalues)
+        self.counters: dict[str, dict[int, Any]] = {}
+        for name, documentation in COUNTERS.items():
+            metric = self._counter_cls(
+                name=f"vllm:hybridkv_{name}",
+                documentation=f"hybridkv: {documentation}",
+                labelnames=labelnames,
+            )
+            self.counters[name] = create_metric_per_engine(metric, per_engine_labelvalues)
+
+    def observe(self, transfer_stats_data: dict[str, Any], engine_idx: int = 0) -> None:
+        for name, value in transfer_stats_data.items():
+            per_engine = self.counters.get(name)
+            if per_engine is not None and value:
+                per_engine[engine_idx].inc(value)
