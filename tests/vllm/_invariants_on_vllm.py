@@ -55,8 +55,8 @@ NOT_CHECKED: dict[str, str] = {
     "content check (wrong_reads) covers reads instead",
     "DATA-1": "the forward checks every slot it reads (InProcessReport.wrong_reads == 0)",
 }
-"""Registered invariants not evaluated here (families PL-* read the planner, checked at build
-time by the planner's own tests, and are listed by :func:`planner_ids`)."""
+"""Registered invariants not evaluated here, and why. The planner's (PL-*, listed by
+:func:`planner_ids`) read a chunk plan, not a step's state; the planner's own tests check them."""
 
 EXERCISED = (
     "store_in_flight",
@@ -406,6 +406,7 @@ class InvariantChecker:
             "multi_key_block": any(n > 1 for n in carried.values()),
         }
         self.situations.update(name for name, hit in seen.items() if hit)
+        self.situations["steps_checked"] += 1
 
     def after_step(self) -> None:
         """Check now; forget the step's claims. Raises InvariantViolation naming every
