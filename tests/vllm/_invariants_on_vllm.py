@@ -65,6 +65,7 @@ EXERCISED = (
     "store_of_preempted",
     "delayed_free",
     "parked_load",
+    "claim_accepted",
 )
 """Situations (:attr:`InvariantChecker.situations`) each layout's batch of random traces must
 reach, so the predicates are seen to run on states where they can fail."""
@@ -390,7 +391,7 @@ class InvariantChecker:
         """Count the steps whose state exercises the predicates (a check that ran only on idle
         states would prove little): stores and loads in flight, pins outside the tables, a
         store still reading blocks of a request vLLM preempted, delayed frees, parked loads,
-        blocks carrying a partial-prefix key beside their own."""
+        blocks carrying a partial-prefix key beside their own, accepted claims (SC-1)."""
         jobs = snaps["connector"]["jobs"]
         statuses = {r["id"]: r["status"] for r in snaps["scheduler"]["requests"]}
         carried = Counter(block for block, _h, _g in snaps["block_pool"]["block_hashes"])
@@ -404,6 +405,7 @@ class InvariantChecker:
             "delayed_free": bool(self._delayed),
             "parked_load": bool(snaps["scheduler"]["parked"]),
             "multi_key_block": any(n > 1 for n in carried.values()),
+            "claim_accepted": any(c["accepted"] for c in snaps["scheduler"]["claims"]),
         }
         self.situations.update(name for name, hit in seen.items() if hit)
         self.situations["steps_checked"] += 1
