@@ -15,9 +15,9 @@ What is observed, and which snapshot it feeds:
 - the connector core's :meth:`~hybridkv.connector.ConnectorCore.snapshot` -> ``connector``
   (MB-*, SEC-1), and its host store's snapshot -> ``store`` (ST-*);
 - the pool, the tables and the core's jobs in flight -> ``system`` (TR-1);
-- vLLM's request states and queues, the core's loads and delayed frees, the last step's claims
-  (recorded from ``get_num_new_matched_tokens``) and the scheduled tokens -> ``scheduler``
-  (SC-1, SC-5, SC-7, SC-8).
+- vLLM's request states and queues, the core's loads, the frees the connector delayed (until
+  vLLM gets their ``finished_sending``) and the step's claims (both recorded from vLLM's calls
+  of the connector) -> ``scheduler`` (SC-1, SC-5, SC-7, SC-8).
 
 :data:`NOT_CHECKED` gives, for every other registered invariant, why it cannot be evaluated on
 this state (a test keeps the two lists covering the registry).
