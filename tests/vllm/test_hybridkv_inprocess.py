@@ -8,9 +8,12 @@ stride, mamba pages viewed as vLLM's runner registers them), every read content-
 - Random traces (a seeded generator; ``max_examples`` of the Hypothesis profile, split over three
   layouts: ``ci`` 201 traces, ``nightly`` 2,001) with load and store failures injected before
   submission and inside the copy (:class:`hybridkv.vllm.cpu_worker.FaultPlan`), tight GPU pools
-  (preemptions), aborts of requests waiting for their load, and random aborts: 0 wrong reads,
-  0 wedges, 0 leaks, and across each layout's batch failures injected, loads failed and the
-  requests they hit recovered by recompute.
+  (preemptions on every layout), aborts of requests waiting for their load, and random aborts:
+  0 wrong reads, 0 wedges, 0 leaks, 0 violations of the spec's invariants evaluated on vLLM's
+  and the connector's state after every step (:mod:`_invariants_on_vllm`), and across each
+  layout's batch failures injected, loads failed and the requests they hit recovered by
+  recompute, preemptions, and the states the invariants exist for (stores and loads in flight,
+  a store reading a preempted request's blocks, delayed frees, parked loads).
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ import pytest
 pytestmark = pytest.mark.vllm
 pytest.importorskip("vllm.v1.core.sched.scheduler", reason="vLLM 0.33 is not installed")
 
+from _invariants_on_vllm import EXERCISED, InvariantChecker  # noqa: E402
 from diffharness.layouts import RECIPES, Layout  # noqa: E402
 from hypothesis import settings  # noqa: E402
 from vllm.config import KVTransferConfig  # noqa: E402
@@ -120,22 +124,24 @@ def test_hybridkv_hits_the_host_tier_with_correct_content(layout: Layout, sized:
 
 @dataclass(frozen=True, slots=True)
 class Shape:
-    """One layout's random-trace geometry: the budget, the chunk and prompt lengths."""
+    """One layout's random-trace geometry: the budget, the chunk, prompt and output lengths
+    (sliding windows free blocks as a prompt advances, so only decoding past the pool
+    preempts there: longer outputs)."""
 
     layout: Layout
     budget: int
     chunk: int
     max_prompt: int
     max_seqs: int
-    preempts: bool  # whether its random traces are known to preempt (sliding+full: not yet)
+    max_tokens: int
 
 
 SHAPES = {
     s.layout: s
     for s in (
-        Shape(Layout.MAMBA_FULL, 1280, 640, 2400, 2, True),
-        Shape(Layout.SLIDING_FULL, 128, 32, 400, 3, False),
-        Shape(Layout.THREE_GROUPS, 128, 32, 400, 3, True),
+        Shape(Layout.MAMBA_FULL, 1280, 640, 2400, 2, 3),
+        Shape(Layout.SLIDING_FULL, 128, 32, 400, 3, 40),
+        Shape(Layout.THREE_GROUPS, 128, 32, 400, 3, 24),
     )
 }
 TRACES_PER_LAYOUT = max(10, -(-settings.default.max_examples // len(SHAPES)))
@@ -159,7 +165,9 @@ def _random_trace(shape: Shape, rng: random.Random) -> list[Arrival]:
         length = rng.randint(shape.chunk // 2, shape.max_prompt - 8)
         own = [rng.randint(3, 999) for _ in range(rng.choice((0, 0, 3, shape.chunk // 2)))]
         prompt = (base[:length] + own)[: shape.max_prompt]
-        arrivals.append(Arrival(rng.randint(0, 10), f"r{i}", tuple(prompt), rng.randint(1, 3)))
+        arrivals.append(
+            Arrival(rng.randint(0, 10), f"r{i}", tuple(prompt), rng.randint(1, shape.max_tokens))
+        )
     return sorted(arrivals, key=lambda a: (a.step, a.request_id))
 
 
@@ -173,6 +181,7 @@ class Outcome:
     recovered: int
     aborted_loading: int
     aborted: int
+    situations: Counter[str]
 
 
 def _engine(shape: Shape, rng: random.Random, seed: int) -> InProcessEngine:
@@ -210,6 +219,7 @@ def _watch_failed_loads(engine: InProcessEngine, failed: set[str]) -> None:
 def _play(shape: Shape, seed: int) -> Outcome:
     rng = random.Random(seed)
     engine = _engine(shape, rng, seed)
+    invariants = InvariantChecker(engine)
     failed: set[str] = set()
     _watch_failed_loads(engine, failed)
     arrivals = _random_trace(shape, rng)
@@ -239,6 +249,7 @@ def _play(shape: Shape, seed: int) -> Outcome:
                 aborted.add(rid)
                 aborted_loading += loading
         engine.step()
+        invariants.after_step()
     report = engine.report(sum(r.is_finished() for r in engine.requests.values()))
     assert report.finished == report.requests, f"seed {seed}: unfinished requests"
     _quiescent(engine)
@@ -253,6 +264,7 @@ def _play(shape: Shape, seed: int) -> Outcome:
         recovered,
         aborted_loading,
         len(aborted),
+        invariants.situations,
     )
 
 
@@ -279,9 +291,13 @@ def test_random_traces_with_faults_preemptions_and_aborts(layout: Layout) -> Non
             aborted=out.aborted,
             aborted_loading=out.aborted_loading,
         )
+        total.update(out.situations)
     print(f"\n{layout.value}: {dict(total)}")
     assert total["wrong_reads"] == 0
     for name in ("slots_checked", "host_loaded", "faults_injected", "failed_loads", "recovered"):
         assert total[name] > 0, (name, dict(total))
-    assert (total["preemptions"] > 0) == shape.preempts, dict(total)
     assert total["aborted_loading"] > 0, dict(total)
+    # The invariants ran after every step (0 violations, else _play raised) on states that
+    # exercise them: preemptions, stores and loads in flight, pins outside the tables...
+    for name in ("preemptions", *EXERCISED):
+        assert total[name] > 0, (name, dict(total))
