@@ -381,8 +381,10 @@ class InProcessEngine:
         )
 
     # ------------------------------------------------------------ driving
-    def add(self, request_id: str, prompt: list[int], max_tokens: int) -> None:
-        """Add a request (``Scheduler.add_request``)."""
+    def add(
+        self, request_id: str, prompt: list[int], max_tokens: int, cache_salt: str | None = None
+    ) -> None:
+        """Add a request (``Scheduler.add_request``); ``cache_salt`` is vLLM's isolation domain."""
         from vllm.sampling_params import SamplingParams
         from vllm.v1.request import Request
 
@@ -391,6 +393,7 @@ class InProcessEngine:
             prompt_token_ids=list(prompt),
             sampling_params=SamplingParams(max_tokens=max_tokens, ignore_eos=True),
             pooling_params=None,
+            cache_salt=cache_salt,
             block_hasher=self._hasher,
         )
         self.requests[request_id] = request
