@@ -20,7 +20,9 @@ from two observations of vLLM's own calls:
 So the first forward after an admission finds ``[served, c0)`` in place without computing it:
 below the local hit a GPU hit, above it a host load. A ``c0`` below the admission's
 ``local + external`` is a load vLLM dropped after a failure (``kv_load_failure_policy=
-"recompute"``); the difference is the tokens recovery discarded. Positions served before (after
+"recompute"``: it truncates the request's computed tokens, or sends it back to a fresh lookup,
+a second admission before any forward); the difference from the largest claim is the tokens
+recovery discarded. Positions served before (after
 a preemption or a failure) count again, apart, by the cause that took them back. Positions a
 forward reads that no admission or forward served are counted as unaccounted reads.
 """
@@ -60,7 +62,9 @@ class _Request:
     previous_prompt_len: int | None  # a conversation turn: the previous turn's prompt ...
     previous_total: int | None  # ... and its prompt plus answer
     served: int = 0  # positions [0, served) were in place at least once
-    admission: tuple[int, int] | None = None  # (local, external) until its first forward
+    # (local, external, promised) until its first forward; promised: the most an admission
+    # since the last forward claimed (a dropped load re-admits the request without a forward)
+    admission: tuple[int, int, int] | None = None
     cause: Cause = Cause.REPLAY
     cache_first: list[tuple[int, int]] = field(default_factory=list)  # first served by a cache
 
@@ -100,7 +104,11 @@ class _Ledger:
         self.requests: dict[str, _Request] = {}
 
     def admitted(self, rid: str, local: int, external: int) -> None:
-        self.requests[rid].admission = (local, external)
+        r = self.requests[rid]
+        promised = local + external
+        if r.admission is not None:  # the earlier admission's load was dropped before a forward
+            promised = max(promised, r.admission[2])
+        r.admission = (local, external, promised)
 
     def preempted(self, rid: str) -> None:
         self.requests[rid].cause = Cause.PREEMPTION
@@ -110,9 +118,9 @@ class _Ledger:
         p = r.prompt_len
         admission, r.admission = r.admission, None
         if admission is not None:
-            local, external = admission
-            if c0 < local + external:  # vLLM dropped (part of) the load: recompute
-                self.run.tokens_discarded_by_recovery += local + external - c0
+            local, _external, promised = admission
+            if c0 < promised:  # vLLM dropped (part of) a load: recompute
+                self.run.tokens_discarded_by_recovery += promised - c0
                 r.cause = Cause.FAILURE
             self._cache(r, min(c0, p), local)
         elif c0 > r.served:
