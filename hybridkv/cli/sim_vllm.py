@@ -193,10 +193,10 @@ def simulate_vllm(options: SimOptions, plot: str | None = None) -> dict[str, Any
             f"pass --gpu-blocks {needed} or more",
         )
     require_vllm()
-    from hybridkv.vllm.workload import WorkloadEngine, play_workload
-
+    # By name: mypy does not follow into hybridkv.vllm (excluded: it subclasses vLLM's classes).
+    workload = importlib.import_module("hybridkv.vllm.workload")
     start = time.perf_counter()
-    engine = WorkloadEngine(
+    engine = workload.WorkloadEngine(
         num_gpu_blocks=gpu_blocks,
         max_model_len=longest,
         max_num_seqs=options.max_num_running,
@@ -207,7 +207,7 @@ def simulate_vllm(options: SimOptions, plot: str | None = None) -> dict[str, Any
         seed=options.seed,
     ).build(cfg)
     built = time.perf_counter()
-    run = play_workload(engine, trace, max_ticks=last_tick + MAX_TICKS_AFTER_LAST_ARRIVAL)
+    run = workload.play_workload(engine, trace, max_ticks=last_tick + MAX_TICKS_AFTER_LAST_ARRIVAL)
     from hybridkv.cli.sim_vllm_report import build_report
 
     observed = _observed(engine)

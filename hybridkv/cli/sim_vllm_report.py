@@ -37,7 +37,7 @@ def _stats_agree(run: Any, observed: Mapping[str, Any]) -> bool | None:
     if run.preemptions or run.failed_load_requests or observed["load_jobs_failed"]:
         return None
     first = {s.value: n for s, n in run.first.items()}
-    return (
+    return bool(
         first["hit"] == run.vllm_local_hits
         and first["loaded"] == run.vllm_external_hits == run.external_tokens_handed
     )
