@@ -28,6 +28,7 @@ from typing import Any
 from hybridkv.cli.model_config import load_model_config
 from hybridkv.cli.sim_run import SimOptions
 from hybridkv.cli.sim_setup import SimSetup, derive_setup
+from hybridkv.cli.sim_threads import one_intra_op_thread
 from hybridkv.errors import HybridKVConfigError
 from hybridkv.sim.copy_time import DEFAULT_GBPS, DEFAULT_LATENCY_US, DEFAULT_STEP_MS
 
@@ -156,6 +157,7 @@ def _setup(options: SimOptions, cfg: Mapping[str, Any], max_model_len: int) -> S
     )
 
 
+@one_intra_op_thread  # as the spec engine: the forward's tensor ops, not thread barriers
 def simulate_vllm(options: SimOptions, plot: str | None = None) -> dict[str, Any]:
     """Run ``options`` through vLLM's Scheduler and return the report (same schema as the
     spec engine's where a figure is observable; ``None`` where it is not).
