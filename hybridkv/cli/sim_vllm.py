@@ -165,7 +165,12 @@ def simulate_vllm(options: SimOptions, plot: str | None = None) -> dict[str, Any
     Refusal: :class:`HybridKVConfigError` for flags the engine cannot honour, a Python without
     vLLM 0.33, or a GPU pool too small for the trace, before anything is allocated.
     """
-    from hybridkv.cli.sim_limits import check_arrivals, check_flags, check_trace_memory
+    from hybridkv.cli.sim_limits import (
+        check_arrivals,
+        check_flags,
+        check_run_memory,
+        check_trace_memory,
+    )
     from hybridkv.cli.sim_run import _blocks_for, _longest_sequence, _trace
 
     if options.requests is None and not options.trace.endswith(".jsonl"):
@@ -184,8 +189,7 @@ def simulate_vllm(options: SimOptions, plot: str | None = None) -> dict[str, Any
             f"is shorter than the trace's longest sequence ({longest} tokens)",
             f"pass --max-model-len {longest}",
         )
-    setup = _setup(options, cfg, longest)
-    needed = _blocks_for(setup, longest)
+    needed = _blocks_for(_setup(options, cfg, longest), longest)
     gpu_blocks = options.gpu_blocks or 3 * needed
     if gpu_blocks < needed:
         raise HybridKVConfigError(
@@ -194,6 +198,10 @@ def simulate_vllm(options: SimOptions, plot: str | None = None) -> dict[str, Any
             f"cannot hold the trace's longest sequence ({longest} tokens needs {needed} blocks)",
             f"pass --gpu-blocks {needed} or more",
         )
+    options = dataclasses.replace(options, gpu_blocks=gpu_blocks)
+    setup = _setup(options, cfg, longest)
+    # The CPU caches vLLM allocates (pages x blocks x layers per group) and the host tier.
+    check_run_memory(options, setup, trace)
     require_vllm()
     # By name: mypy does not follow into hybridkv.vllm (excluded: it subclasses vLLM's classes).
     workload = importlib.import_module("hybridkv.vllm.workload")

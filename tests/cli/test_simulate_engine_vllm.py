@@ -112,6 +112,8 @@ def test_pool_and_length_are_checked_before_vllm_is_needed(
     err = _error(capsys, ["simulate", "--engine", "vllm", "--gpu-blocks", "3"])
     assert "--gpu-blocks=3: cannot hold the trace's longest sequence" in err
     assert "(4694 tokens needs 12 blocks)" in err  # 3 mamba groups x 2 states + 6 full of 896
+    err = _error(capsys, ["simulate", "--engine", "vllm", "--gpu-blocks", "1000000000"])
+    assert "--gpu-blocks=1000000000: the run would allocate" in err
     err = _error(capsys, ["simulate", "--engine", "vllm", "--max-model-len", "1000"])
     assert "--max-model-len=1000: is shorter than the trace's longest sequence" in err
 
