@@ -43,7 +43,6 @@ DEFAULT_REQUESTS = 8
 spec engine's conversations (its default is 32; vLLM's in-process engine checks every slot a
 step reads, so 32 take a few minutes on CPU)."""
 PLATFORM = "cpu"  # vLLM's CpuPlatform: the geometry the in-process engine gets
-MAX_TICKS_AFTER_LAST_ARRIVAL = 200_000
 
 
 def require_vllm() -> None:
@@ -180,7 +179,7 @@ def simulate_vllm(options: SimOptions, plot: str | None = None) -> dict[str, Any
     source, cfg, changed = vllm_model(options.preset, options.config, options.layers_per_group)
     check_trace_memory(options)
     trace = _trace(options)
-    last_tick = check_arrivals(trace)
+    max_ticks = check_arrivals(trace)  # MAX_STEPS after the last arrival
     longest = _longest_sequence(trace)
     if longest > options.max_model_len:
         raise HybridKVConfigError(
@@ -217,10 +216,10 @@ def simulate_vllm(options: SimOptions, plot: str | None = None) -> dict[str, Any
         seed=options.seed,
     ).build(cfg)
     built = time.perf_counter()
-    run = workload.play_workload(engine, trace, max_ticks=last_tick + MAX_TICKS_AFTER_LAST_ARRIVAL)
+    run = workload.play_workload(engine, trace, max_ticks=max_ticks)
     from hybridkv.cli.sim_vllm_report import build_report
 
-    observed = _observed(engine)
+    observed = workload.end_state(engine)
     return build_report(
         options,
         {
@@ -235,35 +234,3 @@ def simulate_vllm(options: SimOptions, plot: str | None = None) -> dict[str, Any
         observed,
         time.perf_counter() - built,
     )
-
-
-def _observed(engine: Any) -> dict[str, Any]:
-    """What the engine, the connector's core and its worker observed (plain values)."""
-    connector = engine.scheduler.connector
-    core = connector.core.stats()
-    store = connector.core.store.stats()
-    report = engine.report(0)
-    transfers = report.transfers
-    return {
-        "block_size": engine.block_size,
-        "chunk_size": connector.chunk_size,
-        "host_entries": store.capacity,
-        "slot_bytes": connector.hybridkv_config.host_memory_bytes // max(1, store.capacity),
-        "host_memory_bytes": connector.hybridkv_config.host_memory_bytes,
-        "load_jobs": core.load_jobs,
-        "store_jobs": core.store_jobs,
-        "load_jobs_failed": core.load_jobs_failed,
-        "store_jobs_failed": core.store_jobs_failed,
-        "jobs_in_flight": core.jobs_in_flight + engine.adapter.pending(),
-        "held_blocks": core.held_blocks,
-        "pinned_entries": store.pinned,
-        "bytes_loaded": transfers.get("bytes_loaded", 0),
-        "bytes_stored": transfers.get("bytes_stored", 0),
-        "load_faults": transfers.get("load_faults", 0),
-        "store_faults": transfers.get("store_faults", 0),
-        "slots_checked": report.slots_checked,
-        "wrong_reads": report.wrong_reads,
-        "leaked_blocks": report.leaked_blocks,
-        "schedule_us": round(report.schedule_us, 1),
-        "connector_us": round(report.connector_us, 1),
-    }

@@ -148,9 +148,9 @@ def _trio(counts: Mapping[str, int]) -> str:
     return f"{counts['computed']:,} / {counts['loaded']:,} / {counts['hit']:,}"
 
 
-def _agree(value: bool | None, v: Mapping[str, Any]) -> str:
+def _agree(value: bool | None, v: Mapping[str, Any], failed: int) -> str:
     if value is None:
-        return f"not comparable ({v['preemptions']} preemptions or failed loads)"
+        return f"not comparable ({v['preemptions']} preemptions, {failed} requests' loads failed)"
     figures = f"local {v['prefill_stats_local']:,}, external {v['prefill_stats_external']:,}"
     return f"{'agree' if value else 'DISAGREE'} ({figures})"
 
@@ -168,7 +168,10 @@ def rows(report: Mapping[str, Any]) -> list[tuple[str, str]]:
         ("  loaded from host (first time)", f"{r['prefill_tokens_loaded']:,}"),
         ("  hit on GPU (first time)", f"{r['local_hit_tokens']:,}"),
         ("identity (below)", "holds" if r["identity_holds"] else "DOES NOT HOLD"),
-        ("vLLM PrefillStats vs the ledger", _agree(v["prefill_stats_agree"], v)),
+        (
+            "vLLM PrefillStats vs the ledger",
+            _agree(v["prefill_stats_agree"], v, r["failed_load_requests"]),
+        ),
         ("recomputed/reloaded/hit after failure", _trio(again["failure"])),
         ("recomputed/reloaded/hit after preemption", _trio(again["preemption"])),
         ("preemptions (vLLM)", str(v["preemptions"])),

@@ -37,7 +37,7 @@ from typing import Any
 from hybridkv.sim.trace import TraceRequest
 from hybridkv.vllm.inprocess import InProcessEngine, WedgedError
 
-__all__ = ["Cause", "Source", "WorkloadEngine", "WorkloadRun", "play_workload"]
+__all__ = ["Cause", "Source", "WorkloadEngine", "WorkloadRun", "end_state", "play_workload"]
 
 
 class Source(Enum):
@@ -334,3 +334,36 @@ class WorkloadEngine:
             max_steps=self.max_steps,
         )
         return InProcessEngine(config_json, settings, transfer, adapter)
+
+
+def end_state(engine: InProcessEngine) -> dict[str, Any]:
+    """What the engine, the connector's core and its worker observed by the end of a run, as
+    plain values (the report of ``hybridkv simulate --engine vllm`` reads these)."""
+    connector = engine.scheduler.connector
+    core = connector.core.stats()
+    store = connector.core.store.stats()
+    report = engine.report(0)
+    transfers = report.transfers
+    return {
+        "block_size": engine.block_size,
+        "chunk_size": connector.chunk_size,
+        "host_entries": store.capacity,
+        "slot_bytes": connector.hybridkv_config.host_memory_bytes // max(1, store.capacity),
+        "host_memory_bytes": connector.hybridkv_config.host_memory_bytes,
+        "load_jobs": core.load_jobs,
+        "store_jobs": core.store_jobs,
+        "load_jobs_failed": core.load_jobs_failed,
+        "store_jobs_failed": core.store_jobs_failed,
+        "jobs_in_flight": core.jobs_in_flight + engine.adapter.pending(),
+        "held_blocks": core.held_blocks,
+        "pinned_entries": store.pinned,
+        "bytes_loaded": transfers.get("bytes_loaded", 0),
+        "bytes_stored": transfers.get("bytes_stored", 0),
+        "load_faults": transfers.get("load_faults", 0),
+        "store_faults": transfers.get("store_faults", 0),
+        "slots_checked": report.slots_checked,
+        "wrong_reads": report.wrong_reads,
+        "leaked_blocks": report.leaked_blocks,
+        "schedule_us": round(report.schedule_us, 1),
+        "connector_us": round(report.connector_us, 1),
+    }

@@ -261,3 +261,59 @@ def test_stats_not_comparable_after_preemption() -> None:
     assert report["vllm"]["prefill_stats_agree"] is None
     assert report["verdict"] == "pass"
     assert dict(rows(report))["vLLM PrefillStats vs the ledger"].startswith("not comparable")
+
+
+def test_the_flags_reach_vllms_engine_and_its_observations_the_report(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The wiring after the vLLM check, with :mod:`hybridkv.vllm.workload` replaced by a
+    recorder (the real run: tests/vllm/test_simulate_vllm.py)."""
+    seen: dict[str, Any] = {}
+
+    class Engine:
+        def __init__(self, **kwargs: Any) -> None:
+            seen["engine"] = kwargs
+
+        def build(self, cfg: dict[str, Any]) -> str:
+            seen["cfg"] = cfg
+            return "engine"
+
+    def play_workload(engine: str, trace: Any, *, max_ticks: int) -> Any:
+        seen["played"] = (engine, len(trace), max_ticks)
+        return _run(requests=len(trace))
+
+    stand_in = types.SimpleNamespace(
+        WorkloadEngine=Engine, play_workload=play_workload, end_state=lambda e: _OBSERVED
+    )
+    real = importlib.import_module
+    monkeypatch.setattr(sim_vllm, "require_vllm", lambda: None)
+    monkeypatch.setattr(
+        importlib,
+        "import_module",
+        lambda name, package=None: (
+            stand_in if name == "hybridkv.vllm.workload" else real(name, package)
+        ),
+    )
+    options = SimOptions(engine="vllm", policy="arc", faults=0.25, seed=7, host_bytes=1 << 28)
+    report = sim_vllm.simulate_vllm(options)
+    assert seen["engine"] == {
+        "num_gpu_blocks": 36,  # three of the longest sequence's 12 blocks
+        "max_model_len": 4694,
+        "max_num_seqs": 8,
+        "max_num_batched_tokens": 2048,
+        "host_bytes": 1 << 28,
+        "policy": "arc",
+        "fault_rate": 0.25,
+        "seed": 7,
+    }
+    assert seen["cfg"]["architectures"] == ["Qwen3_5ForCausalLM"]
+    assert seen["played"] == ("engine", 8, 1_000_000 + max(r.arrival_step for r in _trace8()))
+    assert report["setup"]["gpu_blocks"] == 36
+    assert report["setup"]["groups"] == ["mamba", "mamba", "mamba", "full"]
+    assert report["requests"] == 8
+
+
+def _trace8() -> Any:
+    from hybridkv.sim.workloads import builtin_workload
+
+    return builtin_workload("multi-turn", 8)
