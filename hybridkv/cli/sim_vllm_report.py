@@ -111,13 +111,21 @@ def build_report(
         "failures_injected": observed["load_faults"] + observed["store_faults"],
         "failed_loads": observed["load_jobs_failed"],
         "failed_stores": observed["store_jobs_failed"],
+        "failures_recovered": None,  # per request instead: failed_load_requests(_finished)
+        "recovered_loads": None,
+        "recovered_stores": None,
+        "failures_ended": None,
         "failed_load_requests": run.failed_load_requests,
         "failed_load_requests_finished": run.failed_load_requests_finished,
         "tokens_discarded_by_recovery": run.tokens_discarded_by_recovery,
+        "blocks_verified": None,  # slots instead: the forward checks each slot it reads
         "slots_verified": observed["slots_checked"],
         "wrong_content_loads": None,
         "wrong_content_reads": observed["wrong_reads"],
         "invariant_checks": None,
+        "invariant_violations": None,
+        "violations": [],
+        "transfers": None,  # no copy-time model
         "vllm": {
             "preemptions": run.preemptions,
             "prefill_stats_local": run.vllm_local_hits,
@@ -174,6 +182,11 @@ def rows(report: Mapping[str, Any]) -> list[tuple[str, str]]:
         ),
         ("recomputed/reloaded/hit after failure", _trio(again["failure"])),
         ("recomputed/reloaded/hit after preemption", _trio(again["preemption"])),
+        *(
+            [("recomputed/reloaded/hit while in place", _trio(again["replay"]))]
+            if any(again["replay"].values())
+            else []
+        ),
         ("preemptions (vLLM)", str(v["preemptions"])),
         ("reads of tokens no event served", str(r["unaccounted_reads"])),
         ("hit rate", f"{100 * r['hit_rate']:.1f}%"),

@@ -153,6 +153,7 @@ class _Source(Enum):
 class _Cause(Enum):
     FAILURE = "failure"
     PREEMPTION = "preemption"
+    REPLAY = "replay"
 
 
 def _run(**changes: Any) -> types.SimpleNamespace:
@@ -254,6 +255,15 @@ def test_report_identity_stats_and_verdict() -> None:
 )
 def test_report_fails_on_each_broken_check(run: Any, observed: dict[str, Any]) -> None:
     assert _report(run, **observed)["verdict"] == "fail"
+
+
+def test_tokens_served_again_in_place_get_their_own_row() -> None:
+    """The spec engine's rule: the in-place row shows only when something was served again
+    with neither a failure nor a preemption observed before it."""
+    plain = dict(rows(_report(_run())))
+    assert "recomputed/reloaded/hit while in place" not in plain
+    report = _report(_run(again={(_Cause.REPLAY, _Source.HIT): 3}))
+    assert dict(rows(report))["recomputed/reloaded/hit while in place"] == "0 / 0 / 3"
 
 
 def test_stats_not_comparable_after_preemption() -> None:
