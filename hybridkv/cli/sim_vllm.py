@@ -32,7 +32,14 @@ from hybridkv.cli.sim_threads import one_intra_op_thread
 from hybridkv.errors import HybridKVConfigError
 from hybridkv.sim.copy_time import DEFAULT_GBPS, DEFAULT_LATENCY_US, DEFAULT_STEP_MS
 
-__all__ = ["VLLM_INSTALL", "require_vllm", "simulate_vllm", "vllm_model"]
+__all__ = [
+    "DEFAULT_REQUESTS",
+    "VLLM_INSTALL",
+    "check_vllm_flags",
+    "require_vllm",
+    "simulate_vllm",
+    "vllm_model",
+]
 
 VLLM_INSTALL = (
     "pip install -r tests/vllm/requirements-vllm.txt && "
