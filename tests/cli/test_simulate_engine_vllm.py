@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib
 import io
+import json
 import types
 from contextlib import redirect_stdout
 from enum import Enum
@@ -327,3 +328,19 @@ def _trace8() -> Any:
     from hybridkv.sim.workloads import builtin_workload
 
     return builtin_workload("multi-turn", 8)
+
+
+@pytest.mark.parametrize("as_json", [False, True], ids=["table", "json"])
+def test_main_prints_the_vllm_report_and_exits_by_its_verdict(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch, as_json: bool
+) -> None:
+    for run, code in ((_run(), 0), (_run(unaccounted_reads=1), 1)):
+        report = _report(run)
+        monkeypatch.setattr(sim_vllm, "simulate_vllm", lambda options, plot, r=report: r)
+        argv = ["simulate", "--engine", "vllm", *(["--json"] if as_json else [])]
+        assert main(argv) == code
+        out = capsys.readouterr().out
+        if as_json:
+            assert json.loads(out) == report
+        else:
+            assert f"verdict: {report['verdict']}" in out
