@@ -66,6 +66,7 @@ class SimOptions:
     transfer_latency_us: float = DEFAULT_LATENCY_US
     step_ms: float = DEFAULT_STEP_MS
     aborts: float = 0.0
+    engine: str = "spec"
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> SimOptions:
@@ -94,6 +95,7 @@ class SimOptions:
             transfer_latency_us=args.transfer_latency_us,
             step_ms=args.step_ms,
             aborts=args.aborts,
+            engine=args.engine,
         )
 
 

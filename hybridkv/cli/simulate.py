@@ -97,6 +97,12 @@ def add_parser(sub: Any) -> None:
         help="the optimized core (default) or the spec's reference connector",
     )
     p.add_argument(
+        "--engine",
+        choices=["spec", "vllm"],
+        default="spec",
+        help="the spec scheduler (default) or vLLM 0.33's own Scheduler (needs vllm)",
+    )
+    p.add_argument(
         "--gpu-blocks",
         type=int,
         help="GPU KV blocks (default: room for three of the trace's longest sequences)",
@@ -155,6 +161,8 @@ def run(args: argparse.Namespace) -> int:
     from hybridkv.cli.sim_run import SimOptions, simulate
 
     options = SimOptions.from_args(args)
+    if options.engine == "vllm":
+        return _run_vllm(options, args)
     if args.plot:
         from hybridkv.cli.sim_plot import require_matplotlib
 
@@ -169,6 +177,20 @@ def run(args: argparse.Namespace) -> int:
     else:
         from hybridkv.cli.sim_report import render
 
+        render(report)
+    sys.stdout.flush()
+    return 0 if report["verdict"] == "pass" else 1
+
+
+def _run_vllm(options: Any, args: argparse.Namespace) -> int:
+    """``--engine vllm`` (:mod:`hybridkv.cli.sim_vllm`): vLLM is imported only on this path."""
+    from hybridkv.cli.sim_vllm import simulate_vllm
+    from hybridkv.cli.sim_vllm_report import render
+
+    report = simulate_vllm(options, args.plot)
+    if args.json:
+        print(json.dumps(report, indent=2))
+    else:
         render(report)
     sys.stdout.flush()
     return 0 if report["verdict"] == "pass" else 1

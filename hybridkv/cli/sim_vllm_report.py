@@ -1,0 +1,247 @@
+"""The report of ``hybridkv simulate --engine vllm``: the spec engine's keys and rows where vLLM
+lets the figure be observed, ``None`` (shown as "not observed under vLLM") where it does not.
+
+- The token identity ``prompt = computed + loaded + GPU hit`` counts each prompt position the
+  first time its KV is in place (:mod:`hybridkv.vllm.workload`); what a preemption or a failed
+  load took back and was served again is apart, as in the spec engine's report.
+- Cross-check with vLLM's own counters: without preemptions and failed loads, the GPU hits
+  and the loaded tokens equal vLLM's ``PrefillStats`` (local and external cached tokens) and the
+  loaded tokens the ``num_external_tokens`` vLLM handed the connector; with either, vLLM's
+  first-admission stats do not describe what was served, and the row says so.
+- Content: every KV slot and mamba state the stand-in forward reads is checked (loaded ones
+  included), so wrong loads show up as wrong reads; a separate wrong-load count is not observed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from hybridkv.cli.sim_report import identity_line
+
+__all__ = ["NOT_OBSERVED", "build_report", "render", "rows"]
+
+NOT_OBSERVED = "not observed under vLLM"
+
+
+def _again(run: Any, cause: str) -> dict[str, int]:
+    out = {"computed": 0, "loaded": 0, "hit": 0}
+    for (c, source), n in run.again.items():
+        if c.value == cause:
+            out[source.value] += n
+    return out
+
+
+def _stats_agree(run: Any, observed: Mapping[str, Any]) -> bool | None:
+    """vLLM's PrefillStats and external tokens against the ledger (None: not comparable)."""
+    if run.preemptions or run.failed_load_requests or observed["load_jobs_failed"]:
+        return None
+    first = {s.value: n for s, n in run.first.items()}
+    return bool(
+        first["hit"] == run.vllm_local_hits
+        and first["loaded"] == run.vllm_external_hits == run.external_tokens_handed
+    )
+
+
+def _verdict(report: Mapping[str, Any]) -> str:
+    """pass: 0 wrong reads, every read served by an observed event, the identity holds, every
+    request finished, nothing leaked or left in flight, every request whose load failed
+    finished after recompute, and vLLM's own counters agree where comparable."""
+    r, v = report, report["vllm"]
+    finished = r["finished"].get("finished_length_capped", 0) == r["requests"]
+    quiet = v["leaked_blocks"] == 0 and v["jobs_in_flight"] == 0 and v["held_blocks"] == 0
+    recovered = r["failed_load_requests_finished"] == r["failed_load_requests"]
+    clean = r["wrong_content_reads"] == 0 and r["unaccounted_reads"] == 0
+    agree = v["prefill_stats_agree"] is not False
+    passed = clean and r["identity_holds"] and finished and quiet and recovered and agree
+    return "pass" if passed else "fail"
+
+
+def build_report(
+    options: Any,
+    setup: Mapping[str, Any],
+    run: Any,
+    observed: Mapping[str, Any],
+    seconds: float,
+) -> dict[str, Any]:
+    """The JSON report of one vLLM run (module docstring)."""
+    from hybridkv.cli.simulate import SCHEMA_VERSION
+
+    first = {s.value: n for s, n in run.first.items()}
+    total = first["computed"] + first["loaded"] + first["hit"]
+    hits = first["loaded"] + first["hit"]
+    report: dict[str, Any] = {
+        "schema_version": SCHEMA_VERSION,
+        "engine": "vllm",
+        "setup": {
+            **setup,
+            "block_size": observed["block_size"],
+            "chunk_size": observed["chunk_size"],
+            "host_entries": observed["host_entries"],
+            "host_bytes": observed["host_entries"] * observed["slot_bytes"],
+            "policy": options.policy,
+            "device": "cpu",
+            "connector": "HybridKVConnector",
+            "trace": options.trace,
+            "faults": options.faults,
+            "seed": options.seed,
+        },
+        "requests": run.requests,
+        "finished": dict(sorted(run.finished.items())),
+        "steps": run.steps,
+        "seconds": round(seconds, 3),
+        "prompt_tokens": run.prompt_tokens,
+        "prefill_tokens_computed": first["computed"],
+        "prefill_tokens_loaded": first["loaded"],
+        "local_hit_tokens": first["hit"],
+        "prompt_tokens_unserved": 0,  # no aborts under this engine (check_vllm_flags)
+        "identity_holds": total == run.prompt_tokens,
+        "served_again": {c: _again(run, c) for c in ("failure", "preemption", "replay")},
+        "unaccounted_reads": run.unaccounted_reads,
+        "hit_rate": round(hits / run.prompt_tokens, 4) if run.prompt_tokens else 0.0,
+        "continuation_turns": run.continuation_turns,
+        "continuation_hits": run.continuation_hits,
+        "continuation_hit_tokens": run.continuation_hit_tokens,
+        "load_jobs": observed["load_jobs"],
+        "store_jobs": observed["store_jobs"],
+        "bytes_loaded": observed["bytes_loaded"],
+        "bytes_stored": observed["bytes_stored"],
+        "load_gbps": None,
+        "store_gbps": None,
+        "failures_injected": observed["load_faults"] + observed["store_faults"],
+        "failed_loads": observed["load_jobs_failed"],
+        "failed_stores": observed["store_jobs_failed"],
+        "failures_recovered": None,  # per request instead: failed_load_requests(_finished)
+        "recovered_loads": None,
+        "recovered_stores": None,
+        "failures_ended": None,
+        "failed_load_requests": run.failed_load_requests,
+        "failed_load_requests_finished": run.failed_load_requests_finished,
+        "tokens_discarded_by_recovery": run.tokens_discarded_by_recovery,
+        "blocks_verified": None,  # slots instead: the forward checks each slot it reads
+        "slots_verified": observed["slots_checked"],
+        "wrong_content_loads": None,
+        "wrong_content_reads": observed["wrong_reads"],
+        "invariant_checks": None,
+        "invariant_violations": None,
+        "violations": [],
+        "transfers": None,  # no copy-time model
+        "vllm": {
+            "preemptions": run.preemptions,
+            "prefill_stats_local": run.vllm_local_hits,
+            "prefill_stats_external": run.vllm_external_hits,
+            "external_tokens_handed": run.external_tokens_handed,
+            "prefill_stats_agree": _stats_agree(run, observed),
+            "leaked_blocks": observed["leaked_blocks"],
+            "jobs_in_flight": observed["jobs_in_flight"],
+            "held_blocks": observed["held_blocks"],
+            "schedule_us": observed["schedule_us"],
+            "connector_us": observed["connector_us"],
+        },
+    }
+    report["verdict"] = _verdict(report)
+    return report
+
+
+def _bytes(n: int) -> str:
+    value = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if value < 1024 or unit == "GiB":
+            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.2f} {unit}"
+        value /= 1024
+    return f"{n} B"  # pragma: no cover - the loop returns at GiB
+
+
+def _trio(counts: Mapping[str, int]) -> str:
+    return f"{counts['computed']:,} / {counts['loaded']:,} / {counts['hit']:,}"
+
+
+def _agree(value: bool | None, v: Mapping[str, Any], failed: int) -> str:
+    if value is None:
+        return f"not comparable ({v['preemptions']} preemptions, {failed} requests' loads failed)"
+    figures = f"local {v['prefill_stats_local']:,}, external {v['prefill_stats_external']:,}"
+    return f"{'agree' if value else 'DISAGREE'} ({figures})"
+
+
+def rows(report: Mapping[str, Any]) -> list[tuple[str, str]]:
+    """``(label, value)`` rows, the spec engine's labels where the figure is the same."""
+    r, v = report, report["vllm"]
+    finished = ", ".join(f"{name} {n}" for name, n in r["finished"].items())
+    again = r["served_again"]
+    return [
+        ("requests", f"{r['requests']} ({finished})"),
+        ("steps", f"{r['steps']} vLLM engine steps in {r['seconds']:.1f} s"),
+        ("prompt tokens", f"{r['prompt_tokens']:,}"),
+        ("  computed (first time)", f"{r['prefill_tokens_computed']:,}"),
+        ("  loaded from host (first time)", f"{r['prefill_tokens_loaded']:,}"),
+        ("  hit on GPU (first time)", f"{r['local_hit_tokens']:,}"),
+        ("identity (below)", "holds" if r["identity_holds"] else "DOES NOT HOLD"),
+        (
+            "vLLM PrefillStats vs the ledger",
+            _agree(v["prefill_stats_agree"], v, r["failed_load_requests"]),
+        ),
+        ("recomputed/reloaded/hit after failure", _trio(again["failure"])),
+        ("recomputed/reloaded/hit after preemption", _trio(again["preemption"])),
+        *(
+            [("recomputed/reloaded/hit while in place", _trio(again["replay"]))]
+            if any(again["replay"].values())
+            else []
+        ),
+        ("preemptions (vLLM)", str(v["preemptions"])),
+        ("reads of tokens no event served", str(r["unaccounted_reads"])),
+        ("hit rate", f"{100 * r['hit_rate']:.1f}%"),
+        (
+            "continuation hits across turns",
+            f"{r['continuation_hits']} of {r['continuation_turns']} turns, "
+            f"{r['continuation_hit_tokens']:,} answer tokens",
+        ),
+        ("loaded (host -> GPU)", f"{_bytes(r['bytes_loaded'])} in {r['load_jobs']} jobs"),
+        ("stored (GPU -> host)", f"{_bytes(r['bytes_stored'])} in {r['store_jobs']} jobs"),
+        ("copy bandwidth", NOT_OBSERVED + " (copies report one poll after submission)"),
+        ("failures injected", str(r["failures_injected"])),
+        ("failed jobs reported: loads / stores", f"{r['failed_loads']} / {r['failed_stores']}"),
+        (
+            "requests whose load failed / finished after recompute",
+            f"{r['failed_load_requests']} / {r['failed_load_requests_finished']}",
+        ),
+        ("tokens discarded by recovery", f"{r['tokens_discarded_by_recovery']:,}"),
+        ("KV slots and states verified on read", f"{r['slots_verified']:,}"),
+        ("wrong-content loads", NOT_OBSERVED + " apart (loaded slots are checked on read)"),
+        ("wrong-content reads", str(r["wrong_content_reads"])),
+        ("invariant checks run", NOT_OBSERVED + " (nox -s vllm checks them)"),
+        (
+            "left at the end: leaked GPU blocks / jobs / held blocks",
+            f"{v['leaked_blocks']} / {v['jobs_in_flight']} / {v['held_blocks']}",
+        ),
+        (
+            "scheduler step / connector share",
+            f"{v['schedule_us']:.0f} us / {v['connector_us']:.0f} us",
+        ),
+    ]
+
+
+def render(report: Mapping[str, Any]) -> None:
+    """Print the setup line, the table, the identity and the verdict."""
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console()
+    s = report["setup"]
+    console.print(
+        f"[bold]hybridkv simulate --engine vllm[/]: {s['model']} ({s['model_changed']}; "
+        f"{'+'.join(s['groups'])}), vLLM 0.33 Scheduler on CPU, block {s['block_size']}, "
+        f"chunk {s['chunk_size']} tokens, {s['gpu_blocks']} GPU blocks, max-model-len "
+        f"{s['max_model_len']}, host {_bytes(s['host_bytes'])} ({s['host_entries']} entries, "
+        f"{s['policy']}), {s['connector']}, trace {s['trace']}, engine built in "
+        f"{s['build_seconds']:.1f} s"
+    )
+    table = Table(show_header=False)
+    table.add_column("what")
+    table.add_column("value", justify="right")
+    for label, value in rows(report):
+        table.add_row(label, value)
+    console.print(table)
+    colour = "green" if report["identity_holds"] else "red"
+    console.print(f"[{colour}]{identity_line(report)}[/]")
+    colour = "green" if report["verdict"] == "pass" else "red"
+    console.print(f"verdict: [{colour}]{report['verdict']}[/]")
