@@ -348,6 +348,8 @@ class Run:
     leaked_blocks: int
     unfinished: int
     load_faults: int
+    deferred: int = 0  # restarts the facade's guard deferred (hybridkv.vllm.reclaim)
+    whole: int = 0  # restarts it moved to whole-request recompute
     traces: int = 1
 
 
@@ -361,11 +363,15 @@ def _transfer(chunk: int) -> KVTransferConfig:
     )
 
 
-def play(case: Case, seed: int, *, salvage: bool) -> Run:
-    """``case``'s trace with ``seed`` (tokens and faults), salvage on or off."""
+def play(case: Case, seed: int, *, salvage: bool, guard: bool = True) -> Run:
+    """``case``'s trace with ``seed`` (tokens and faults), salvage on or off; ``guard=False``
+    switches the facade's re-claim guard off (:mod:`hybridkv.vllm.reclaim`: it then never
+    turns a refused re-claim into whole-request recompute, and vLLM can wedge)."""
     adapter = KeyedLoadFaults(seed, case.load_rate)
     engine = InProcessEngine(case.config_json, case.settings, _transfer(case.chunk), adapter)
-    engine.scheduler.connector.core._set_salvage(salvage)
+    connector = engine.scheduler.connector
+    connector.core._set_salvage(salvage)
+    connector._reclaim.enabled = guard
     watch = SalvageWatch(engine)
     report = run_trace(engine, replace(case.trace, seed=seed))
     return Run(
@@ -375,6 +381,8 @@ def play(case: Case, seed: int, *, salvage: bool) -> Run:
         report.leaked_blocks,
         report.requests - report.finished,
         adapter.load_faults,
+        connector._reclaim.deferred,
+        connector._reclaim.whole,
     )
 
 
@@ -390,7 +398,7 @@ def total(runs: list[Run]) -> Run:
     return Run(t, **sums)
 
 
-def bench_case(case: Case, seeds: range) -> tuple[Run, Run, list[str]]:
+def bench_case(case: Case, seeds: range, *, guard: bool = True) -> tuple[Run, Run, list[str]]:
     """Every seed with salvage on and off; the sums over the seeds where neither run wedged,
     and a line per wedged run (those seeds are left out of both sums)."""
     on, off, wedged = [], [], []
@@ -398,7 +406,7 @@ def bench_case(case: Case, seeds: range) -> tuple[Run, Run, list[str]]:
         pair = []
         for salvage in (True, False):
             try:
-                pair.append(play(case, seed, salvage=salvage))
+                pair.append(play(case, seed, salvage=salvage, guard=guard))
             except WedgedError as error:
                 wedged.append(f"{case.name} seed {seed} salvage={salvage}: {error}")
         if len(pair) == 2:

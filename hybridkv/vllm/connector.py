@@ -53,6 +53,7 @@ from hybridkv.transfer import TransferEngine
 from hybridkv.transfer.cpu_engine import FaultHook
 from hybridkv.vllm.config import HybridKVConfig, parse_extra_config
 from hybridkv.vllm.layout import VllmLayout, read_layout, recommended_chunk_size, whole_blocks
+from hybridkv.vllm.reclaim import Answer, ReclaimGuard
 
 __all__ = ["HybridKVConnector", "HybridKVMetadata", "HybridKVStats", "HybridKVWorkerMeta"]
 
@@ -202,6 +203,8 @@ class HybridKVConnector(KVConnectorBase_V1, SupportsHMA):
         self._engine: Any = None
         self._reported: tuple[JobResult, ...] = ()
         self._last_stats: dict[str, int] = {}
+        # Restarts after failed loads that vLLM refused (hybridkv.vllm.reclaim).
+        self._reclaim = ReclaimGuard()
         if role == KVConnectorRole.SCHEDULER:
             self.core = ConnectorCore(
                 self.layout.planner(self.chunk_size),
@@ -260,18 +263,28 @@ class HybridKVConnector(KVConnectorBase_V1, SupportsHMA):
     def get_num_new_matched_tokens(
         self, request: Any, num_computed_tokens: int
     ) -> tuple[int | None, bool]:
-        self._requests[request.request_id] = request
+        rid = request.request_id
+        self._requests[rid] = request
+        # A request restarted by a failed load that vLLM refused while nothing ran is deferred
+        # or answered nothing, or vLLM 0.33 wedges (hybridkv.vllm.reclaim).
+        answer = self._reclaim.answer(rid)
+        if answer is Answer.DEFER:
+            return None, False
+        if answer is Answer.NONE:
+            return 0, False
         claim = self._core().get_num_new_matched_tokens(_view(request), num_computed_tokens)
         return claim.as_vllm()
 
     def update_state_after_alloc(self, request: Any, blocks: Any, num_external_tokens: int) -> None:
         # vLLM may call this again for one request; the core loads only for a positive count.
+        self._reclaim.admitted(request.request_id)
         self._core().update_state_after_alloc(
             _view(request), _tables(blocks.get_block_ids()), num_external_tokens
         )
 
     def build_connector_meta(self, scheduler_output: Any) -> KVConnectorMetadata:
         core = self._core()
+        self._reclaim.schedule_ended(ran=bool(scheduler_output.num_scheduled_tokens))
         scheduled = []
         for rid, num in scheduler_output.num_scheduled_tokens.items():
             request = self._requests[rid]
@@ -297,6 +310,8 @@ class HybridKVConnector(KVConnectorBase_V1, SupportsHMA):
     def update_connector_output(self, connector_output: Any) -> None:
         worker_meta = connector_output.kv_connector_worker_meta
         jobs = worker_meta.completed_jobs if isinstance(worker_meta, HybridKVWorkerMeta) else ()
+        failed = connector_output.failed_recving or ()
+        self._reclaim.load_failed(rid for rid in failed if rid in self._requests)
         self._core().update_connector_output(
             KVConnectorOutput(
                 finished_recving=frozenset(connector_output.finished_recving or ()),
@@ -313,6 +328,7 @@ class HybridKVConnector(KVConnectorBase_V1, SupportsHMA):
         self, request: Any, block_ids: tuple[list[int], ...]
     ) -> tuple[bool, None]:
         self._requests.pop(request.request_id, None)
+        self._reclaim.finished(request.request_id)
         return self._core().request_finished_all_groups(_view(request), _tables(block_ids)), None
 
     # ============================================================ worker side
