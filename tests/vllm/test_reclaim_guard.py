@@ -35,9 +35,7 @@ def test_refusals_while_something_runs_change_nothing() -> None:
     assert (guard.retried, guard.deferred, guard.whole) == (3, 0, 0)
 
 
-def test_a_refusal_while_nothing_runs_defers_then_salvage_again_if_the_skip_ran_something() -> (
-    None
-):
+def test_a_refusal_while_nothing_runs_defers_then_salvages_if_the_skip_ran_something() -> None:
     guard = ReclaimGuard()
     guard.load_failed(["r"])
     assert _refused(guard, "r", ran=False) is Answer.CORE
