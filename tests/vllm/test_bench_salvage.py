@@ -12,6 +12,10 @@ hit after its restart, so that term is 0 there):
   reloaded + recomputed (no preemption hit a recovery, so the last restart is the only one);
 - salvage reloads tokens and the whole-request run reloads none (the switch is observed);
 - fewer tokens recomputed with salvage, and 0 wrong reads, 0 leaked blocks in both runs.
+
+Then the facade's restart guard (hybridkv.vllm.reclaim). Two vLLM 0.33 wedges after a failed
+load are pinned with the guard switched off and avoided with it on. On tight pools the guard is
+on: 0 wedges, and salvage still recomputes less.
 """
 
 from __future__ import annotations
