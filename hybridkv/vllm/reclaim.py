@@ -39,14 +39,15 @@ The rule, per restarted request (:class:`Restart`):
    waiting loop, 1482) or it finishes. In FAILED the facade answers as the core does
    (salvage).
 2. If vLLM asked about the request in a ``schedule()`` and ``build_connector_meta`` (called at
-   the end of every ``schedule()``, 1756) came before an admission, vLLM refused it. Between
-   the ask and ``update_state_after_alloc``, only a refused allocation leaves the loop; the
-   exceptions are the encoder-transfer skip (mm inputs) and HiSparse's deferred loads, where a
-   later admission clears the state anyway.
+   the end of every ``schedule()``, 1756) came before an admission, vLLM did not admit it.
+   That is the refused allocation above, or another stop of the waiting loop between the ask
+   and the admission (a mamba-aligned chunk of 0 tokens, encoder inputs, HiSparse's deferred
+   loads, which a later admission clears anyway). The guard does not need to tell which.
 3. If that ``schedule()`` scheduled some tokens, nothing changes, and the request is asked
    again at the next step. Requests are running, and they finish or get preempted, freeing
    blocks as they do.
-4. If it scheduled nothing, the refusal would repeat forever. The next answer is DEFER
+4. If it scheduled nothing, no forward frees a block (only a transfer still in flight could),
+   so the same answer can be refused at every later step. The next answer is DEFER
    (``None``): vLLM skips the request (1054-1060). A request with 0 computed tokens, no longer
    WAITING_FOR_REMOTE_KVS, holds no blocks (``_holds_kv_blocks``, 2697-2706), so the skip moves
    it to ``waiting``. The requests behind it in ``kv_holding_waiting`` are admitted now, and
