@@ -3,6 +3,7 @@ HybridKVConnector's re-claim and with vLLM's whole-request recompute.
 
     python tools/bench_salvage.py            # three layouts, 6 seeds each
     python tools/bench_salvage.py --quick    # two layouts, 2 seeds each
+    python tools/bench_salvage.py --tight    # sliding + full and mamba + full on tight pools
 
 What happens to a failed load (vLLM 0.33, ``kv_load_failure_policy="recompute"``): the worker
 reports the request in ``failed_recving``; ``_handle_failed_recving`` sets its
@@ -32,11 +33,15 @@ counts as *reloaded* (the salvage). At each window's close, for the last restart
 after the last failure or preemption): local hit + reloaded + recomputed since == ``e``.
 
 Exit 1 on a wrong read, a leaked block, a broken identity, an unfinished request or a wedged
-run (its seed is left out of both sums). Salvage can wedge vLLM 0.33 on a tight GPU pool: the
-failed request stays in the scheduler's ``_inflight_prefills`` after its blocks are freed, so
-its async re-claim reserves its own remaining blocks on top of its allocation, fails, and at
-the head of ``kv_holding_waiting`` it stops the loop before a request whose load finished
-behind it (docs/benchmarks/index.md; the sizes below do not hit it).
+run (its seed is left out of both sums). On a tight GPU pool, vLLM 0.33 refuses a request
+restarted by a failed load and, at the head of ``kv_holding_waiting``, stops the loop before a
+request whose load finished behind it. Two refusals do this: the re-claim reserves the request's
+own stale ``_inflight_prefills`` entry on top of its allocation, and the full-sequence admission
+refuses even a claim of nothing. The facade's guard (:mod:`hybridkv.vllm.reclaim`) defers such
+a request when the step that refused it ran nothing, and then answers nothing if deferring ran
+nothing either. Each layout line counts what the guard did. ``--no-guard`` switches it off to
+show the wedges (docs/benchmarks/index.md). The guard acts in both runs, so they still differ
+only by the re-claim.
 """
 
 from __future__ import annotations
@@ -148,6 +153,21 @@ def cases(quick: bool) -> list[Case]:
                 0.1,
             )
         )
+    return found
+
+
+# GPU pools below the cases' own, down to the smallest that serves max_model_len: vLLM 0.33
+# refuses restarted requests there, and the facade's guard (hybridkv.vllm.reclaim) acts.
+TIGHT_POOLS = {"sliding+full": (34, 36, 38, 40, 42), "mamba+full": (11,)}
+
+
+def tight_cases() -> list[Case]:
+    """Each of ``TIGHT_POOLS``' layouts on each of its pools (``max_steps`` 400)."""
+    found = []
+    for case in cases(quick=True):
+        for pool in TIGHT_POOLS[case.name]:
+            settings = replace(case.settings, num_gpu_blocks=pool, max_steps=400)
+            found.append(replace(case, settings=settings))
     return found
 
 
@@ -348,6 +368,8 @@ class Run:
     leaked_blocks: int
     unfinished: int
     load_faults: int
+    deferred: int = 0  # restarts the facade's guard deferred (hybridkv.vllm.reclaim)
+    whole: int = 0  # restarts it moved to whole-request recompute
     traces: int = 1
 
 
@@ -361,11 +383,15 @@ def _transfer(chunk: int) -> KVTransferConfig:
     )
 
 
-def play(case: Case, seed: int, *, salvage: bool) -> Run:
-    """``case``'s trace with ``seed`` (tokens and faults), salvage on or off."""
+def play(case: Case, seed: int, *, salvage: bool, guard: bool = True) -> Run:
+    """``case``'s trace with ``seed`` (tokens and faults), salvage on or off; ``guard=False``
+    switches the facade's re-claim guard off (:mod:`hybridkv.vllm.reclaim`: it then never
+    turns a refused re-claim into whole-request recompute, and vLLM can wedge)."""
     adapter = KeyedLoadFaults(seed, case.load_rate)
     engine = InProcessEngine(case.config_json, case.settings, _transfer(case.chunk), adapter)
-    engine.scheduler.connector.core._set_salvage(salvage)
+    connector = engine.scheduler.connector
+    connector.core._set_salvage(salvage)
+    connector._reclaim.enabled = guard
     watch = SalvageWatch(engine)
     report = run_trace(engine, replace(case.trace, seed=seed))
     return Run(
@@ -375,6 +401,8 @@ def play(case: Case, seed: int, *, salvage: bool) -> Run:
         report.leaked_blocks,
         report.requests - report.finished,
         adapter.load_faults,
+        connector._reclaim.deferred,
+        connector._reclaim.whole,
     )
 
 
@@ -390,7 +418,7 @@ def total(runs: list[Run]) -> Run:
     return Run(t, **sums)
 
 
-def bench_case(case: Case, seeds: range) -> tuple[Run, Run, list[str]]:
+def bench_case(case: Case, seeds: range, *, guard: bool = True) -> tuple[Run, Run, list[str]]:
     """Every seed with salvage on and off; the sums over the seeds where neither run wedged,
     and a line per wedged run (those seeds are left out of both sums)."""
     on, off, wedged = [], [], []
@@ -398,7 +426,7 @@ def bench_case(case: Case, seeds: range) -> tuple[Run, Run, list[str]]:
         pair = []
         for salvage in (True, False):
             try:
-                pair.append(play(case, seed, salvage=salvage))
+                pair.append(play(case, seed, salvage=salvage, guard=guard))
             except WedgedError as error:
                 wedged.append(f"{case.name} seed {seed} salvage={salvage}: {error}")
         if len(pair) == 2:
@@ -441,6 +469,14 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="two layouts, two seeds each")
     parser.add_argument("--seeds", type=int, default=None, help="traces per layout")
+    parser.add_argument(
+        "--tight", action="store_true", help="tight GPU pools (TIGHT_POOLS) instead"
+    )
+    parser.add_argument(
+        "--no-guard",
+        action="store_true",
+        help="switch the facade's restart guard off (hybridkv.vllm.reclaim): vLLM can wedge",
+    )
     args = parser.parse_args(argv)
     seeds = range(args.seeds or (2 if args.quick else 6))
     print(
@@ -450,10 +486,15 @@ def main(argv: list[str] | None = None) -> int:
     )
     print(HEADER)
     bad: list[str] = []
-    for case in cases(args.quick):
-        on, off, wedged = bench_case(case, seeds)
+    for case in tight_cases() if args.tight else cases(args.quick):
+        on, off, wedged = bench_case(case, seeds, guard=not args.no_guard)
         print(row(case.name, "salvage", on))
         print(row(case.name, "whole", off))
+        print(
+            f"  {case.name}, {case.settings.num_gpu_blocks} GPU blocks: restarts the guard "
+            f"deferred {on.deferred} / {off.deferred}, moved to whole-request {on.whole} / "
+            f"{off.whole} (salvage / whole runs); {len(wedged)} wedged runs"
+        )
         print(
             f"  {case.name}: {on.traces} traces, load fault rate {case.load_rate}: tokens "
             f"recomputed after failed loads, salvage / whole-request = {on.tally.recomputed} / "

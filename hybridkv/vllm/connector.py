@@ -69,6 +69,7 @@ from hybridkv.vllm.metrics import (
     store_events_to_vllm,
 )
 from hybridkv.vllm.ranks import JobQuorum, RankReport, merge_reports, refuse_unsupported_parallelism
+from hybridkv.vllm.reclaim import Answer, ReclaimGuard
 
 __all__ = ["HybridKVConnector", "HybridKVMetadata", "HybridKVStats", "HybridKVWorkerMeta"]
 
@@ -197,6 +198,8 @@ class HybridKVConnector(KVConnectorBase_V1, SupportsHMA):
         self._meter = TransferMeter(
             len(g.layer_names) * g.real_page_size_bytes for g in self.layout.groups
         )
+        # Restarts after failed loads that vLLM refused (hybridkv.vllm.reclaim).
+        self._reclaim = ReclaimGuard()
         if role == KVConnectorRole.SCHEDULER:
             self.core = ConnectorCore(
                 self.layout.planner(self.chunk_size),
@@ -259,22 +262,32 @@ class HybridKVConnector(KVConnectorBase_V1, SupportsHMA):
     def get_num_new_matched_tokens(
         self, request: Any, num_computed_tokens: int
     ) -> tuple[int | None, bool]:
-        self._requests[request.request_id] = request
+        rid = request.request_id
+        self._requests[rid] = request
+        # A request restarted by a failed load that vLLM refused while nothing ran is deferred
+        # or answered nothing, or vLLM 0.33 wedges (hybridkv.vllm.reclaim).
+        answer = self._reclaim.answer(rid)
+        if answer is Answer.DEFER:
+            return None, False
+        if answer is Answer.NONE:
+            return 0, False
         view = _view(request)
         claim = self._core().get_num_new_matched_tokens(view, num_computed_tokens)
-        answer = claim.as_vllm()
-        if answer[0] is not None:
+        vllm_answer = claim.as_vllm()
+        if vllm_answer[0] is not None:
             self._agreement.observe(self._core(), view, num_computed_tokens)
-        return answer
+        return vllm_answer
 
     def update_state_after_alloc(self, request: Any, blocks: Any, num_external_tokens: int) -> None:
         # vLLM may call this again for one request; the core loads only for a positive count.
+        self._reclaim.admitted(request.request_id)
         self._core().update_state_after_alloc(
             _view(request), _tables(blocks.get_block_ids()), num_external_tokens
         )
 
     def build_connector_meta(self, scheduler_output: Any) -> KVConnectorMetadata:
         core = self._core()
+        self._reclaim.schedule_ended(ran=bool(scheduler_output.num_scheduled_tokens))
         scheduled = []
         for rid, num in scheduler_output.num_scheduled_tokens.items():
             request = self._requests[rid]
@@ -302,6 +315,8 @@ class HybridKVConnector(KVConnectorBase_V1, SupportsHMA):
         reports = worker_meta.reports if isinstance(worker_meta, HybridKVWorkerMeta) else ()
         # A job reaches the core once every rank reported it (ranks finish in different steps).
         jobs = self._quorum.fold(reports)
+        failed = connector_output.failed_recving or ()
+        self._reclaim.load_failed(rid for rid in failed if rid in self._requests)
         self._core().update_connector_output(
             KVConnectorOutput(
                 finished_recving=frozenset(connector_output.finished_recving or ()),
@@ -319,6 +334,7 @@ class HybridKVConnector(KVConnectorBase_V1, SupportsHMA):
     ) -> tuple[bool, None]:
         self._requests.pop(request.request_id, None)
         self._agreement.forget(request.request_id)
+        self._reclaim.finished(request.request_id)
         return self._core().request_finished_all_groups(_view(request), _tables(block_ids)), None
 
     # ============================================================ worker side
@@ -432,7 +448,7 @@ class HybridKVConnector(KVConnectorBase_V1, SupportsHMA):
 
     def _counters(self) -> dict[str, int | float]:
         if self.core is not None:
-            return dict(scheduler_counters(self.core, self._agreement.count))
+            return dict(scheduler_counters(self.core, self._agreement.count, self._reclaim))
         if self.worker is not None:
             return dict(self._meter.counts)
         return {}

@@ -41,6 +41,7 @@ from hybridkv.connector import ConnectorCore, JobResult, RequestView, TransferJo
 from hybridkv.connector.claims import decide_claim
 from hybridkv.connector.requests import RequestKeys
 from hybridkv.store import EventKind, LookupResult, StoreEvent
+from hybridkv.vllm.reclaim import ReclaimGuard
 
 __all__ = [
     "COUNTERS",
@@ -73,6 +74,10 @@ SCHEDULER_COUNTERS: dict[str, str] = {
     "delayed_frees": "finished requests whose block free was delayed while a store read them",
     "deadlines_fired": "loads abandoned at the load deadline and recomputed (0 when the "
     "connector core has no deadline)",
+    "restarts_deferred": "lookups of a request restarted by a failed load answered None because "
+    "vLLM refused to re-admit it in a step that ran nothing (hybridkv.vllm.reclaim)",
+    "restarts_whole": "restarted requests then answered a claim of 0 (whole-request recompute) "
+    "to avoid vLLM 0.33's re-admission wedge",
     "group_prefix_disagreements": "decided lookups where the KV cache groups' own longest "
     "loadable prefixes differ (the claim takes the common one); once per request and position",
 }
@@ -122,12 +127,18 @@ class HybridKVStats(KVConnectorStats):
         return not any(self.data.values())
 
 
-def scheduler_counters(core: ConnectorCore, disagreements: int) -> dict[str, int]:
-    """The scheduler side's counts since creation (monotone; increments are differences)."""
+def scheduler_counters(
+    core: ConnectorCore, disagreements: int, guard: ReclaimGuard | None = None
+) -> dict[str, int]:
+    """The scheduler side's counts since creation (monotone; increments are differences).
+    ``guard``'s answers replace the core's for restarted requests, so they count as lookups."""
     s = core.stats()
+    overridden, deferred, whole = (
+        (guard.overridden, guard.deferred, guard.whole) if guard is not None else (0, 0, 0)
+    )
     return {
-        "lookups": s.lookups,
-        "lookups_deferred": s.deferred,
+        "lookups": s.lookups + overridden,
+        "lookups_deferred": s.deferred + deferred,
         "claims": s.claims,
         "claimed_tokens": s.claimed_tokens,
         "hit_tokens": s.loaded_tokens,
@@ -139,6 +150,8 @@ def scheduler_counters(core: ConnectorCore, disagreements: int) -> dict[str, int
         "delayed_frees": s.delayed_frees,
         # Added by the load-deadline work; a core without it never abandons a load.
         "deadlines_fired": int(getattr(s, "deadlines_fired", 0)),
+        "restarts_deferred": deferred,
+        "restarts_whole": whole,
         "group_prefix_disagreements": disagreements,
     }
 

@@ -12,6 +12,10 @@ hit after its restart, so that term is 0 there):
   reloaded + recomputed (no preemption hit a recovery, so the last restart is the only one);
 - salvage reloads tokens and the whole-request run reloads none (the switch is observed);
 - fewer tokens recomputed with salvage, and 0 wrong reads, 0 leaked blocks in both runs.
+
+Then the facade's restart guard (hybridkv.vllm.reclaim). Two vLLM 0.33 wedges after a failed
+load are pinned with the guard switched off and avoided with it on. On tight pools the guard is
+on: 0 wedges, and salvage still recomputes less.
 """
 
 from __future__ import annotations
@@ -77,27 +81,32 @@ def test_salvage_recomputes_less_and_every_recovery_adds_up(
     assert bench.problems(name, "salvage", on) == bench.problems(name, "whole", off) == []
 
 
-def test_a_salvaged_re_claim_can_wedge_vllm_on_a_tight_pool() -> None:
-    """vLLM 0.33 finding, reached through salvage: a request whose async load failed keeps its
-    entry in the scheduler's ``_inflight_prefills`` after ``_update_waiting_for_remote_kv``
-    freed its blocks (only preemption, the end of its prefill and its finish remove it). Its
-    async re-claim then reserves its own remaining blocks on top of allocating them
-    (``reserved_blocks`` counts every in-flight prefill), fails, and, at the head of
-    ``kv_holding_waiting``, ``break``s the waiting loop before a request behind it whose load
-    has finished: nothing runs, nothing frees, the engine wedges. sliding + full, seed 5, with
-    40 GPU blocks instead of the tool's 48; the same trace without the re-claim finishes.
-    """
+def _engine(pool: int, seed: int, *, salvage: bool, guard: bool) -> object:
+    """The tool's sliding + full case on ``pool`` GPU blocks, its faults keyed by ``seed``."""
     from dataclasses import replace
 
     case = _case("sliding+full")
-    tight = replace(case, settings=replace(case.settings, num_gpu_blocks=40, max_steps=300))
-    adapter = bench.KeyedLoadFaults(5, tight.load_rate)
+    tight = replace(case, settings=replace(case.settings, num_gpu_blocks=pool, max_steps=300))
     engine = bench.InProcessEngine(
-        tight.config_json, tight.settings, bench._transfer(tight.chunk), adapter
+        tight.config_json,
+        tight.settings,
+        bench._transfer(tight.chunk),
+        bench.KeyedLoadFaults(seed, tight.load_rate),
     )
-    trace = replace(tight.trace, seed=5)
-    with pytest.raises(bench.WedgedError):
-        bench.run_trace(engine, trace)
+    engine.scheduler.connector.core._set_salvage(salvage)
+    engine.scheduler.connector._reclaim.enabled = guard
+    return engine, replace(tight.trace, seed=seed)
+
+
+def _remaining(scheduler: object, request: object) -> int:
+    return scheduler._request_remaining_blocks(request)
+
+
+def _wedged_head(engine: object) -> tuple[object, int, int]:
+    """vLLM's state at the wedge, asserted: the head of ``kv_holding_waiting`` is a request
+    restarted by a failed load (no block held, its stale ``_inflight_prefills`` entry kept),
+    nothing runs, and a request behind it finished its load and holds blocks. Returns the head,
+    the free blocks and the other in-flight prefills' reservations."""
     scheduler = engine.scheduler
     head = scheduler.kv_holding_waiting.peek_request()
     assert head.status.name == "WAITING"
@@ -106,6 +115,96 @@ def test_a_salvaged_re_claim_can_wedge_vllm_on_a_tight_pool() -> None:
     assert scheduler.running == []
     behind = [r for r in scheduler.kv_holding_waiting if r is not head]
     assert any(r.request_id in scheduler.finished_recving_kv_req_ids for r in behind)
-    whole = bench.play(tight, 5, salvage=False)
-    assert whole.unfinished == 0
-    assert whole.tally.failed_loads > 0
+    free = scheduler.kv_cache_manager.block_pool.get_num_free_blocks()
+    others = sum(_remaining(scheduler, r) for r in scheduler._inflight_prefills if r is not head)
+    return head, free, others
+
+
+def test_a_salvaged_re_claim_wedges_vllm_unless_the_guard_defers_it() -> None:
+    """vLLM 0.33 finding, reached through salvage (hybridkv.vllm.reclaim): a request whose
+    async load failed keeps its entry in the scheduler's ``_inflight_prefills`` after
+    ``_update_waiting_for_remote_kv`` freed its blocks. Its async re-claim then reserves its own
+    remaining blocks on top of allocating them (``reserved_blocks`` counts every in-flight
+    prefill), is refused, and, at the head of ``kv_holding_waiting``, ``break``s the waiting
+    loop before a request behind it whose load has finished: nothing runs, nothing frees, the
+    engine wedges. sliding + full, seed 5, 40 GPU blocks.
+
+    With the facade's guard switched off the wedge is pinned: without its own stale entry even
+    the head's whole remaining sequence would fit; with it, not one block per group does. With
+    the guard on (the default), the refused re-claim is deferred once, vLLM moves the request
+    to ``waiting``, the request behind runs, the re-claim is offered again and reloads tokens,
+    and the trace finishes with every read content-checked.
+    """
+    engine, trace = _engine(40, 5, salvage=True, guard=False)
+    with pytest.raises(bench.WedgedError):
+        bench.run_trace(engine, trace)
+    head, free, others = _wedged_head(engine)
+    own = _remaining(engine.scheduler, head)
+    groups = len(engine.scheduler.kv_cache_config.kv_cache_groups)
+    assert free - others >= own
+    assert free - others - own < groups
+
+    engine, trace = _engine(40, 5, salvage=True, guard=True)
+    watch = bench.SalvageWatch(engine)
+    report = bench.run_trace(engine, trace)
+    guard = engine.scheduler.connector._reclaim
+    tally = watch.finish()
+    assert report.finished == report.requests
+    assert (report.wrong_reads, report.leaked_blocks) == (0, 0)
+    assert report.slots_checked > 0
+    assert guard.deferred > 0
+    assert tally.failed_loads > 0
+    assert tally.reloaded > 0  # salvage kept after the deferral
+    assert tally.broken == []
+    assert len(guard) == 0  # every restart admitted or finished
+
+
+def test_whole_request_recompute_wedges_vllm_unless_the_guard_defers_it() -> None:
+    """vLLM 0.33 finding, without salvage: the restarted request at the head of
+    ``kv_holding_waiting`` claims nothing, so it reserves nothing, but the default
+    ``scheduler_reserve_full_isl`` admission needs its whole sequence to fit in the free
+    blocks, and the request behind it (load finished) holds too many: refused, ``break``,
+    nothing runs. sliding + full, seed 6, 34 GPU blocks, salvage off. The guard defers the
+    head (vLLM moves it to ``waiting``: it holds no block) and the trace finishes.
+    """
+    engine, trace = _engine(34, 6, salvage=False, guard=False)
+    with pytest.raises(bench.WedgedError):
+        bench.run_trace(engine, trace)
+    head, free, _ = _wedged_head(engine)
+    assert engine.scheduler.scheduler_reserve_full_isl
+    assert _remaining(engine.scheduler, head) > free
+
+    engine, trace = _engine(34, 6, salvage=False, guard=True)
+    report = bench.run_trace(engine, trace)
+    assert report.finished == report.requests
+    assert (report.wrong_reads, report.leaked_blocks) == (0, 0)
+    assert engine.scheduler.connector._reclaim.deferred > 0
+
+
+@pytest.mark.parametrize(
+    ("name", "pools", "seeds"),
+    [("sliding+full", (34, 36, 38, 40, 42), range(8)), ("mamba+full", (11, 12), range(4))],
+)
+def test_tight_pools_never_wedge_and_salvage_still_recomputes_less(
+    name: str, pools: tuple[int, ...], seeds: range
+) -> None:
+    """Pools below the tool's (down to the smallest that serves max_model_len), load faults
+    keyed per seed: with the guard on, no run wedges, 0 wrong reads, 0 leaked blocks, every
+    recovery adds up, and salvage recomputes fewer tokens than whole-request recompute."""
+    from dataclasses import replace
+
+    case = _case(name)
+    deferred = 0
+    for pool in pools:
+        tight = replace(case, settings=replace(case.settings, num_gpu_blocks=pool, max_steps=400))
+        on, off, wedged = bench.bench_case(tight, seeds)
+        print(f"\n{bench.row(name, 'salvage', on)} pool {pool}\n{bench.row(name, 'whole', off)}")
+        assert wedged == []
+        assert on.traces == len(seeds)
+        assert bench.problems(name, "salvage", on) == bench.problems(name, "whole", off) == []
+        assert on.tally.failed_loads > 0
+        assert on.tally.reloaded > 0
+        assert on.tally.recomputed < off.tally.recomputed
+        deferred += on.deferred
+    if name == "sliding+full":
+        assert deferred > 0  # the guard acted on these pools
