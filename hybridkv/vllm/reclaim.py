@@ -100,8 +100,8 @@ class ReclaimGuard:
     again unchanged); ``deferred``, DEFER answers given; ``whole``, requests moved to
     whole-request recompute; ``overridden``, answers given instead of the core's (DEFER and
     claims of 0), which the core's lookup count never sees. ``enabled=False`` keeps the record
-    and the counts but always answers as the core does. That is an in-package control for the test that pins vLLM's
-    wedge, never a user setting.
+    and the counts but always answers as the core does. That is an in-package control for the
+    test that pins vLLM's wedge, never a user setting.
     """
 
     __slots__ = ("_asked", "_state", "deferred", "enabled", "overridden", "retried", "whole")
