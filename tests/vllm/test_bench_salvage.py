@@ -157,6 +157,10 @@ def test_a_salvaged_re_claim_wedges_vllm_unless_the_guard_defers_it() -> None:
     assert tally.reloaded > 0  # salvage kept after the deferral
     assert tally.broken == []
     assert len(guard) == 0  # every restart admitted or finished
+    # The deferrals reach vLLM's stats pipeline as counted (hybridkv.vllm.metrics).
+    payloads = engine.connector_stats
+    assert sum(p.get("restarts_deferred", 0) for p in payloads) == guard.deferred
+    assert sum(p.get("restarts_whole", 0) for p in payloads) == guard.whole
 
 
 def test_whole_request_recompute_wedges_vllm_unless_the_guard_defers_it() -> None:
