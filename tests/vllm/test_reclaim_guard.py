@@ -75,3 +75,42 @@ def test_switched_off_it_keeps_the_record_but_answers_as_the_core() -> None:
     assert _refused(guard, "r", ran=False) is Answer.CORE
     assert guard.state("r") is Restart.WHOLE
     assert guard.deferred == 0
+
+
+def test_a_multi_turn_chat_with_failing_loads_on_a_tight_pool_finishes() -> None:
+    """A wedge first seen while testing tensor parallel, on one rank: sliding + full, 30 GPU
+    blocks, half the loads failing, copies reported two polls late. A restarted request sat at
+    the head of ``kv_holding_waiting`` holding nothing while the request behind it held 14
+    blocks; 8 of 16 requests finished before the guard. With it every request finishes, every
+    read is correct and nothing leaks."""
+    from diffharness.layouts import RECIPES, Layout
+    from vllm.config import KVTransferConfig
+
+    from hybridkv.vllm.cpu_worker import FaultPlan, HybridKVOnCPU
+    from hybridkv.vllm.inprocess import ChatTrace, EngineSettings, InProcessEngine, run_trace
+
+    transfer = KVTransferConfig(
+        kv_connector="HybridKVConnector",
+        kv_connector_module_path="hybridkv.vllm",
+        kv_role="kv_both",
+        kv_load_failure_policy="recompute",
+        kv_connector_extra_config={"host_memory_bytes": 64 << 20, "chunk_size": 32},
+    )
+    settings_ = EngineSettings(
+        num_gpu_blocks=30,
+        max_model_len=512,
+        block_size=32,
+        max_num_seqs=3,
+        max_num_batched_tokens=128,
+    )
+    adapter = HybridKVOnCPU(faults=FaultPlan(7, load_rate=0.5), delay=2)
+    recipe = RECIPES[Layout.SLIDING_FULL]
+    engine = InProcessEngine(recipe.config_json(), settings_, transfer, adapter)
+    report = run_trace(engine, ChatTrace(convs=4, turns=4, system_len=128, seed=11))
+    guard = engine.scheduler.connector._reclaim
+    assert report.finished == report.requests == 16
+    assert (report.wrong_reads, report.leaked_blocks) == (0, 0)
+    assert report.slots_checked > 0
+    assert adapter.stats()["load_faults"] > 0
+    assert guard.deferred > 0
+    assert len(guard) == 0
