@@ -381,8 +381,11 @@ class InProcessEngine:
         )
 
     # ------------------------------------------------------------ driving
-    def add(self, request_id: str, prompt: list[int], max_tokens: int) -> None:
-        """Add a request (``Scheduler.add_request``)."""
+    def add(
+        self, request_id: str, prompt: list[int], max_tokens: int, cache_salt: str | None = None
+    ) -> None:
+        """Add a request (``Scheduler.add_request``); ``cache_salt`` enters its first block
+        hash, so requests with other salts share no cached block (the content is the same)."""
         from vllm.sampling_params import SamplingParams
         from vllm.v1.request import Request
 
@@ -392,6 +395,7 @@ class InProcessEngine:
             sampling_params=SamplingParams(max_tokens=max_tokens, ignore_eos=True),
             pooling_params=None,
             block_hasher=self._hasher,
+            cache_salt=cache_salt,
         )
         self.requests[request_id] = request
         self._hashes[request_id] = []
