@@ -207,7 +207,8 @@ class ReferenceShadow:
         self.pins = _PinCount()
         self.reference.bind_gpu_block_pool(self.pins)  # type: ignore[arg-type]
         self.step = 0
-        self.decode_units = 0  # store items of units completed by decode tokens
+        self.claimed: dict[str, int] = {}  # this schedule()'s reference claims, by request
+        self.counts: Counter[str] = Counter()  # what the shadowed calls reached
         self.calls: Counter[str] = Counter()
         self.allowed: Counter[str] = Counter()
         for name in _HOOKS:
@@ -259,9 +260,16 @@ class ReferenceShadow:
         return call
 
     def _ref_get_num_new_matched_tokens(self, request: Any, num_computed: int) -> Any:
-        return self.reference.get_num_new_matched_tokens(_view(request), num_computed).as_vllm()
+        claim = self.reference.get_num_new_matched_tokens(_view(request), num_computed)
+        self.claimed[request.request_id] = claim.num_tokens
+        return claim.as_vllm()
 
     def _ref_update_state_after_alloc(self, request: Any, blocks: Any, n: int) -> None:
+        if 0 < n < self.claimed.get(request.request_id, 0):
+            self.counts["allocs taking part of a claim"] += 1
+        elif n == 0 and self.claimed.get(request.request_id, 0):
+            self.counts["claims vLLM took nothing of"] += 1
+        self.claimed.pop(request.request_id, None)
         self.reference.update_state_after_alloc(_view(request), _table(blocks.get_block_ids()), n)
 
     def _ref_build_connector_meta(self, output: Any) -> Any:
@@ -287,7 +295,7 @@ class ReferenceShadow:
         )
         meta = self.reference.build_connector_meta(step)
         requests = self.engine.scheduler.requests
-        self.decode_units += sum(
+        self.counts["decode units stored"] += sum(
             item.end_token > requests[job.request_id].num_prompt_tokens
             for job in meta.store_jobs
             for item in job.items
@@ -469,7 +477,7 @@ def _play(
     shadow.quiescent()
     assert engine.leaked_blocks() == 0
     reached["preemptions"] += engine.tally.preemptions
-    reached["decode units stored"] += shadow.decode_units
+    reached.update(shadow.counts)
     reached["requests failed by their load"] += sum(
         engine.status(rid) == "FINISHED_ERROR" for rid in engine.requests
     )
