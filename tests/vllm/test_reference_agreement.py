@@ -196,7 +196,8 @@ def _view(request: Any) -> RequestView:
 
 class ReferenceShadow:
     """Shadows the facade's scheduler-side hooks into a ``ReferenceConnector`` (module
-    docstring); differences go through :data:`CATALOGUED` or raise :class:`Disagreement`."""
+    docstring): the options of :data:`CATALOGUED` are applied to the reference's input, and any
+    difference raises :class:`Disagreement`."""
 
     def __init__(self, engine: InProcessEngine, layout: Layout) -> None:
         self.engine = engine
@@ -205,7 +206,7 @@ class ReferenceShadow:
         extra = engine.vllm_config.kv_transfer_config.kv_connector_extra_config
         self.prompt_only = not extra.get("offload_decode_state", True)
         self.pins = _PinCount()
-        self.reference.bind_gpu_block_pool(self.pins)  # type: ignore[arg-type]
+        self.reference.bind_gpu_block_pool(self.pins)  # type: ignore[arg-type]  # a duck
         self.step = 0
         self.claimed: dict[str, int] = {}  # this schedule()'s reference claims, by request
         self.counts: Counter[str] = Counter()  # what the shadowed calls reached
