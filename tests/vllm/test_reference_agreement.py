@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import dataclasses
 import random
+import threading
 from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -450,6 +451,13 @@ def _play(
     engine = _engine(shape, rng, seed, options)
     if tamper is not None:
         tamper(engine)
+    try:
+        return _drive(engine, shape, seed, rng)
+    finally:
+        engine.close()
+
+
+def _drive(engine: InProcessEngine, shape: Shape, seed: int, rng: random.Random) -> Played:
     shadow = ReferenceShadow(engine, shape.layout)
     arrivals = _random_trace(shape, rng)
     salts = random.Random(seed * 7919 + 1)
@@ -544,12 +552,24 @@ def test_multi_turn_chat_agrees(layout: Layout) -> None:
     )
     engine = InProcessEngine(RECIPES[layout].config_json(), settings_, transfer, HybridKVOnCPU())
     shadow = ReferenceShadow(engine, layout)
-    report = run_trace(engine, trace)
+    try:
+        report = run_trace(engine, trace)
+    finally:
+        engine.close()
     shadow.quiescent()
     print(f"\n{layout.value} chat: calls {dict(shadow.calls)}; {report}")
     assert report.external_loaded > 0
     assert report.finished == report.requests
     assert shadow.reference.snapshot()["store"]["counters"]["stored"] > 0
+
+
+def test_closed_engines_leave_no_copy_thread() -> None:
+    """Each trace closes its engine: the worker's copy thread ends, so a nightly run of 667
+    mamba + full traces does not keep 667 engines' caches alive (it ran out of memory so)."""
+    before = threading.active_count()
+    for seed in range(2):
+        _play(SHAPES[Layout.SLIDING_FULL], seed, Options())
+    assert threading.active_count() == before
 
 
 def test_every_catalogued_difference_is_written_down() -> None:
