@@ -533,9 +533,11 @@ def test_facade_and_reference_agree_call_by_call(layout: Layout) -> None:
         "requests failed by their load",
     ):
         assert reached[situation] > 0, (situation, dict(reached))
-    # A unit completed by decode tokens: on the 32-token layouts; a mamba+full unit is 640
-    # tokens, which outputs of 1-3 tokens never complete.
-    assert (reached["decode units stored"] > 0) == (shape.chunk < shape.max_prompt // 4)
+    if shape.chunk < shape.max_prompt // 4:
+        # Units completed by decode tokens: common on the 32-token layouts; on mamba+full (640
+        # tokens) only a prompt ending 1-3 tokens short of a boundary completes one (0 in the
+        # ci run, 8 in the nightly one), so there they are counted, not required.
+        assert reached["decode units stored"] > 0, dict(reached)
 
 
 @pytest.mark.parametrize("layout", list(CHAT), ids=lambda lay: lay.value)
