@@ -253,6 +253,7 @@ def _play(shape: Shape, seed: int) -> Outcome:
     report = engine.report(sum(r.is_finished() for r in engine.requests.values()))
     assert report.finished == report.requests, f"seed {seed}: unfinished requests"
     _quiescent(engine)
+    engine.close()  # the worker's copy thread would keep the engine's memory (nightly: OOM)
     recovered = sum(
         engine.status(rid) == "FINISHED_LENGTH_CAPPED" for rid in failed if rid not in aborted
     )

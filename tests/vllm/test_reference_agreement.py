@@ -1,0 +1,656 @@
+"""``HybridKVConnector`` agrees with the spec's ``ReferenceConnector`` inside vLLM 0.33's real
+``Scheduler``, call by call, on random traces with failures, preemptions and aborts.
+
+The facade runs as it does in production: vLLM builds it, vLLM's scheduler calls it, its worker
+side moves bytes on CPU tensors in the runner's hook order (:mod:`hybridkv.vllm.inprocess`,
+:class:`hybridkv.vllm.cpu_worker.HybridKVOnCPU` with injected faults). A :class:`ReferenceShadow`
+sits on the facade's scheduler-side hooks: every call vLLM makes goes to the facade first, then,
+with the same vLLM arguments turned into the spec's values, to a ``ReferenceConnector`` built from
+the spec's own reading of the model (:meth:`diffharness.layouts.LayoutRecipe.spec_groups`, the
+host size and eviction policy vLLM handed the connector). The reference is fed only what vLLM
+observes, never what the core answered:
+
+- ``get_num_new_matched_tokens(request, n)``: the request's tokens, prompt length and salt (the
+  reference hashes the tokens itself; the facade reads vLLM's ``request.block_hashes``, so every
+  key compared is also a check of the two hash chains);
+- ``update_state_after_alloc``: vLLM's ``KVCacheBlocks`` as block ids per group;
+- ``build_connector_meta``: vLLM's ``SchedulerOutput`` (scheduled tokens in vLLM's order, the
+  computed counts vLLM wrote into it, the block tables of vLLM's ``KVCacheManager``, finished
+  and preempted ids);
+- ``update_connector_output``: vLLM's ``KVConnectorOutput`` (finished / failed receives,
+  finished sends, the job results of ``kv_connector_worker_meta``);
+- ``request_finished_all_groups``: the request and the block ids vLLM hands over.
+
+After each call the answers are compared (the claim as vLLM's tuple; every load and store job:
+id, kind, request, sync, items as (group, block, key, end token); the delayed-free ids; the
+delay answer; an error by field) and so is the state: the connector snapshot (jobs, load
+records, failure memory, salt record, delayed requests, with the host store's entries, policy
+order, counters and events nested in it), the pinned store sources and the remembered failures.
+At the end of each trace both are quiescent and the spec's connector invariants hold on both
+snapshots.
+
+Any difference raises :class:`Disagreement`. The one catalogued difference
+(:data:`CATALOGUED`, docs/explanation/vllm-differential.md, "The facade against the reference
+connector") is an option the reference has no switch for (``offload_decode_state=false``): the
+shadow applies it to the step it hands the reference, by name, and counts where it did.
+
+Traces: ``_random_trace`` of ``test_hybridkv_inprocess.py`` on mamba+full, sliding+full and three
+groups, the profile's ``max_examples`` split over the three (ci: 201, nightly: 2,001), with load
+and store faults, tight pools (preemptions), aborts during loads, a cache salt on a quarter of
+the requests, both eviction policies, ``offload_decode_state`` off on every third trace and
+``kv_load_failure_policy="fail"`` on every fifth; and the multi-turn chat of those tests. Guard
+tests make the facade drift four ways and see the shadow name the hook.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+import threading
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass
+from enum import Enum
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytestmark = pytest.mark.vllm
+pytest.importorskip("vllm.v1.core.sched.scheduler", reason="vLLM 0.33 is not installed")
+
+from diffharness.layouts import RECIPES, Layout  # noqa: E402
+from hypothesis import settings  # noqa: E402
+from test_hybridkv_inprocess import CHAT, SHAPES, Shape, _random_trace  # noqa: E402
+from vllm.config import KVTransferConfig  # noqa: E402
+from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorBase_V1  # noqa: E402
+from vllm.v1.kv_cache_interface import MambaSpec, SlidingWindowSpec  # noqa: E402
+
+from hybridkv.connector import Claim, ClaimKind  # noqa: E402
+from hybridkv.vllm.cpu_worker import FaultPlan, HybridKVOnCPU  # noqa: E402
+from hybridkv.vllm.inprocess import (  # noqa: E402
+    EngineSettings,
+    InProcessEngine,
+    WedgedError,
+    run_trace,
+)
+from spec.connector import ReferenceConnector  # noqa: E402
+from spec.connector_api import (  # noqa: E402
+    JobId,
+    JobResult,
+    KVConnectorOutput,
+    RequestId,
+    RequestView,
+    ScheduledRequest,
+    StepView,
+)
+from spec.errors import ConfigError  # noqa: E402
+from spec.invariants import check_all  # noqa: E402
+from spec.kinds import GroupKind  # noqa: E402
+from spec.planner import HybridOffloadPlanner  # noqa: E402
+from spec.store import HostStore as SpecStore  # noqa: E402
+
+HOST_BYTES = 64 << 20
+TRACES_PER_LAYOUT = max(10, -(-settings.default.max_examples // len(SHAPES)))
+_HOOKS = (
+    "get_num_new_matched_tokens",
+    "update_state_after_alloc",
+    "build_connector_meta",
+    "update_connector_output",
+    "request_finished_all_groups",
+)
+
+
+# ------------------------------------------------------------------ plain values
+
+
+def plain(value: Any) -> Any:
+    """Both sides' values as plain data: enums by value, records by field, keys in hex."""
+    if isinstance(value, Enum):
+        return value.value
+    if isinstance(value, bytes):
+        return value.hex()
+    if isinstance(value, (frozenset, set)):
+        return tuple(sorted(plain(v) for v in value))
+    if isinstance(value, (tuple, list)):  # the core's NamedTuples too (TransferItem, ...)
+        return tuple(plain(v) for v in value)
+    if hasattr(value, "__dataclass_fields__"):
+        return tuple(plain(getattr(value, name)) for name in value.__dataclass_fields__)
+    return value
+
+
+def _plain_meta(meta: Any) -> Any:
+    """A ``ConnectorMeta`` (either side's) as (loads, stores, delayed ids)."""
+
+    def job(j: Any) -> Any:
+        return (int(j.job_id), j.kind.value, j.request_id, j.sync, plain(j.items))
+
+    return (
+        tuple(job(j) for j in meta.load_jobs),
+        tuple(job(j) for j in meta.store_jobs),
+        plain(meta.delayed_free_ids),
+    )
+
+
+# ------------------------------------------------------------------ catalogued differences
+
+
+@dataclass(frozen=True, slots=True)
+class Adaptation:
+    """A catalogued difference: a facade option the reference has no switch for. The shadow
+    applies the option to what it hands the reference, and counts each call where that changed
+    the input; everything after that is compared as usual."""
+
+    name: str
+    reason: str
+
+
+PROMPT_ONLY_STORES = Adaptation(
+    "prompt-only-stores",
+    "offload_decode_state=false stores the prompt's units only; the reference always stores "
+    "every unit a step completes, so the shadow hands it each scheduled span cut at the "
+    "prompt's end, as the option says",
+)
+CATALOGUED = (PROMPT_ONLY_STORES,)
+"""Every difference allowed (docs/explanation/vllm-differential.md, "The facade against the
+reference connector"); any other difference in an answer or in the state raises
+:class:`Disagreement`."""
+
+
+class Disagreement(AssertionError):
+    """A difference outside the catalogue."""
+
+
+# ------------------------------------------------------------------ the shadow
+
+
+class _PinCount:
+    """The reference's GPU pool: it counts the pins of store sources (the facade pins in vLLM's
+    real pool, which must not be pinned twice)."""
+
+    def __init__(self) -> None:
+        self.held: Counter[int] = Counter()
+
+    def touch(self, blocks: Any) -> None:
+        self.held.update(int(b) for b in blocks)
+
+    def free_blocks(self, blocks: Any) -> None:
+        for b in blocks:
+            self.held[int(b)] -= 1
+            assert self.held[int(b)] >= 0, f"block {b} unpinned more often than pinned"
+        self.held = +self.held
+
+
+def _table(block_ids: Any) -> tuple[tuple[int, ...], ...]:
+    return tuple(tuple(int(b) for b in group) for group in block_ids)
+
+
+def _view(request: Any) -> RequestView:
+    """What the spec may read of a vLLM ``Request`` (no block hashes: it hashes the tokens)."""
+    return RequestView(
+        RequestId(request.request_id),
+        tuple(request.all_token_ids),
+        int(request.num_prompt_tokens),
+        request.cache_salt,
+    )
+
+
+class ReferenceShadow:
+    """Shadows the facade's scheduler-side hooks into a ``ReferenceConnector`` (module
+    docstring): the options of :data:`CATALOGUED` are applied to the reference's input, and any
+    difference raises :class:`Disagreement`."""
+
+    def __init__(self, engine: InProcessEngine, layout: Layout) -> None:
+        self.engine = engine
+        self.facade = engine.scheduler.connector
+        self.reference = self._build_reference(engine, layout)
+        extra = engine.vllm_config.kv_transfer_config.kv_connector_extra_config
+        self.prompt_only = not extra.get("offload_decode_state", True)
+        self.pins = _PinCount()
+        self.reference.bind_gpu_block_pool(self.pins)  # type: ignore[arg-type]  # a duck
+        self.step = 0
+        self.claimed: dict[str, int] = {}  # this schedule()'s reference claims, by request
+        self.counts: Counter[str] = Counter()  # what the shadowed calls reached
+        self.calls: Counter[str] = Counter()
+        self.allowed: Counter[str] = Counter()
+        for name in _HOOKS:
+            setattr(self.facade, name, self._shadowed(name, getattr(self.facade, name)))
+        if type(self.facade).take_events is not KVConnectorBase_V1.take_events:
+            self.facade.take_events = self._take_events(self.facade.take_events)
+
+    @staticmethod
+    def _build_reference(engine: InProcessEngine, layout: Layout) -> ReferenceConnector:
+        """The reference for the spec's reading of the model and what vLLM handed the connector
+        (host bytes, chunk, policy): the facade's own geometry is never consulted."""
+        groups = RECIPES[layout].spec_groups()
+        vllm_groups = engine.kv_cache_config.kv_cache_groups
+        observed = tuple((_kind(g.kv_cache_spec), g.kv_cache_spec.block_size) for g in vllm_groups)
+        assert observed == tuple((g.kind, g.block_size) for g in groups), (observed, groups)
+        extra = engine.vllm_config.kv_transfer_config.kv_connector_extra_config
+        planner = HybridOffloadPlanner(
+            observed,
+            engine.hash_block_size,
+            extra["chunk_size"],
+            engine.vllm_config.model_config.max_model_len,
+        )
+        slot = max(len(g.layer_names) * g.kv_cache_spec.real_page_size_bytes for g in vllm_groups)
+        store = SpecStore(extra["host_memory_bytes"] // slot, extra.get("eviction_policy", "lru"))
+        return ReferenceConnector.from_groups(planner, store, groups)
+
+    # ---------------------------------------------------------- the hooks
+    def _shadowed(self, name: str, real: Callable[..., Any]) -> Callable[..., Any]:
+        shadow = getattr(self, "_ref_" + name)
+        answer_of = getattr(self, "_facade_" + name, plain)
+
+        def call(*args: Any) -> Any:
+            self.calls[name] += 1
+            try:
+                result = real(*args)
+                facade = answer_of(result)
+            except ValueError as error:  # HybridKVConfigError: compared by field
+                result, facade = error, ("error", getattr(error, "field", str(error)))
+            try:
+                reference = shadow(*args)
+            except ConfigError as error:
+                reference = ("error", error.field)
+            self._compare(name, "answer", facade, reference)
+            self._compare_state(name)
+            if isinstance(result, BaseException):
+                raise result
+            return result
+
+        return call
+
+    def _ref_get_num_new_matched_tokens(self, request: Any, num_computed: int) -> Any:
+        claim = self.reference.get_num_new_matched_tokens(_view(request), num_computed)
+        self.claimed[request.request_id] = claim.num_tokens
+        return claim.as_vllm()
+
+    def _ref_update_state_after_alloc(self, request: Any, blocks: Any, n: int) -> None:
+        if 0 < n < self.claimed.get(request.request_id, 0):
+            self.counts["allocs taking part of a claim"] += 1
+        elif n == 0 and self.claimed.get(request.request_id, 0):
+            self.counts["claims vLLM took nothing of"] += 1
+        self.claimed.pop(request.request_id, None)
+        self.reference.update_state_after_alloc(_view(request), _table(blocks.get_block_ids()), n)
+
+    def _ref_build_connector_meta(self, output: Any) -> Any:
+        self.step += 1
+        computed = {r.req_id: r.num_computed_tokens for r in output.scheduled_new_reqs}
+        cached = output.scheduled_cached_reqs
+        computed.update(zip(cached.req_ids, cached.num_computed_tokens, strict=True))
+        manager = self.engine.scheduler.kv_cache_manager
+        scheduled = []
+        for rid, n in output.num_scheduled_tokens.items():
+            request = self.engine.scheduler.requests[rid]
+            stored = n
+            if self.prompt_only:
+                stored = min(n, max(0, request.num_prompt_tokens - computed[rid]))
+                self.allowed[PROMPT_ONLY_STORES.name] += stored != n
+            table = _table(manager.get_block_ids(rid))
+            scheduled.append(ScheduledRequest(_view(request), table, computed[rid], stored))
+        step = StepView(
+            self.step,
+            tuple(scheduled),
+            frozenset(RequestId(r) for r in output.finished_req_ids),
+            frozenset(RequestId(r) for r in (output.preempted_req_ids or ())),
+        )
+        meta = self.reference.build_connector_meta(step)
+        requests = self.engine.scheduler.requests
+        self.counts["decode units stored"] += sum(
+            item.end_token > requests[job.request_id].num_prompt_tokens
+            for job in meta.store_jobs
+            for item in job.items
+        )
+        return _plain_meta(meta)
+
+    @staticmethod
+    def _facade_build_connector_meta(metadata: Any) -> Any:
+        return _plain_meta(metadata.meta)
+
+    def _ref_update_connector_output(self, output: Any) -> None:
+        worker_meta = output.kv_connector_worker_meta
+        results = () if worker_meta is None else worker_meta.completed_jobs
+        self.reference.update_connector_output(
+            KVConnectorOutput(
+                finished_recving=frozenset(output.finished_recving or ()),
+                failed_recving=frozenset(output.failed_recving or ()),
+                finished_sending=frozenset(output.finished_sending or ()),
+                completed_jobs=tuple(JobResult(JobId(j), bool(ok)) for j, ok in results),
+            )
+        )
+
+    def _ref_request_finished_all_groups(self, request: Any, block_ids: Any) -> Any:
+        return (self.reference.request_finished_all_groups(_view(request), _table(block_ids)), None)
+
+    def _take_events(self, real: Callable[[], Any]) -> Callable[[], Any]:
+        """Whatever the facade drains from its store's events, the reference drains too (the
+        ``taken`` counters of both store snapshots then say each drained as many)."""
+
+        def take() -> Any:
+            events = real()
+            self.reference.store.take_events()
+            self._compare_state("take_events")
+            return events
+
+        return take
+
+    # ---------------------------------------------------------- comparing
+    def _compare_state(self, hook: str) -> None:
+        core = self.facade.core
+        self._compare(hook, "snapshot", core.snapshot(), self.reference.snapshot())
+        self._compare(hook, "held", tuple(core.held_blocks()), self.reference.held_blocks())
+        self._compare(hook, "pins", Counter(core.held_blocks()), self.pins.held)
+        self._compare(hook, "failed_keys", core.failed_keys(), self.reference.failed_keys())
+
+    def _compare(self, hook: str, what: str, facade: Any, reference: Any) -> None:
+        if facade != reference:
+            raise Disagreement(f"{hook} {what} at step {self.step}: {_diff(facade, reference)}")
+
+    def quiescent(self) -> None:
+        """Nothing in flight, loading, delayed or pinned on either side; invariants hold."""
+        for snap in (self.facade.core.snapshot(), self.reference.snapshot()):
+            assert snap["jobs"] == (), snap["jobs"]
+            assert snap["loads"] == (), snap["loads"]
+            assert snap["delayed"] == (), snap["delayed"]
+            assert check_all("connector", snap) == {}
+        assert not self.pins.held
+
+
+def _kind(spec: Any) -> GroupKind:
+    if isinstance(spec, MambaSpec):
+        return GroupKind.MAMBA
+    if isinstance(spec, SlidingWindowSpec):
+        return GroupKind.SLIDING
+    return GroupKind.FULL
+
+
+def _diff(facade: Any, reference: Any) -> str:
+    """The first differing entries of two snapshots (the whole values otherwise)."""
+    if isinstance(facade, dict) and isinstance(reference, dict):
+        parts = [
+            f"{k}: facade={facade.get(k)!r} reference={reference.get(k)!r}"
+            for k in sorted(set(facade) | set(reference))
+            if facade.get(k) != reference.get(k)
+        ]
+        return "; ".join(parts)[:4000]
+    return f"facade={facade!r} reference={reference!r}"[:4000]
+
+
+# ------------------------------------------------------------------ driving
+
+
+@dataclass(frozen=True, slots=True)
+class Options:
+    """A trace's options: the eviction policy, ``offload_decode_state`` and vLLM's
+    ``kv_load_failure_policy``."""
+
+    policy: str = "lru"
+    decode_state: bool = True
+    on_load_failure: str = "recompute"
+
+    @classmethod
+    def of_seed(cls, seed: int) -> Options:
+        """Policies alternate; every third trace stores the prompt's units only; every fifth
+        fails a request whose load failed instead of recomputing it."""
+        return cls(
+            ("lru", "arc")[seed % 2],
+            seed % 3 != 2,
+            "fail" if seed % 5 == 4 else "recompute",
+        )
+
+
+def _engine(shape: Shape, rng: random.Random, seed: int, options: Options) -> InProcessEngine:
+    recipe = RECIPES[shape.layout]
+    settings_ = EngineSettings(
+        num_gpu_blocks=recipe.min_blocks(shape.budget) + rng.choice((0, 1, 3, 8)),
+        max_model_len=recipe.max_model_len,
+        block_size=recipe.block_size,
+        max_num_seqs=shape.max_seqs,
+        max_num_batched_tokens=shape.budget,
+        max_steps=600,
+    )
+    plan = FaultPlan(seed, load_rate=rng.choice((0.0, 0.3, 0.6)), store_rate=rng.choice((0.0, 0.3)))
+    # A small host tier (a few requests' worth) makes evictions and refused stores common.
+    host = rng.choice((HOST_BYTES, 6 * recipe.max_model_len * 4096))
+    transfer = KVTransferConfig(
+        kv_connector="HybridKVConnector",
+        kv_connector_module_path="hybridkv.vllm",
+        kv_role="kv_both",
+        kv_load_failure_policy=options.on_load_failure,
+        kv_connector_extra_config={
+            "host_memory_bytes": host,
+            "chunk_size": shape.chunk,
+            "eviction_policy": options.policy,
+            "offload_decode_state": options.decode_state,
+        },
+    )
+    adapter = HybridKVOnCPU(faults=plan, delay=rng.choice((0, 1, 2, 3)))
+    return InProcessEngine(recipe.config_json(), settings_, transfer, adapter)
+
+
+@dataclass(slots=True)
+class Played:
+    """One trace's counts: calls shadowed, catalogued entries used, what the trace reached."""
+
+    calls: Counter[str]
+    allowed: Counter[str]
+    reached: Counter[str]
+
+
+def _play(
+    shape: Shape,
+    seed: int,
+    options: Options,
+    tamper: Callable[[InProcessEngine], None] | None = None,
+) -> Played:
+    """One random trace (``_random_trace`` of the in-process tests, a salt drawn per request)
+    with aborts as those tests draw them; ``tamper`` changes the engine before the shadow sits
+    down (the guard tests)."""
+    rng = random.Random(seed)
+    engine = _engine(shape, rng, seed, options)
+    if tamper is not None:
+        tamper(engine)
+    try:
+        return _drive(engine, shape, seed, rng)
+    finally:
+        engine.close()
+
+
+def _drive(engine: InProcessEngine, shape: Shape, seed: int, rng: random.Random) -> Played:
+    shadow = ReferenceShadow(engine, shape.layout)
+    arrivals = _random_trace(shape, rng)
+    salts = random.Random(seed * 7919 + 1)
+    reached: Counter[str] = Counter()
+    step = 0
+    while arrivals or engine.busy():
+        while arrivals and arrivals[0].step <= step:
+            a = arrivals.pop(0)
+            salt = salts.choice((None, None, None, "a", "b"))
+            engine.add(a.request_id, list(a.prompt), a.max_tokens, cache_salt=salt)
+            reached["salted requests"] += salt is not None
+        step += 1
+        if not engine.busy():
+            continue
+        if engine.tally.steps >= engine.settings.max_steps:
+            raise WedgedError(f"seed {seed}: max_steps={engine.settings.max_steps}")
+        for rid, request in engine.requests.items():
+            if request.is_finished():
+                continue
+            loading = engine.status(rid) == "WAITING_FOR_REMOTE_KVS"
+            if rng.random() < (0.25 if loading else 0.01) and engine.abort(rid):
+                reached["aborted while loading" if loading else "aborted"] += 1
+        engine.step()
+        _note(shadow, reached)
+    assert all(r.is_finished() for r in engine.requests.values()), f"seed {seed}"
+    shadow.quiescent()
+    assert engine.leaked_blocks() == 0
+    reached["preemptions"] += engine.tally.preemptions
+    reached.update(shadow.counts)
+    reached["requests failed by their load"] += sum(
+        engine.status(rid) == "FINISHED_ERROR" for rid in engine.requests
+    )
+    reached["evicted"] += shadow.reference.snapshot()["store"]["counters"].get("evicted", 0)
+    return Played(shadow.calls, shadow.allowed, reached)
+
+
+def _note(shadow: ReferenceShadow, reached: Counter[str]) -> None:
+    """Steps that reached each situation, read off the reference (so the comparisons at those
+    steps meant something)."""
+    snap = shadow.reference.snapshot()
+    kinds = {job[1] for job in snap["jobs"]}
+    reached["steps with a load in flight"] += "load" in kinds
+    reached["steps with a store in flight"] += "store" in kinds
+    reached["steps with a remembered failure"] += bool(snap["failed_keys"])
+    reached["steps with a delayed free"] += bool(snap["delayed"])
+    reached["steps with a pinned store source"] += bool(shadow.pins.held)
+
+
+@pytest.mark.parametrize("layout", list(SHAPES), ids=lambda lay: lay.value)
+def test_facade_and_reference_agree_call_by_call(layout: Layout) -> None:
+    shape = SHAPES[layout]
+    calls: Counter[str] = Counter()
+    allowed: Counter[str] = Counter()
+    reached: Counter[str] = Counter()
+    for seed in range(TRACES_PER_LAYOUT):
+        played = _play(shape, seed, Options.of_seed(seed))
+        calls.update(played.calls)
+        allowed.update(played.allowed)
+        reached.update(played.reached)
+    print(f"\n{layout.value}: calls {dict(calls)}; catalogued {dict(allowed)}; {dict(reached)}")
+    assert allowed[PROMPT_ONLY_STORES.name] > 0  # the option's traces reach decode steps
+    for hook in _HOOKS:
+        assert calls[hook] > 0, (hook, dict(calls))
+    for situation in (
+        "steps with a load in flight",
+        "steps with a store in flight",
+        "steps with a remembered failure",
+        "steps with a delayed free",
+        "steps with a pinned store source",
+        "aborted while loading",
+        "salted requests",
+        "evicted",
+        "requests failed by their load",
+    ):
+        assert reached[situation] > 0, (situation, dict(reached))
+    if shape.chunk < shape.max_prompt // 4:
+        # Units completed by decode tokens: common on the 32-token layouts; on mamba+full (640
+        # tokens) only a prompt ending 1-3 tokens short of a boundary completes one (0 in the
+        # ci run, 8 in the nightly one), so there they are counted, not required.
+        assert reached["decode units stored"] > 0, dict(reached)
+
+
+@pytest.mark.parametrize("layout", list(CHAT), ids=lambda lay: lay.value)
+def test_multi_turn_chat_agrees(layout: Layout) -> None:
+    """The in-process tests' multi-turn chat (each turn's prompt extends the last turn's
+    prompt and output): host hits across turns, every call agreeing."""
+    settings_, trace, chunk = CHAT[layout]
+    transfer = KVTransferConfig(
+        kv_connector="HybridKVConnector",
+        kv_connector_module_path="hybridkv.vllm",
+        kv_role="kv_both",
+        kv_load_failure_policy="recompute",
+        kv_connector_extra_config={"host_memory_bytes": HOST_BYTES, "chunk_size": chunk},
+    )
+    engine = InProcessEngine(RECIPES[layout].config_json(), settings_, transfer, HybridKVOnCPU())
+    shadow = ReferenceShadow(engine, layout)
+    try:
+        report = run_trace(engine, trace)
+    finally:
+        engine.close()
+    shadow.quiescent()
+    print(f"\n{layout.value} chat: calls {dict(shadow.calls)}; {report}")
+    assert report.external_loaded > 0
+    assert report.finished == report.requests
+    assert shadow.reference.snapshot()["store"]["counters"]["stored"] > 0
+
+
+def test_closed_engines_leave_no_copy_thread() -> None:
+    """Each trace closes its engine: the worker's copy thread ends, so a nightly run of 667
+    mamba + full traces does not keep 667 engines' caches alive (it ran out of memory so)."""
+    before = threading.active_count()
+    for seed in range(2):
+        _play(SHAPES[Layout.SLIDING_FULL], seed, Options())
+    assert threading.active_count() == before
+
+
+def test_every_catalogued_difference_is_written_down() -> None:
+    """Each catalogue entry's name stands in the docs section the module docstring cites."""
+    docs = Path(__file__).resolve().parents[2] / "docs" / "explanation" / "vllm-differential.md"
+    section = docs.read_text(encoding="utf-8").split("### The facade against the reference")[1]
+    for entry in CATALOGUED:
+        assert f"`{entry.name}`" in section, entry.name
+
+
+# ------------------------------------------------------------------ guards: the shadow bites
+
+
+def _decode_state_off_unannounced(engine: InProcessEngine) -> None:
+    """The facade stores the prompt only while the extra config (all the shadow reads) says
+    otherwise."""
+    facade = engine.scheduler.connector
+    facade.hybridkv_config = dataclasses.replace(facade.hybridkv_config, offload_decode_state=False)
+
+
+def _claims_one_unit_short(engine: InProcessEngine) -> None:
+    """The core claims one alignment unit less than its rule allows (a claim of one unit
+    becomes no claim)."""
+    core = engine.scheduler.connector.core
+    real = core.get_num_new_matched_tokens
+    align = core.geometry.align
+
+    def short(view: Any, start: int) -> Claim:
+        claim = real(view, start)
+        if claim.kind not in (ClaimKind.SYNC, ClaimKind.ASYNC):
+            return claim
+        if claim.num_tokens <= align:
+            return Claim(ClaimKind.NONE)
+        return Claim(claim.kind, claim.num_tokens - align)
+
+    core.get_num_new_matched_tokens = short
+
+
+def _never_delays(engine: InProcessEngine) -> None:
+    """The facade answers "free now" even while a store reads the request's blocks."""
+    facade = engine.scheduler.connector
+    real = facade.request_finished_all_groups
+
+    def never(request: Any, block_ids: Any) -> tuple[bool, None]:
+        real(request, block_ids)
+        return False, None
+
+    facade.request_finished_all_groups = never
+
+
+def _other_policy(engine: InProcessEngine) -> None:
+    """The facade's host store evicts by the other policy than the extra config says (the
+    config the shadow reads is changed after vLLM built the facade)."""
+    extra = engine.vllm_config.kv_transfer_config.kv_connector_extra_config
+    extra["eviction_policy"] = {"lru": "arc", "arc": "lru"}[extra["eviction_policy"]]
+
+
+@pytest.mark.parametrize(
+    ("tamper", "caught"),
+    [
+        (_decode_state_off_unannounced, "build_connector_meta answer"),
+        (_claims_one_unit_short, "get_num_new_matched_tokens answer"),
+        (_never_delays, "request_finished_all_groups answer"),
+        (_other_policy, "snapshot"),
+    ],
+    ids=["decode-state", "short-claim", "never-delays", "policy"],
+)
+def test_the_shadow_catches_a_drifting_facade(
+    tamper: Callable[[InProcessEngine], None], caught: str
+) -> None:
+    """Each drift is caught within the first traces of the sliding + full layout, at the hook
+    and part named."""
+    assert caught in _first_disagreement(SHAPES[Layout.SLIDING_FULL], tamper)
+
+
+def _first_disagreement(shape: Shape, tamper: Callable[[InProcessEngine], None]) -> str:
+    for seed in range(12):
+        try:
+            _play(shape, seed, Options(), tamper)
+        except Disagreement as error:
+            return str(error)
+    return "no disagreement within 12 traces"
