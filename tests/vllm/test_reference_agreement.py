@@ -29,10 +29,12 @@ order, counters and events nested in it), the pinned store sources and the remem
 At the end of each trace both are quiescent and the spec's connector invariants hold on both
 snapshots.
 
-Any difference raises :class:`Disagreement`. The one catalogued difference
+Any difference raises :class:`Disagreement`. Two differences are catalogued
 (:data:`CATALOGUED`, docs/explanation/vllm-differential.md, "The facade against the reference
-connector") is an option the reference has no switch for (``offload_decode_state=false``): the
-shadow applies it to the step it hands the reference, by name, and counts where it did.
+connector"): an option the reference has no switch for (``offload_decode_state=false``), which
+the shadow applies to the step it hands the reference, and the facade's restart guard, whose
+answers are given in front of its core (neither core is asked); the shadow counts each use by
+name.
 
 Traces: ``_random_trace`` of ``test_hybridkv_inprocess.py`` on mamba+full, sliding+full and three
 groups, the profile's ``max_examples`` split over the three (ci: 201, nightly: 2,001), with load
@@ -69,6 +71,7 @@ from vllm.v1.kv_cache_interface import MambaSpec, SlidingWindowSpec  # noqa: E40
 from hybridkv.connector import Claim, ClaimKind  # noqa: E402
 from hybridkv.vllm.cpu_worker import FaultPlan, HybridKVOnCPU  # noqa: E402
 from hybridkv.vllm.inprocess import (  # noqa: E402
+    ChatTrace,
     EngineSettings,
     InProcessEngine,
     WedgedError,
@@ -151,7 +154,14 @@ PROMPT_ONLY_STORES = Adaptation(
     "every unit a step completes, so the shadow hands it each scheduled span cut at the "
     "prompt's end, as the option says",
 )
-CATALOGUED = (PROMPT_ONLY_STORES,)
+RESTART_GUARD = Adaptation(
+    "restart-guard",
+    "after a failed load that vLLM 0.33 refused to re-admit in a step that ran nothing, the "
+    "facade's restart guard (hybridkv.vllm.reclaim) answers None, then 0, in front of its core, "
+    "which vLLM would otherwise wedge on; the reference has no guard, so such a lookup is "
+    "asked of neither core and only the states are compared",
+)
+CATALOGUED = (PROMPT_ONLY_STORES, RESTART_GUARD)
 """Every difference allowed (docs/explanation/vllm-differential.md, "The facade against the
 reference connector"); any other difference in an answer or in the state raises
 :class:`Disagreement`."""
@@ -244,11 +254,18 @@ class ReferenceShadow:
 
         def call(*args: Any) -> Any:
             self.calls[name] += 1
+            overridden = self.facade._reclaim.overridden
             try:
                 result = real(*args)
                 facade = answer_of(result)
             except ValueError as error:  # HybridKVConfigError: compared by field
                 result, facade = error, ("error", getattr(error, "field", str(error)))
+            if self.facade._reclaim.overridden > overridden:
+                # RESTART_GUARD: the facade's guard answered in front of its core, which was
+                # not asked; the reference is not asked either, and the state still must agree.
+                self.allowed[RESTART_GUARD.name] += 1
+                self._compare_state(name)
+                return result
             try:
                 reference = shadow(*args)
             except ConfigError as error:
@@ -310,7 +327,10 @@ class ReferenceShadow:
 
     def _ref_update_connector_output(self, output: Any) -> None:
         worker_meta = output.kv_connector_worker_meta
-        results = () if worker_meta is None else worker_meta.completed_jobs
+        reports = () if worker_meta is None else worker_meta.reports
+        # One rank here: every report is the job's whole result (no quorum to wait for).
+        assert all(r.workers == 1 for r in reports), reports
+        results = [(r.job_id, r.success) for r in reports]
         self.reference.update_connector_output(
             KVConnectorOutput(
                 finished_recving=frozenset(output.finished_recving or ()),
@@ -563,6 +583,39 @@ def test_multi_turn_chat_agrees(layout: Layout) -> None:
     assert report.external_loaded > 0
     assert report.finished == report.requests
     assert shadow.reference.snapshot()["store"]["counters"]["stored"] > 0
+
+
+def test_the_restart_guard_is_the_only_difference_on_a_tight_pool() -> None:
+    """The chat of tests/vllm/test_reclaim_guard.py that wedged vLLM 0.33 before the guard
+    (sliding + full, 30 blocks, half the loads failing): the guard answers some lookups in
+    front of the core (``restart-guard``), and everything else agrees with the reference."""
+    transfer = KVTransferConfig(
+        kv_connector="HybridKVConnector",
+        kv_connector_module_path="hybridkv.vllm",
+        kv_role="kv_both",
+        kv_load_failure_policy="recompute",
+        kv_connector_extra_config={"host_memory_bytes": 64 << 20, "chunk_size": 32},
+    )
+    settings_ = EngineSettings(
+        num_gpu_blocks=30,
+        max_model_len=512,
+        block_size=32,
+        max_num_seqs=3,
+        max_num_batched_tokens=128,
+    )
+    adapter = HybridKVOnCPU(faults=FaultPlan(7, load_rate=0.5), delay=2)
+    recipe = RECIPES[Layout.SLIDING_FULL]
+    engine = InProcessEngine(recipe.config_json(), settings_, transfer, adapter)
+    shadow = ReferenceShadow(engine, Layout.SLIDING_FULL)
+    try:
+        report = run_trace(engine, ChatTrace(convs=4, turns=4, system_len=128, seed=11))
+    finally:
+        engine.close()
+    shadow.quiescent()
+    assert report.finished == report.requests
+    assert report.wrong_reads == 0
+    assert shadow.allowed[RESTART_GUARD.name] == engine.scheduler.connector._reclaim.overridden > 0
+    assert set(shadow.allowed) == {RESTART_GUARD.name}
 
 
 def test_closed_engines_leave_no_copy_thread() -> None:
