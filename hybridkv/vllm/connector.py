@@ -14,6 +14,16 @@ Failures are reported per request (``failed_recving``), never as block ids: vLLM
 block-level load errors for models with more than one KV cache group (``scheduler.py:3712``).
 Offload keys are read off vLLM's own ``request.block_hashes`` (multimodal inputs, LoRA and the
 cache salt folded in).
+
+Load deadline (``load_deadline_steps``): the scheduler side counts the steps each load job has
+been pending (:class:`~hybridkv.connector.deadlines.LoadDeadlines`) and names the late ones in
+the next metadata (``HybridKVMetadata.abandon``); the worker stops their copies
+(:meth:`~hybridkv.connector.worker.TransferWorker.abandon`) and only then reports them failed.
+vLLM frees a failed request's blocks when it reads that report (``_update_waiting_for_remote_kv``
+frees them, the request having 0 computed tokens after ``_handle_failed_recving``) and
+recomputes into whatever it allocates next, so no block it reuses is written by a late copy;
+until the report the request stays in WAITING_FOR_REMOTE_KVS holding its blocks, and the core
+keeps the host entries pinned.
 """
 
 from __future__ import annotations
@@ -37,6 +47,7 @@ from hybridkv.connector import (
     BlockTable,
     ConnectorCore,
     ConnectorMeta,
+    JobId,
     JobResult,
     KVConnectorOutput,
     RequestId,
@@ -45,13 +56,14 @@ from hybridkv.connector import (
     StepView,
     TransferKind,
 )
+from hybridkv.connector.deadlines import LoadDeadlines
 from hybridkv.connector.worker import JobFaultHook, TransferWorker
 from hybridkv.errors import HybridKVConfigError
 from hybridkv.hostmem import HostMemory, PinMode
 from hybridkv.store import HostStore, LookupResult
 from hybridkv.transfer import TransferEngine
 from hybridkv.transfer.cpu_engine import FaultHook
-from hybridkv.vllm.config import HybridKVConfig, parse_extra_config
+from hybridkv.vllm.config import HybridKVConfig, check_failure_policy, parse_extra_config
 from hybridkv.vllm.layout import VllmLayout, read_layout, recommended_chunk_size, whole_blocks
 
 __all__ = ["HybridKVConnector", "HybridKVMetadata", "HybridKVStats", "HybridKVWorkerMeta"]
@@ -59,10 +71,12 @@ __all__ = ["HybridKVConnector", "HybridKVMetadata", "HybridKVStats", "HybridKVWo
 
 @dataclass
 class HybridKVMetadata(KVConnectorMetadata):
-    """One step's jobs and the host slot of every key they name (the worker has no store)."""
+    """One step's jobs, the host slot of every key they name (the worker has no store), and
+    the load jobs past their deadline, to abandon."""
 
     meta: ConnectorMeta
     slots: dict[bytes, int]
+    abandon: tuple[int, ...] = ()
 
 
 @dataclass
@@ -191,6 +205,9 @@ class HybridKVConnector(KVConnectorBase_V1, SupportsHMA):
             )
         extra = vllm_config.kv_transfer_config.kv_connector_extra_config
         self.hybridkv_config: HybridKVConfig = parse_extra_config(extra)
+        check_failure_policy(
+            self.hybridkv_config, vllm_config.kv_transfer_config.kv_load_failure_policy
+        )
         self.layout: VllmLayout = read_layout(vllm_config, kv_cache_config)
         self.chunk_size = self._chunk_size()
         self.num_chunks = self._num_chunks()
@@ -202,7 +219,10 @@ class HybridKVConnector(KVConnectorBase_V1, SupportsHMA):
         self._engine: Any = None
         self._reported: tuple[JobResult, ...] = ()
         self._last_stats: dict[str, int] = {}
+        self.deadlines: LoadDeadlines | None = None
         if role == KVConnectorRole.SCHEDULER:
+            deadline = self.hybridkv_config.load_deadline_steps
+            self.deadlines = None if deadline is None else LoadDeadlines(deadline)
             self.core = ConnectorCore(
                 self.layout.planner(self.chunk_size),
                 HostStore(self.num_chunks, self.hybridkv_config.eviction_policy),
@@ -261,6 +281,8 @@ class HybridKVConnector(KVConnectorBase_V1, SupportsHMA):
         self, request: Any, num_computed_tokens: int
     ) -> tuple[int | None, bool]:
         self._requests[request.request_id] = request
+        if self.deadlines is not None and self.deadlines.recomputing(request.request_id):
+            return 0, False  # its load missed the deadline: recomputed (LoadDeadlines)
         claim = self._core().get_num_new_matched_tokens(_view(request), num_computed_tokens)
         return claim.as_vllm()
 
@@ -292,11 +314,14 @@ class HybridKVConnector(KVConnectorBase_V1, SupportsHMA):
         meta = core.build_connector_meta(step)
         keys = [item.key for job in (*meta.load_jobs, *meta.store_jobs) for item in job.items]
         slots = dict(zip(keys, core.store.slots(keys), strict=True)) if keys else {}
-        return HybridKVMetadata(meta, slots)
+        late = () if self.deadlines is None else self.deadlines.step(meta.load_jobs)
+        return HybridKVMetadata(meta, slots, tuple(int(j) for j in late))
 
     def update_connector_output(self, connector_output: Any) -> None:
         worker_meta = connector_output.kv_connector_worker_meta
         jobs = worker_meta.completed_jobs if isinstance(worker_meta, HybridKVWorkerMeta) else ()
+        if self.deadlines is not None:
+            self.deadlines.reported(result.job_id for result in jobs)
         self._core().update_connector_output(
             KVConnectorOutput(
                 finished_recving=frozenset(connector_output.finished_recving or ()),
@@ -313,6 +338,8 @@ class HybridKVConnector(KVConnectorBase_V1, SupportsHMA):
         self, request: Any, block_ids: tuple[list[int], ...]
     ) -> tuple[bool, None]:
         self._requests.pop(request.request_id, None)
+        if self.deadlines is not None:
+            self.deadlines.finished(request.request_id)
         return self._core().request_finished_all_groups(_view(request), _tables(block_ids)), None
 
     # ============================================================ worker side
@@ -371,8 +398,12 @@ class HybridKVConnector(KVConnectorBase_V1, SupportsHMA):
         # and GDN layers never call the per-layer hooks.
         metadata = self._get_connector_metadata()
         assert isinstance(metadata, HybridKVMetadata)
+        worker = self._worker()
+        # Late loads first: their copies stop (cancelled, or waited for) before this step's
+        # jobs are submitted; each reports failed in this step's results.
+        worker.abandon(JobId(j) for j in metadata.abandon)
         self._slots.show(metadata)
-        self._worker().bind_connector_metadata(metadata.meta)
+        worker.bind_connector_metadata(metadata.meta)
 
     def wait_for_layer_load(self, layer_name: str) -> None:
         # Step granularity (start_load_kv): an async load's request is not in this forward.
@@ -426,10 +457,15 @@ class HybridKVConnector(KVConnectorBase_V1, SupportsHMA):
                 "load_jobs_failed": s.load_jobs_failed,
                 "store_jobs": s.store_jobs,
                 "store_jobs_failed": s.store_jobs_failed,
+                "deadlines_fired": 0 if self.deadlines is None else self.deadlines.fired,
             }
         if self.worker is not None:
             w = self.worker.stats()
-            return {"bytes_loaded": w.bytes_loaded, "bytes_stored": w.bytes_stored}
+            return {
+                "bytes_loaded": w.bytes_loaded,
+                "bytes_stored": w.bytes_stored,
+                "jobs_abandoned": w.jobs_abandoned,
+            }
         return {}
 
     @classmethod
