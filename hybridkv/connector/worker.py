@@ -85,7 +85,13 @@ class HostSlots(Protocol):
 
 
 class WorkerStats(NamedTuple):
-    """Jobs and bytes since creation."""
+    """Jobs and bytes since creation.
+
+    ``blocks_*`` and ``bytes_*`` count the jobs handed to the engine, at submission: a load
+    cancelled by :meth:`TransferWorker.abandon` counts there though it moved nothing.
+    ``jobs_failed`` counts the jobs that failed before submission or in the engine (a cancelled
+    copy included); ``jobs_abandoned`` the load jobs abandoned, whatever their copy did.
+    """
 
     jobs_submitted: int
     jobs_failed: int
