@@ -16,7 +16,10 @@ sync load is never named: it is waited for inside the step that carries it.
 
 A request whose load was abandoned is recomputed for the rest of its life: the connector claims
 nothing more for it (:meth:`LoadDeadlines.recomputing`). Its host chunks were slow once and
-would likely be again, and each abandoned attempt costs the request ``deadline`` steps.
+would likely be again, each abandoned attempt costs the request ``deadline`` steps, and in
+vLLM 0.33 an async claim by a request whose load failed can be refused at every step (finding
+F2 of docs/explanation/vllm-differential.md: the request's own remaining blocks stay reserved
+against it), so a claim nobody makes is also a wedge nobody can hit.
 """
 
 from __future__ import annotations

@@ -67,6 +67,24 @@ def _record_failed(engine: InProcessEngine) -> set[str]:
     return failed
 
 
+def _record_asks_after_abandon(engine: InProcessEngine) -> dict[tuple[str, int], Any]:
+    """(request id, ask number) -> the claim, for every ask of a request whose load the
+    deadline abandoned before that ask."""
+    connector = engine.scheduler.connector
+    real = connector.get_num_new_matched_tokens
+    asks: dict[tuple[str, int], Any] = {}
+
+    def ask(request: Any, num_computed_tokens: int) -> Any:
+        late = connector.deadlines.recomputing(request.request_id)
+        claim = real(request, num_computed_tokens)
+        if late:
+            asks[(request.request_id, len(asks))] = claim
+        return claim
+
+    connector.get_num_new_matched_tokens = ask
+    return asks
+
+
 @pytest.mark.parametrize(("delay", "deadline"), [(3, 1), (2, 2)], ids=["fires", "in-time"])
 @pytest.mark.parametrize("layout", list(CHAT), ids=lambda lay: lay.value)
 def test_a_load_past_its_deadline_is_abandoned_and_recomputed(
@@ -79,6 +97,7 @@ def test_a_load_past_its_deadline_is_abandoned_and_recomputed(
         RECIPES[layout].config_json(), settings_, _transfer(chunk, deadline), adapter
     )
     failed = _record_failed(engine)
+    after_abandon = _record_asks_after_abandon(engine)
     report = run_trace(engine, trace)
     connector = engine.scheduler.connector
     core = connector.core.stats()
@@ -101,9 +120,13 @@ def test_a_load_past_its_deadline_is_abandoned_and_recomputed(
         assert report.transfers["loads_cancelled"] == fired
         assert failed
         assert report.external_hits == 0
+        # Asked again once its load was abandoned, the connector claims nothing: recomputed.
+        assert after_abandon
+        assert set(after_abandon.values()) == {(0, False)}
     else:
         assert fired == 0 == report.transfers["jobs_abandoned"] == core.load_jobs_failed
         assert not failed
+        assert not after_abandon
         assert report.external_hits == report.external_loaded > 0
     assert connector.deadlines.pending() == 0
     _quiescent(engine)
