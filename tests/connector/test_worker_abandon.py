@@ -1,13 +1,15 @@
 """TransferWorker.abandon: a load past its deadline is stopped, and only then reported failed.
 
 Two engines: :class:`CopiesWhenWaited` (a copy not started yet: cancelled, no byte moves) and
-the threaded CPU engine, whose ``abandon`` is the contract's default (a copy already handed over
-is waited for). Either way the load reports ``failed_recving`` at the next fold, whether or not
-its bytes landed, and the core unpins its keys and remembers them failed.
+the threaded CPU engine with the contract's default ``abandon``, the CUDA engine's (a copy
+already handed over is waited for). Either way the load reports ``failed_recving`` at the next
+fold, whether or not its bytes landed, and the core unpins its keys and remembers them failed.
+The CPU engine's own ``abandon`` (cancel what is queued) is tested in tests/transfer.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from typing import Any
 
@@ -16,6 +18,7 @@ from test_transfer_worker import (
     FOLLOW,
     LAYOUTS,
     PROMPT,
+    Driver,
     block_bytes,
     make,
     make_waited,
@@ -25,10 +28,17 @@ from test_transfer_worker import (
 )
 
 from hybridkv.connector import ClaimKind, LoadMode, ScheduledRequest, StepView, TransferKind
+from hybridkv.connector.worker import TransferWorker
 from hybridkv.errors import HybridKVConfigError
-from hybridkv.transfer import Direction
+from hybridkv.transfer import CpuTransferEngine, Direction, TransferEngine
 
 LAYOUT = "full_mamba"
+
+
+class WaitsOnAbandon(CpuTransferEngine):
+    """The CPU engine with the contract's default ``abandon`` (wait; the CUDA engine's)."""
+
+    abandon = TransferEngine.abandon
 
 
 def test_a_load_not_copied_yet_is_cancelled_and_reports_failed() -> None:
@@ -62,7 +72,12 @@ def test_a_copy_already_running_is_waited_for_and_the_load_still_reports_failed(
         if direction is Direction.LOAD and run == 0:
             time.sleep(0.2)  # far longer than the bind-to-poll gap of this test
 
-    case, stack, driver = make(LAYOUT, engine_fault_hook=slow_loads)
+    case, stack, _ = make(LAYOUT)
+    stack.engine.close()
+    engine = WaitsOnAbandon(stack.caches, stack.host, fault_hook=slow_loads)
+    worker = TransferWorker(engine, stack.store, stack.caches, stack.host)
+    stack = dataclasses.replace(stack, engine=engine, worker=worker)
+    driver = Driver(stack)
     with stack.engine:
         before = store_a(case, driver, LAYOUT)
         randomize(case, seed=3)
