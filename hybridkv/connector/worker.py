@@ -19,6 +19,12 @@ In vLLM's per-step worker order (``v1/worker/gpu/kv_connector.py``):
 4. :meth:`TransferWorker.get_transfer_results`: finished jobs, folded; completed-job ids in
    ascending order, so a run is reproducible whatever the copy thread's timing.
 
+Load deadlines: :meth:`TransferWorker.abandon` stops the load jobs the scheduler side gave up on
+(:class:`~hybridkv.connector.deadlines.LoadDeadlines`): the engine cancels a copy not started
+and waits for one running (:meth:`hybridkv.transfer.TransferEngine.abandon`), and only then is
+the job reported, failed. The scheduler learns of the failure (``failed_recving``) no earlier
+than the copy stopped, so the blocks it then frees or recomputes into are never written late.
+
 Faults: a ``fault_hook`` (``TransferJob -> bool``) fails a job on purpose: it is not submitted
 and reports as failed, never as a silent success; the engine's own failures (an exception while
 copying, the CPU engine's own fault hook) report as failed too. A failed load leaves its
@@ -79,7 +85,13 @@ class HostSlots(Protocol):
 
 
 class WorkerStats(NamedTuple):
-    """Jobs and bytes since creation."""
+    """Jobs and bytes since creation.
+
+    ``blocks_*`` and ``bytes_*`` count the jobs handed to the engine, at submission: a load
+    cancelled by :meth:`TransferWorker.abandon` counts there though it moved nothing.
+    ``jobs_failed`` counts the jobs that failed before submission or in the engine (a cancelled
+    copy included); ``jobs_abandoned`` the load jobs abandoned, whatever their copy did.
+    """
 
     jobs_submitted: int
     jobs_failed: int
@@ -88,6 +100,7 @@ class WorkerStats(NamedTuple):
     blocks_stored: int
     bytes_loaded: int
     bytes_stored: int
+    jobs_abandoned: int
 
 
 class TransferWorker:
@@ -123,6 +136,7 @@ class TransferWorker:
         self._jobs_of: dict[EngineJobId, JobId] = {}
         self._stores: list[tuple[TransferJob, list[TransferPair]]] = []
         self._finished: list[JobResult] = []  # finished, not reported yet
+        self._abandoned: set[JobId] = set()  # stopped loads, reported failed at the next fold
         self._count = dict.fromkeys(WorkerStats._fields, 0)
 
     # ----------------------------------------------------------------- the step
@@ -173,9 +187,34 @@ class TransferWorker:
             self.engine.wait([e for e, j in self._jobs_of.items() if j not in hold])
         self._drain()
         held = set(hold)
-        report = sorted(r for r in self._finished if r.job_id not in held)
+        report = sorted(self._outcome(r) for r in self._finished if r.job_id not in held)
         self._finished = [r for r in self._finished if r.job_id in held]
         return self._tracker.get_transfer_results(tuple(report))
+
+    def abandon(self, job_ids: Iterable[JobId]) -> tuple[JobId, ...]:
+        """Stop the named load jobs; each reports failed at the next fold (a load deadline).
+
+        Pre: each id names a load job (field ``job_id``: a store job is never abandoned, the
+        scheduler pins its sources until it reports). An id not in flight is skipped: its
+        report already left (or it was never bound), and that report stands. Refusal: nothing
+        is stopped. Post: no byte of a named job moves after the call returns (the engine
+        cancelled its copy or waited for it, :meth:`TransferEngine.abandon`); each named job
+        in flight reports ``success=False`` at the next :meth:`get_transfer_results`, whether
+        or not its bytes landed, so the outcome does not depend on the copy's timing. Returns
+        the ids abandoned, ascending.
+        """
+        wanted = sorted(set(job_ids) & set(self._tracker.in_flight()))
+        for job_id in wanted:
+            job = self._tracker.job(job_id)
+            if job.kind is not _LOAD:
+                raise _bad(job, "job_id", job_id, "is a store job", "abandon load jobs only")
+        chosen = set(wanted)
+        running = [e for e, j in self._jobs_of.items() if j in chosen]
+        if running:
+            self.engine.abandon(running)
+        self._abandoned.update(chosen)
+        self._count["jobs_abandoned"] += len(wanted)
+        return tuple(wanted)
 
     def get_block_ids_with_load_errors(self) -> dict[RequestId, frozenset[int]]:
         """Per request whose load failed, the blocks its failed jobs left invalid; handed once
@@ -249,6 +288,13 @@ class TransferWorker:
         count[f"blocks_{kind}"] += len(pairs)
         count[f"bytes_{kind}"] += moved
         return submitted
+
+    def _outcome(self, result: JobResult) -> JobResult:
+        """The result to report: an abandoned job fails, whatever its copy did."""
+        if result.job_id not in self._abandoned:
+            return result
+        self._abandoned.discard(result.job_id)
+        return JobResult(result.job_id, False)
 
     def _fail(self, job_id: JobId) -> None:
         self._count["jobs_failed"] += 1

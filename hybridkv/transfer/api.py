@@ -78,6 +78,19 @@ class TransferEngine(ABC):
         nothing.
         """
 
+    def abandon(self, job_ids: Iterable[JobId]) -> None:
+        """Stop the named jobs: when this returns, none of them moves another byte.
+
+        A job not started yet may be cancelled (it then finishes failed, having moved nothing);
+        a job already running is waited for. This default cancels nothing: it waits, the only
+        safe stop for work already handed to hardware (a copy queued on a CUDA stream cannot
+        be recalled). ``poll`` reports each named job once, as usual.
+
+        Pre: every id was returned by ``submit`` of this engine; refused otherwise, waiting for
+        nothing. Frame: other jobs are not affected.
+        """
+        self.wait(job_ids)
+
     @abstractmethod
     def close(self) -> None:
         """Finish queued jobs and release the engine's threads or streams. Idempotent."""

@@ -4,6 +4,9 @@ It implements :class:`~hybridkv.transfer.api.TransferEngine` over canonical cach
 CPU memory (or any device torch can copy from a worker thread). Jobs run in submission order,
 both directions on one thread, which is one legal order of the contract.
 
+``abandon`` cancels a job still queued (it finishes failed, no byte moved; the copy thread skips
+it) and waits for the one running, if named.
+
 Caches in CPU memory are copied run by run with ``memmove`` on addresses computed as arrays by
 the planner: a ``Tensor.copy_`` costs several microseconds of dispatch per run, a ``memmove``
 call well under one, and ctypes releases the GIL during it. Indexed copies (``index_select``
@@ -58,6 +61,10 @@ class CpuTransferEngine(TransferEngine):
         self._fault_hook = fault_hook
         self._book = JobBook()
         self._queue: queue.SimpleQueue[_Job | None] = queue.SimpleQueue()
+        # Taken by the copy thread to start a job and by abandon to cancel one, so a job is
+        # either cancelled before it starts or waited for; never both, never half.
+        self._start_lock = threading.Lock()
+        self._running: JobId | None = None
         self._closed = False
         self._thread = threading.Thread(target=self._run, name="hybridkv-cpu-transfer", daemon=True)
         self._thread.start()
@@ -76,6 +83,19 @@ class CpuTransferEngine(TransferEngine):
     def wait(self, job_ids: Iterable[JobId]) -> None:
         self._book.wait_done(job_ids)
 
+    def abandon(self, job_ids: Iterable[JobId]) -> None:
+        ids = self._book.check_known(job_ids)
+        running = []
+        with self._start_lock:
+            for job in ids:
+                if self._book.is_done(job):
+                    continue
+                if job == self._running:
+                    running.append(job)
+                else:  # still queued: the copy thread will find it done and skip it
+                    self._book.finish(job, False)
+        self._book.wait_done(running)
+
     def close(self) -> None:
         if not self._closed:
             self._closed = True
@@ -88,6 +108,10 @@ class CpuTransferEngine(TransferEngine):
             if item is None:
                 return
             job, direction, plan = item
+            with self._start_lock:
+                if self._book.is_done(job):
+                    continue  # cancelled by abandon before it started
+                self._running = job
             try:
                 if self._flat_ptrs is not None:
                     self._move(job, direction, plan, self._flat_ptrs)
@@ -97,6 +121,8 @@ class CpuTransferEngine(TransferEngine):
                 self._book.finish(job, False)
             else:
                 self._book.finish(job, True)
+            with self._start_lock:
+                self._running = None
 
     def _move(
         self, job: JobId, direction: Direction, plan: CopyPlan, flat_ptrs: torch.Tensor

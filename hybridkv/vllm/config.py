@@ -10,8 +10,11 @@ Every key, its default and what it does (docs/howto/serve.md repeats this table)
 - ``chunk_size`` (int or null, default null = the recommendation of
   :func:`hybridkv.vllm.layout.recommended_chunk_size`): the offload chunk in tokens.
 - ``eviction_policy`` (``"lru"`` | ``"arc"``, default ``"lru"``): the host store's policy.
-- ``load_deadline_steps`` (int >= 1 or null, default null = none): steps after which a load not
-  reported would be abandoned and recomputed. Not implemented yet: a number is refused.
+- ``load_deadline_steps`` (int >= 1 or null, default null = none): a load not reported within
+  this many engine steps after the step that started it is abandoned: the worker stops its copy
+  and reports the request failed, and vLLM recomputes it (``kv_load_failure_policy`` must be
+  ``"recompute"``). null: wait for every load, as vLLM 0.33 does
+  (:mod:`hybridkv.connector.deadlines`).
 - ``offload_decode_state`` (bool, default true): store the units completed by decode steps
   (the continuation a next turn hits), not only the prompt's.
 - ``sync_load_max_bytes`` (int >= 0, default 0 = every load async): loads up to this many bytes
@@ -36,7 +39,7 @@ from typing import Any
 
 from hybridkv.errors import HybridKVConfigError
 
-__all__ = ["DEFAULTS", "HybridKVConfig", "parse_extra_config"]
+__all__ = ["DEFAULTS", "HybridKVConfig", "check_failure_policy", "parse_extra_config"]
 
 DEFAULTS: dict[str, Any] = {
     "host_memory_bytes": 4 << 30,
@@ -89,6 +92,19 @@ def parse_extra_config(extra: Mapping[str, Any] | None) -> HybridKVConfig:
     return config
 
 
+def check_failure_policy(config: HybridKVConfig, kv_load_failure_policy: str) -> None:
+    """Refuse a load deadline unless vLLM recomputes failed loads: an abandoned load is reported
+    failed, and under ``"fail"`` vLLM would end the request with an error instead."""
+    if config.load_deadline_steps is not None and kv_load_failure_policy != "recompute":
+        raise HybridKVConfigError(
+            f"{_WHERE}.load_deadline_steps",
+            config.load_deadline_steps,
+            f"needs kv_load_failure_policy 'recompute' (it is {kv_load_failure_policy!r}: an "
+            "abandoned load would fail its request)",
+            'set "kv_load_failure_policy": "recompute", or leave the deadline null',
+        )
+
+
 def _is_int(value: object) -> bool:
     return isinstance(value, int) and not isinstance(value, bool)
 
@@ -132,13 +148,6 @@ def _policy(value: object) -> str:
 
 def _refuse_unimplemented(config: HybridKVConfig) -> None:
     """Values of keys whose behaviour is not built yet are refused, never silently ignored."""
-    if config.load_deadline_steps is not None:
-        raise HybridKVConfigError(
-            f"{_WHERE}.load_deadline_steps",
-            config.load_deadline_steps,
-            "load deadlines are not implemented in this release of hybridkv.vllm",
-            "leave it null (vLLM 0.33 waits for every load)",
-        )
     if config.sync_load_max_bytes != 0:
         raise HybridKVConfigError(
             f"{_WHERE}.sync_load_max_bytes",

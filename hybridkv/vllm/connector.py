@@ -18,6 +18,16 @@ scheduler side releases a job result only once every rank reported it, failed if
 failed it. Pipeline and context parallelism are refused at start-up.
 Offload keys are read off vLLM's own ``request.block_hashes`` (multimodal inputs, LoRA and the
 cache salt folded in).
+
+Load deadline (``load_deadline_steps``): the scheduler side counts the steps each load job has
+been pending (:class:`~hybridkv.connector.deadlines.LoadDeadlines`) and names the late ones in
+the next metadata (``HybridKVMetadata.abandon``); the worker stops their copies
+(:meth:`~hybridkv.connector.worker.TransferWorker.abandon`) and only then reports them failed.
+vLLM frees a failed request's blocks when it reads that report (``_update_waiting_for_remote_kv``
+frees them, the request having 0 computed tokens after ``_handle_failed_recving``) and
+recomputes into whatever it allocates next, so no block it reuses is written by a late copy;
+until the report the request stays in WAITING_FOR_REMOTE_KVS holding its blocks, and the core
+keeps the host entries pinned.
 """
 
 from __future__ import annotations
@@ -44,6 +54,7 @@ from hybridkv.connector import (
     BlockTable,
     ConnectorCore,
     ConnectorMeta,
+    JobId,
     JobResult,
     KVConnectorOutput,
     RequestId,
@@ -52,13 +63,14 @@ from hybridkv.connector import (
     StepView,
     TransferKind,
 )
+from hybridkv.connector.deadlines import LoadDeadlines
 from hybridkv.connector.worker import JobFaultHook, TransferWorker
 from hybridkv.errors import HybridKVConfigError
 from hybridkv.hostmem import HostMemory, PinMode
 from hybridkv.store import HostStore, LookupResult
 from hybridkv.transfer import TransferEngine
 from hybridkv.transfer.cpu_engine import FaultHook
-from hybridkv.vllm.config import HybridKVConfig, parse_extra_config
+from hybridkv.vllm.config import HybridKVConfig, check_failure_policy, parse_extra_config
 from hybridkv.vllm.layout import VllmLayout, read_layout, recommended_chunk_size, whole_blocks
 from hybridkv.vllm.metrics import (
     GroupAgreement,
@@ -76,10 +88,12 @@ __all__ = ["HybridKVConnector", "HybridKVMetadata", "HybridKVStats", "HybridKVWo
 
 @dataclass
 class HybridKVMetadata(KVConnectorMetadata):
-    """One step's jobs and the host slot of every key they name (the worker has no store)."""
+    """One step's jobs, the host slot of every key they name (the worker has no store), and
+    the load jobs past their deadline, to abandon."""
 
     meta: ConnectorMeta
     slots: dict[bytes, int]
+    abandon: tuple[int, ...] = ()
 
 
 @dataclass
@@ -182,6 +196,9 @@ class HybridKVConnector(KVConnectorBase_V1, SupportsHMA):
         self.world_size = int(vllm_config.parallel_config.world_size)
         extra = vllm_config.kv_transfer_config.kv_connector_extra_config
         self.hybridkv_config: HybridKVConfig = parse_extra_config(extra)
+        check_failure_policy(
+            self.hybridkv_config, vllm_config.kv_transfer_config.kv_load_failure_policy
+        )
         self.layout: VllmLayout = read_layout(vllm_config, kv_cache_config)
         self.chunk_size = self._chunk_size()
         self.num_chunks = self._num_chunks()
@@ -200,7 +217,12 @@ class HybridKVConnector(KVConnectorBase_V1, SupportsHMA):
         )
         # Restarts after failed loads that vLLM refused (hybridkv.vllm.reclaim).
         self._reclaim = ReclaimGuard()
+        self.deadlines: LoadDeadlines | None = None
+        # Lookups answered 0 in front of the core for requests whose load missed its deadline.
+        self._deadline_answers = 0
         if role == KVConnectorRole.SCHEDULER:
+            deadline = self.hybridkv_config.load_deadline_steps
+            self.deadlines = None if deadline is None else LoadDeadlines(deadline)
             self.core = ConnectorCore(
                 self.layout.planner(self.chunk_size),
                 HostStore(self.num_chunks, self.hybridkv_config.eviction_policy),
@@ -271,6 +293,9 @@ class HybridKVConnector(KVConnectorBase_V1, SupportsHMA):
             return None, False
         if answer is Answer.NONE:
             return 0, False
+        if self.deadlines is not None and self.deadlines.recomputing(rid):
+            self._deadline_answers += 1
+            return 0, False  # its load missed the deadline: recomputed (LoadDeadlines)
         view = _view(request)
         claim = self._core().get_num_new_matched_tokens(view, num_computed_tokens)
         vllm_answer = claim.as_vllm()
@@ -308,7 +333,8 @@ class HybridKVConnector(KVConnectorBase_V1, SupportsHMA):
         meta = core.build_connector_meta(step)
         keys = [item.key for job in (*meta.load_jobs, *meta.store_jobs) for item in job.items]
         slots = dict(zip(keys, core.store.slots(keys), strict=True)) if keys else {}
-        return HybridKVMetadata(meta, slots)
+        late = () if self.deadlines is None else self.deadlines.step(meta.load_jobs)
+        return HybridKVMetadata(meta, slots, tuple(int(j) for j in late))
 
     def update_connector_output(self, connector_output: Any) -> None:
         worker_meta = connector_output.kv_connector_worker_meta
@@ -317,6 +343,8 @@ class HybridKVConnector(KVConnectorBase_V1, SupportsHMA):
         jobs = self._quorum.fold(reports)
         failed = connector_output.failed_recving or ()
         self._reclaim.load_failed(rid for rid in failed if rid in self._requests)
+        if self.deadlines is not None:
+            self.deadlines.reported(result.job_id for result in jobs)
         self._core().update_connector_output(
             KVConnectorOutput(
                 finished_recving=frozenset(connector_output.finished_recving or ()),
@@ -335,6 +363,8 @@ class HybridKVConnector(KVConnectorBase_V1, SupportsHMA):
         self._requests.pop(request.request_id, None)
         self._agreement.forget(request.request_id)
         self._reclaim.finished(request.request_id)
+        if self.deadlines is not None:
+            self.deadlines.finished(request.request_id)
         return self._core().request_finished_all_groups(_view(request), _tables(block_ids)), None
 
     # ============================================================ worker side
@@ -393,8 +423,12 @@ class HybridKVConnector(KVConnectorBase_V1, SupportsHMA):
         # and GDN layers never call the per-layer hooks.
         metadata = self._get_connector_metadata()
         assert isinstance(metadata, HybridKVMetadata)
+        worker = self._worker()
+        # Late loads first: their copies stop (cancelled, or waited for) before this step's
+        # jobs are submitted; each reports failed in this step's results.
+        worker.abandon(JobId(j) for j in metadata.abandon)
         self._slots.show(metadata)
-        self._worker().bind_connector_metadata(metadata.meta)
+        worker.bind_connector_metadata(metadata.meta)
         self._meter.bound((*metadata.meta.load_jobs, *metadata.meta.store_jobs))
 
     def wait_for_layer_load(self, layer_name: str) -> None:
@@ -448,9 +482,18 @@ class HybridKVConnector(KVConnectorBase_V1, SupportsHMA):
 
     def _counters(self) -> dict[str, int | float]:
         if self.core is not None:
-            return dict(scheduler_counters(self.core, self._agreement.count, self._reclaim))
+            fired = 0 if self.deadlines is None else self.deadlines.fired
+            return dict(
+                scheduler_counters(
+                    self.core,
+                    self._agreement.count,
+                    self._reclaim,
+                    deadlines_fired=fired,
+                    deadline_answers=self._deadline_answers,
+                )
+            )
         if self.worker is not None:
-            return dict(self._meter.counts)
+            return {**self._meter.counts, "jobs_abandoned": self.worker.stats().jobs_abandoned}
         return {}
 
     @classmethod

@@ -16,6 +16,8 @@ of :class:`hybridkv.vllm.native_cpu.HostCopyWorker`: a job reports once it has b
 submission order per direction, and is waited for then, whatever the copy thread's timing. So
 ``HybridKVOnCPU(delay=d)`` and ``NativeOffloadOnCPU(host_chunks, d)`` simulate the same copy
 latency. A job failed before submission never reaches the engine: it reports at the next poll.
+A load lands when it is due, so with a ``load_deadline_steps`` below ``delay`` the connector
+abandons it first and it is cancelled, no byte moved (``loads_cancelled`` in :meth:`stats`).
 
 Only failures that actually fired are counted (a mid-copy fault planned for a one-run job does
 not fire). Faults and delay are not reachable from ``kv_connector_extra_config``;
@@ -118,6 +120,7 @@ class HybridKVOnCPU:
         self._injector = None if faults is None else _Injector(faults)
         self.delay = delay
         self.connector: Any = None
+        self.engine: DelayedCompletion | None = None
 
     def configure(self, vllm_config: Any, kv_cache_config: Any) -> None:
         if self.host_bytes is None:
@@ -134,9 +137,13 @@ class HybridKVOnCPU:
             kv_caches,
             None if injector is None else injector.job_hook,
             None if injector is None else injector.copy_hook,
-            lambda engine: DelayedCompletion(engine, self.delay),
+            self._delayed,
         )
         self.connector = connector
+
+    def _delayed(self, engine: Any) -> DelayedCompletion:
+        self.engine = DelayedCompletion(engine, self.delay)
+        return self.engine
 
     def pending(self) -> int:
         """Connector jobs bound on the worker and not reported yet (a job failed before
@@ -145,9 +152,11 @@ class HybridKVOnCPU:
         return 0 if worker is None else len(worker.in_flight())
 
     def stats(self) -> dict[str, int]:
-        """The transfer worker's counters and the faults that fired."""
+        """The transfer worker's counters, the faults that fired and the loads cancelled."""
         worker = None if self.connector is None else self.connector.worker
         found = {} if worker is None else dict(worker.stats()._asdict())
+        if self.engine is not None:
+            found["loads_cancelled"] = self.engine.cancelled
         if self._injector is not None:
             found.update(self._injector.counts)
         return found

@@ -72,8 +72,8 @@ SCHEDULER_COUNTERS: dict[str, str] = {
     "store_jobs_failed": "store jobs reported failed (their host entries are dropped)",
     "stores_refused": "store attempts refused for lack of host space (nothing evictable)",
     "delayed_frees": "finished requests whose block free was delayed while a store read them",
-    "deadlines_fired": "loads abandoned at the load deadline and recomputed (0 when the "
-    "connector core has no deadline)",
+    "deadlines_fired": "load jobs abandoned at the load deadline (load_deadline_steps); their "
+    "requests are recomputed (0 without a deadline)",
     "restarts_deferred": "lookups of a request restarted by a failed load answered None because "
     "vLLM refused to re-admit it in a step that ran nothing (hybridkv.vllm.reclaim)",
     "restarts_whole": "restarted requests then answered a claim of 0 (whole-request recompute) "
@@ -93,6 +93,8 @@ WORKER_COUNTERS: dict[str, str] = {
     "store_seconds": "seconds from a store's submission (wait_for_save) to the step that "
     "reported it, summed over store jobs reported successful",
     "transfer_failures": "load and store jobs this worker reported failed",
+    "jobs_abandoned": "late load jobs this worker stopped at the load deadline (cancelled if "
+    "queued, waited for if running) before reporting them failed",
 }
 COUNTERS: dict[str, str] = {**SCHEDULER_COUNTERS, **WORKER_COUNTERS}
 """Every counter name and what it counts (docs/howto/serve.md lists the same)."""
@@ -128,16 +130,23 @@ class HybridKVStats(KVConnectorStats):
 
 
 def scheduler_counters(
-    core: ConnectorCore, disagreements: int, guard: ReclaimGuard | None = None
+    core: ConnectorCore,
+    disagreements: int,
+    guard: ReclaimGuard | None = None,
+    *,
+    deadlines_fired: int = 0,
+    deadline_answers: int = 0,
 ) -> dict[str, int]:
     """The scheduler side's counts since creation (monotone; increments are differences).
-    ``guard``'s answers replace the core's for restarted requests, so they count as lookups."""
+    ``guard``'s answers replace the core's for restarted requests, and ``deadline_answers``
+    (claims of 0 for requests whose load missed its deadline) for abandoned ones: both count as
+    lookups the core never saw."""
     s = core.stats()
     overridden, deferred, whole = (
         (guard.overridden, guard.deferred, guard.whole) if guard is not None else (0, 0, 0)
     )
     return {
-        "lookups": s.lookups + overridden,
+        "lookups": s.lookups + overridden + deadline_answers,
         "lookups_deferred": s.deferred + deferred,
         "claims": s.claims,
         "claimed_tokens": s.claimed_tokens,
@@ -148,8 +157,7 @@ def scheduler_counters(
         "store_jobs_failed": s.store_jobs_failed,
         "stores_refused": s.stores_refused,
         "delayed_frees": s.delayed_frees,
-        # Added by the load-deadline work; a core without it never abandons a load.
-        "deadlines_fired": int(getattr(s, "deadlines_fired", 0)),
+        "deadlines_fired": deadlines_fired,
         "restarts_deferred": deferred,
         "restarts_whole": whole,
         "group_prefix_disagreements": disagreements,

@@ -5,7 +5,8 @@ see them land or not, depending on the thread's timing: a check that "the bytes 
 passes by luck when the code under test forgot to wait. :class:`CopiesWhenWaited` moves nothing
 at ``submit``; a job's bytes land inside the ``wait`` that names it (with every earlier job of
 its direction first: jobs of one direction run in submission order, the engine contract) or at
-``close``. A read that no wait preceded sees the old bytes, every run.
+``close``. A read that no wait preceded sees the old bytes, every run. ``abandon`` cancels a job
+not copied yet: it finishes failed and never copies.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ class CopiesWhenWaited(TransferEngine):
         self._finished: list[FinishedJob] = []
         self._next = 1
         self.copied: list[JobId] = []  # jobs whose bytes moved, in the order they moved
+        self.cancelled: list[JobId] = []  # jobs abandoned before they copied
 
     def submit(self, direction: Direction, pairs: Sequence[TransferPair]) -> JobId:
         host = self._host
@@ -56,6 +58,12 @@ class CopiesWhenWaited(TransferEngine):
                 earlier = [j for j, (d, _) in self._pending.items() if d is direction and j <= job]
                 for j in earlier:
                     self._copy(j)
+
+    def abandon(self, job_ids: Iterable[JobId]) -> None:
+        for job in job_ids:
+            if self._pending.pop(job, None) is not None:
+                self.cancelled.append(job)
+                self._finished.append(FinishedJob(job, False))
 
     def close(self) -> None:
         for job in list(self._pending):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+import threading
 
 import pytest
 import torch
@@ -102,6 +103,41 @@ def test_failure_injection_fails_only_that_job() -> None:
         FinishedJob(jobs[1], False),
         FinishedJob(jobs[2], True),
     ]
+
+
+def test_abandon_cancels_a_queued_job_and_waits_for_the_running_one() -> None:
+    # Job 1 holds the copy thread (its first run waits for a gate), job 2 queues behind it:
+    # abandoning 2 cancels it at once, no byte moved; abandoning 1 returns once it finished.
+    case = hybrid_overlay_case(NUM_BLOCKS, torch.device("cpu"))
+    cc, host = setup(case)
+    fill_random(case, seed=5)
+    gate = threading.Event()
+    started = threading.Event()
+
+    def hook(job: JobId, direction: Direction, index: int) -> None:
+        if job == 1 and index == 0:
+            started.set()
+            gate.wait(timeout=10)
+
+    with CpuTransferEngine(cc, host, fault_hook=hook) as engine:
+        first = engine.submit(Direction.STORE, [TransferPair(0, 1, 0)])
+        host.slot(1).zero_()
+        second = engine.submit(Direction.STORE, [TransferPair(0, 2, 1)])
+        assert started.wait(timeout=10)
+        engine.abandon([second, second])  # named twice: cancelled once
+        assert engine.poll() == [FinishedJob(second, False)]
+        assert not any(host.slot(1).tolist())  # cancelled before it started: nothing written
+        releaser = threading.Timer(0.2, gate.set)
+        releaser.start()
+        engine.abandon([first])  # running: returns only once its copy is over
+        assert engine.poll() == [FinishedJob(first, True)]
+        releaser.join()
+        later = engine.submit(Direction.STORE, [TransferPair(0, 3, 2)])  # the thread serves on
+        engine.wait([later])
+        assert engine.poll() == [FinishedJob(later, True)]
+        with pytest.raises(HybridKVConfigError):
+            engine.abandon([JobId(99)])
+    assert bytes(host.slot(0)[: cc.group_bytes(0)].tolist()) == read_block(cc, 0, 1)
 
 
 @pytest.mark.parametrize("path", ["memmove", "copy_"])

@@ -50,7 +50,8 @@ NOT_CHECKED: dict[str, str] = {
     "SC-3": "the liveness bound is the random traces' wedge guard (max_steps), which raises",
     "SC-4": "recoveries are the spec scheduler's record; vLLM keeps none",
     "SC-6": "vLLM 0.33 keeps no count of WAITING_FOR_REMOTE_KVS requests to recount",
-    "SC-9": "HybridKVConnector has no load deadline yet",
+    "SC-9": "not yet fed: the load ages it reads would have to be observed from vLLM's queues; "
+    "tests/vllm/test_hybridkv_deadline.py checks abandonment at the facade's deadline instead",
     "TR-2": "needs each store source's content in the spec's value encoding; the forward's "
     "content check (wrong_reads) covers reads instead",
     "DATA-1": "the forward checks every slot it reads (InProcessReport.wrong_reads == 0)",

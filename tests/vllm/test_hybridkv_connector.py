@@ -128,7 +128,9 @@ BAD_VALUES = [
     ("chunk_size", True),
     ("eviction_policy", "fifo"),
     ("load_deadline_steps", 0),
-    ("load_deadline_steps", 8),  # valid, not implemented yet: refused, never ignored
+    ("load_deadline_steps", -3),
+    ("load_deadline_steps", True),
+    ("load_deadline_steps", "8"),
     ("offload_decode_state", "yes"),
     ("sync_load_max_bytes", -1),
     ("sync_load_max_bytes", 4096),  # refused: test_sync_load_failures_vs_vllm.py says why
@@ -147,6 +149,29 @@ def test_every_bad_extra_config_value_is_one_line_naming_the_key(key: str, value
     assert caught.value.field == f"kv_connector_extra_config.{key}"
     assert key in message
     assert repr(value) in message or str(value) in message
+
+
+@pytest.mark.parametrize("policy", ["recompute", "fail"])
+def test_a_load_deadline_is_built_under_recompute_and_refused_under_fail(policy: str) -> None:
+    transfer = {**_with_extra(load_deadline_steps=3), "kv_load_failure_policy": policy}
+    config = _vllm_config(transfer)
+    kv_cache_config, _, _ = plan_kv_caches(config, 1 << 30)
+    if policy == "fail":  # an abandoned load would fail its request instead of recomputing it
+        with pytest.raises(HybridKVConfigError) as caught:
+            KVConnectorFactory.create_connector(config, KVConnectorRole.SCHEDULER, kv_cache_config)
+        assert caught.value.field == "kv_connector_extra_config.load_deadline_steps"
+        assert "\n" not in str(caught.value)
+        assert "recompute" in str(caught.value)
+        return
+    scheduler = KVConnectorFactory.create_connector(
+        config, KVConnectorRole.SCHEDULER, kv_cache_config
+    )
+    assert scheduler.hybridkv_config.load_deadline_steps == 3
+    assert scheduler.deadlines is not None
+    assert scheduler.deadlines.deadline_steps == 3
+    assert scheduler._counters()["deadlines_fired"] == 0
+    worker = KVConnectorFactory.create_connector(config, KVConnectorRole.WORKER, kv_cache_config)
+    assert worker.deadlines is None  # the worker only stops what the metadata names
 
 
 def test_a_hybrid_model_with_the_hybrid_manager_off_is_refused_at_construction() -> None:

@@ -8,12 +8,15 @@ stride, mamba pages viewed as vLLM's runner registers them), every read content-
 - Random traces (a seeded generator; ``max_examples`` of the Hypothesis profile, split over three
   layouts: ``ci`` 201 traces, ``nightly`` 2,001) with load and store failures injected before
   submission and inside the copy (:class:`hybridkv.vllm.cpu_worker.FaultPlan`), tight GPU pools
-  (preemptions on every layout), aborts of requests waiting for their load, and random aborts:
-  0 wrong reads, 0 wedges, 0 leaks, 0 violations of the spec's invariants evaluated on vLLM's
-  and the connector's state after every step (:mod:`_invariants_on_vllm`), and across each
-  layout's batch failures injected, loads failed and the requests they hit recovered by
-  recompute, preemptions, and the states the invariants exist for (stores and loads in flight,
-  a store reading a preempted request's blocks, delayed frees, parked loads).
+  (preemptions on every layout), aborts of requests waiting for their load, random aborts, and
+  load deadlines (a third of the traces draw ``load_deadline_steps`` 1 or 2 against copies 0-3
+  steps late, so some loads outlive it: abandoned, their copies cancelled, their requests
+  recomputed): 0 wrong reads, 0 wedges, 0 leaks, 0 violations of the spec's invariants
+  evaluated on vLLM's and the connector's state after every step (:mod:`_invariants_on_vllm`),
+  and across each layout's batch failures injected, loads failed, deadlines fired and the
+  requests they hit recovered by recompute, preemptions, and the states the invariants exist
+  for (stores and loads in flight, a store reading a preempted request's blocks, delayed frees,
+  parked loads).
 """
 
 from __future__ import annotations
@@ -46,13 +49,19 @@ from hybridkv.vllm.inprocess import (  # noqa: E402
 HOST_BYTES = 64 << 20
 
 
-def _transfer(chunk_size: int, host_bytes: int = HOST_BYTES) -> KVTransferConfig:
+def _transfer(
+    chunk_size: int, host_bytes: int = HOST_BYTES, deadline: int | None = None
+) -> KVTransferConfig:
     return KVTransferConfig(
         kv_connector="HybridKVConnector",
         kv_connector_module_path="hybridkv.vllm",
         kv_role="kv_both",
         kv_load_failure_policy="recompute",
-        kv_connector_extra_config={"host_memory_bytes": host_bytes, "chunk_size": chunk_size},
+        kv_connector_extra_config={
+            "host_memory_bytes": host_bytes,
+            "chunk_size": chunk_size,
+            "load_deadline_steps": deadline,
+        },
     )
 
 
@@ -182,6 +191,7 @@ class Outcome:
     aborted_loading: int
     aborted: int
     situations: Counter[str]
+    deadlines: int
 
 
 def _engine(shape: Shape, rng: random.Random, seed: int) -> InProcessEngine:
@@ -196,10 +206,12 @@ def _engine(shape: Shape, rng: random.Random, seed: int) -> InProcessEngine:
     )
     plan = FaultPlan(seed, load_rate=rng.choice((0.0, 0.3, 0.6)), store_rate=rng.choice((0.0, 0.3)))
     host = rng.choice((HOST_BYTES, 6 * RECIPES[shape.layout].max_model_len * 4096))
+    # Drawn apart, so the traces' other draws stay those of the runs before deadlines existed.
+    deadline = random.Random(seed * 7919 + 1).choice((None, 1, 2))
     return InProcessEngine(
         recipe.config_json(),
         settings_,
-        _transfer(shape.chunk, host),
+        _transfer(shape.chunk, host, deadline),
         HybridKVOnCPU(faults=plan, delay=rng.choice((0, 1, 2, 3))),
     )
 
@@ -258,6 +270,7 @@ def _play(shape: Shape, seed: int) -> Outcome:
         engine.status(rid) == "FINISHED_LENGTH_CAPPED" for rid in failed if rid not in aborted
     )
     faults = engine.adapter.stats()
+    deadlines = engine.scheduler.connector.deadlines
     return Outcome(
         report,
         faults.get("load_faults", 0) + faults.get("store_faults", 0),
@@ -266,6 +279,7 @@ def _play(shape: Shape, seed: int) -> Outcome:
         aborted_loading,
         len(aborted),
         invariants.situations,
+        0 if deadlines is None else deadlines.fired,
     )
 
 
@@ -291,11 +305,13 @@ def test_random_traces_with_faults_preemptions_and_aborts(layout: Layout) -> Non
             recovered=out.recovered,
             aborted=out.aborted,
             aborted_loading=out.aborted_loading,
+            deadlines_fired=out.deadlines,
         )
         total.update(out.situations)
     print(f"\n{layout.value}: {dict(total)}")
     assert total["wrong_reads"] == 0
-    for name in ("slots_checked", "host_loaded", "faults_injected", "failed_loads", "recovered"):
+    counted = ("slots_checked", "host_loaded", "faults_injected", "failed_loads", "recovered")
+    for name in (*counted, "deadlines_fired"):
         assert total[name] > 0, (name, dict(total))
     assert total["aborted_loading"] > 0, dict(total)
     # The invariants ran after every step (0 violations, else _play raised) on states that
