@@ -9,14 +9,13 @@ wrong reads, no leaked block, nothing in flight at the end. A deadline equal to 
 fires (the report arrives in time) and the host hits are loaded: the rule "fires iff delay >
 deadline" from both sides.
 
-Sliding + full runs on 44 GPU blocks, not the chat's 30: there, once every load fails (a deadline
-below the delay, or ``FaultPlan(load_rate=1.0)`` with no deadline at all), vLLM 0.33 wedges. A
-request whose load failed frees its blocks and restarts from 0 but stays at the head of
-``kv_holding_waiting``; its full-sequence admission (``scheduler_reserve_full_isl``) does not fit
-beside the blocks a second failed-load request holds, ``allocate_slots`` refuses it and the loop
-breaks (``scheduler.py:1455-1461``) before it reaches that second request, whose blocks would be
-freed when it is processed (``_update_waiting_for_remote_kv``). Not a deadline matter: no
-connector report can unblock it.
+Both run on the chat's own GPU pools (16 and 30 blocks). On sliding + full at 30 blocks, once
+every load fails vLLM 0.33 would wedge: a request whose load failed frees its blocks and
+restarts from 0 but stays at the head of ``kv_holding_waiting``; its full-sequence admission
+does not fit beside the blocks a second failed-load request holds and the loop breaks
+(``scheduler.py:1455-1461``) before it reaches that second request. The connector's restart
+guard (:mod:`hybridkv.vllm.reclaim`) defers the first, vLLM moves it to ``waiting`` and the
+second is processed: the test asserts the guard deferred there.
 """
 
 from __future__ import annotations
@@ -36,7 +35,7 @@ from vllm.config import KVTransferConfig  # noqa: E402
 from hybridkv.vllm.cpu_worker import HybridKVOnCPU  # noqa: E402
 from hybridkv.vllm.inprocess import InProcessEngine, run_trace  # noqa: E402
 
-POOL = {Layout.MAMBA_FULL: 16, Layout.SLIDING_FULL: 44}  # GPU blocks (module docstring)
+POOL = {Layout.MAMBA_FULL: 16, Layout.SLIDING_FULL: 30}  # GPU blocks (module docstring)
 
 
 def _transfer(chunk: int, deadline: int) -> KVTransferConfig:
@@ -102,7 +101,8 @@ def test_a_load_past_its_deadline_is_abandoned_and_recomputed(
     connector = engine.scheduler.connector
     core = connector.core.stats()
     fired = connector.deadlines.fired
-    print(f"\n{layout.value} d={delay} deadline={deadline}: fired={fired} {report}")
+    guard = connector._reclaim.deferred
+    print(f"\n{layout.value} d={delay} deadline={deadline}: fired={fired} guard={guard} {report}")
     assert report.finished == report.requests > 0
     assert report.slots_checked > 0
     assert report.wrong_reads == 0
@@ -120,9 +120,15 @@ def test_a_load_past_its_deadline_is_abandoned_and_recomputed(
         assert report.transfers["loads_cancelled"] == fired
         assert failed
         assert report.external_hits == 0
-        # Asked again once its load was abandoned, the connector claims nothing: recomputed.
-        assert after_abandon
-        assert set(after_abandon.values()) == {(0, False)}
+        # Asked again once its load was abandoned, the connector claims nothing: recomputed
+        # (or, while vLLM refuses to re-admit it in steps that run nothing, the restart guard
+        # defers it).
+        assert (0, False) in set(after_abandon.values())
+        assert set(after_abandon.values()) <= {(0, False), (None, False)}
+        deferred = sum(answer == (None, False) for answer in after_abandon.values())
+        assert deferred == connector._reclaim.deferred
+        # sliding + full at 30 blocks reaches vLLM's re-admission wedge (module docstring).
+        assert (deferred > 0) == (layout is Layout.SLIDING_FULL)
     else:
         assert fired == 0 == report.transfers["jobs_abandoned"] == core.load_jobs_failed
         assert not failed
