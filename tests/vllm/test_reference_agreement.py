@@ -29,12 +29,12 @@ order, counters and events nested in it), the pinned store sources and the remem
 At the end of each trace both are quiescent and the spec's connector invariants hold on both
 snapshots.
 
-Any difference raises :class:`Disagreement`. Two differences are catalogued
+Any difference raises :class:`Disagreement`. Three differences are catalogued
 (:data:`CATALOGUED`, docs/explanation/vllm-differential.md, "The facade against the reference
 connector"): an option the reference has no switch for (``offload_decode_state=false``), which
-the shadow applies to the step it hands the reference, and the facade's restart guard, whose
-answers are given in front of its core (neither core is asked); the shadow counts each use by
-name.
+the shadow applies to the step it hands the reference, and the facade's restart guard and load
+deadline, whose answers are given in front of its core (neither core is asked); the shadow counts
+each use by name.
 
 Traces: ``_random_trace`` of ``test_hybridkv_inprocess.py`` on mamba+full, sliding+full and three
 groups, the profile's ``max_examples`` split over the three (ci: 201, nightly: 2,001), with load
@@ -161,7 +161,14 @@ RESTART_GUARD = Adaptation(
     "which vLLM would otherwise wedge on; the reference has no guard, so such a lookup is "
     "asked of neither core and only the states are compared",
 )
-CATALOGUED = (PROMPT_ONLY_STORES, RESTART_GUARD)
+DEADLINE_RECOMPUTE = Adaptation(
+    "deadline-recompute",
+    "with load_deadline_steps, a request whose load the facade abandoned is answered 0 in "
+    "front of its core until it finishes (hybridkv.connector.deadlines); the reference has no "
+    "deadline, so such a lookup is asked of neither core and only the states are compared (the "
+    "abandoned job reaches both as the same failed report)",
+)
+CATALOGUED = (PROMPT_ONLY_STORES, RESTART_GUARD, DEADLINE_RECOMPUTE)
 """Every difference allowed (docs/explanation/vllm-differential.md, "The facade against the
 reference connector"); any other difference in an answer or in the state raises
 :class:`Disagreement`."""
@@ -255,6 +262,7 @@ class ReferenceShadow:
         def call(*args: Any) -> Any:
             self.calls[name] += 1
             overridden = self.facade._reclaim.overridden
+            late = self.facade._deadline_answers
             try:
                 result = real(*args)
                 facade = answer_of(result)
@@ -264,6 +272,11 @@ class ReferenceShadow:
                 # RESTART_GUARD: the facade's guard answered in front of its core, which was
                 # not asked; the reference is not asked either, and the state still must agree.
                 self.allowed[RESTART_GUARD.name] += 1
+                self._compare_state(name)
+                return result
+            if self.facade._deadline_answers > late:
+                # DEADLINE_RECOMPUTE: the same, for a request whose load missed its deadline.
+                self.allowed[DEADLINE_RECOMPUTE.name] += 1
                 self._compare_state(name)
                 return result
             try:
@@ -402,22 +415,22 @@ def _diff(facade: Any, reference: Any) -> str:
 
 @dataclass(frozen=True, slots=True)
 class Options:
-    """A trace's options: the eviction policy, ``offload_decode_state`` and vLLM's
-    ``kv_load_failure_policy``."""
+    """A trace's options: the eviction policy, ``offload_decode_state``, vLLM's
+    ``kv_load_failure_policy`` and ``load_deadline_steps``."""
 
     policy: str = "lru"
     decode_state: bool = True
     on_load_failure: str = "recompute"
+    deadline: int | None = None
 
     @classmethod
     def of_seed(cls, seed: int) -> Options:
         """Policies alternate; every third trace stores the prompt's units only; every fifth
-        fails a request whose load failed instead of recomputing it."""
-        return cls(
-            ("lru", "arc")[seed % 2],
-            seed % 3 != 2,
-            "fail" if seed % 5 == 4 else "recompute",
-        )
+        fails a request whose load failed instead of recomputing it; every fourth of the others
+        abandons loads pending more than one step (copies report 0-3 steps late)."""
+        on_load_failure = "fail" if seed % 5 == 4 else "recompute"
+        deadline = 1 if seed % 4 == 1 and on_load_failure == "recompute" else None
+        return cls(("lru", "arc")[seed % 2], seed % 3 != 2, on_load_failure, deadline)
 
 
 def _engine(shape: Shape, rng: random.Random, seed: int, options: Options) -> InProcessEngine:
@@ -443,6 +456,7 @@ def _engine(shape: Shape, rng: random.Random, seed: int, options: Options) -> In
             "chunk_size": shape.chunk,
             "eviction_policy": options.policy,
             "offload_decode_state": options.decode_state,
+            "load_deadline_steps": options.deadline,
         },
     )
     adapter = HybridKVOnCPU(faults=plan, delay=rng.choice((0, 1, 2, 3)))
@@ -511,6 +525,8 @@ def _drive(engine: InProcessEngine, shape: Shape, seed: int, rng: random.Random)
         engine.status(rid) == "FINISHED_ERROR" for rid in engine.requests
     )
     reached["evicted"] += shadow.reference.snapshot()["store"]["counters"].get("evicted", 0)
+    deadlines = engine.scheduler.connector.deadlines
+    reached["deadlines fired"] += 0 if deadlines is None else deadlines.fired
     return Played(shadow.calls, shadow.allowed, reached)
 
 
@@ -539,6 +555,7 @@ def test_facade_and_reference_agree_call_by_call(layout: Layout) -> None:
         reached.update(played.reached)
     print(f"\n{layout.value}: calls {dict(calls)}; catalogued {dict(allowed)}; {dict(reached)}")
     assert allowed[PROMPT_ONLY_STORES.name] > 0  # the option's traces reach decode steps
+    assert allowed[DEADLINE_RECOMPUTE.name] > 0  # abandoned loads' requests asked again
     for hook in _HOOKS:
         assert calls[hook] > 0, (hook, dict(calls))
     for situation in (
@@ -551,6 +568,7 @@ def test_facade_and_reference_agree_call_by_call(layout: Layout) -> None:
         "salted requests",
         "evicted",
         "requests failed by their load",
+        "deadlines fired",
     ):
         assert reached[situation] > 0, (situation, dict(reached))
     if shape.chunk < shape.max_prompt // 4:
