@@ -3,6 +3,8 @@ tests/vllm/test_bench_salvage.py shows it inside vLLM's real Scheduler)."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 pytestmark = pytest.mark.vllm
@@ -77,17 +79,17 @@ def test_switched_off_it_keeps_the_record_but_answers_as_the_core() -> None:
     assert guard.deferred == 0
 
 
-def test_a_multi_turn_chat_with_failing_loads_on_a_tight_pool_finishes() -> None:
-    """A wedge first seen while testing tensor parallel, on one rank: sliding + full, 30 GPU
-    blocks, half the loads failing, copies reported two polls late. A restarted request sat at
-    the head of ``kv_holding_waiting`` holding nothing while the request behind it held 14
-    blocks; 8 of 16 requests finished before the guard. With it every request finishes, every
-    read is correct and nothing leaks."""
+def tight_pool_chat() -> tuple[Any, Any, Any]:
+    """(engine, adapter, trace) of a chat that wedged vLLM 0.33 before the restart guard, first
+    seen while testing tensor parallel, on one rank: sliding + full, 30 GPU blocks, half the
+    loads failing, copies reported two polls late. A restarted request sat at the head of
+    ``kv_holding_waiting`` holding nothing while the request behind it held 14 blocks; 8 of 16
+    requests finished."""
     from diffharness.layouts import RECIPES, Layout
     from vllm.config import KVTransferConfig
 
     from hybridkv.vllm.cpu_worker import FaultPlan, HybridKVOnCPU
-    from hybridkv.vllm.inprocess import ChatTrace, EngineSettings, InProcessEngine, run_trace
+    from hybridkv.vllm.inprocess import ChatTrace, EngineSettings, InProcessEngine
 
     transfer = KVTransferConfig(
         kv_connector="HybridKVConnector",
@@ -106,7 +108,16 @@ def test_a_multi_turn_chat_with_failing_loads_on_a_tight_pool_finishes() -> None
     adapter = HybridKVOnCPU(faults=FaultPlan(7, load_rate=0.5), delay=2)
     recipe = RECIPES[Layout.SLIDING_FULL]
     engine = InProcessEngine(recipe.config_json(), settings_, transfer, adapter)
-    report = run_trace(engine, ChatTrace(convs=4, turns=4, system_len=128, seed=11))
+    return engine, adapter, ChatTrace(convs=4, turns=4, system_len=128, seed=11)
+
+
+def test_a_multi_turn_chat_with_failing_loads_on_a_tight_pool_finishes() -> None:
+    """:func:`tight_pool_chat` under the guard: every request finishes, every read is correct
+    and nothing leaks."""
+    from hybridkv.vllm.inprocess import run_trace
+
+    engine, adapter, trace = tight_pool_chat()
+    report = run_trace(engine, trace)
     guard = engine.scheduler.connector._reclaim
     assert report.finished == report.requests == 16
     assert (report.wrong_reads, report.leaked_blocks) == (0, 0)

@@ -64,6 +64,7 @@ pytest.importorskip("vllm.v1.core.sched.scheduler", reason="vLLM 0.33 is not ins
 from diffharness.layouts import RECIPES, Layout  # noqa: E402
 from hypothesis import settings  # noqa: E402
 from test_hybridkv_inprocess import CHAT, SHAPES, Shape, _random_trace  # noqa: E402
+from test_reclaim_guard import tight_pool_chat  # noqa: E402
 from vllm.config import KVTransferConfig  # noqa: E402
 from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorBase_V1  # noqa: E402
 from vllm.v1.kv_cache_interface import MambaSpec, SlidingWindowSpec  # noqa: E402
@@ -71,7 +72,6 @@ from vllm.v1.kv_cache_interface import MambaSpec, SlidingWindowSpec  # noqa: E40
 from hybridkv.connector import Claim, ClaimKind  # noqa: E402
 from hybridkv.vllm.cpu_worker import FaultPlan, HybridKVOnCPU  # noqa: E402
 from hybridkv.vllm.inprocess import (  # noqa: E402
-    ChatTrace,
     EngineSettings,
     InProcessEngine,
     WedgedError,
@@ -604,29 +604,13 @@ def test_multi_turn_chat_agrees(layout: Layout) -> None:
 
 
 def test_the_restart_guard_is_the_only_difference_on_a_tight_pool() -> None:
-    """The chat of tests/vllm/test_reclaim_guard.py that wedged vLLM 0.33 before the guard
-    (sliding + full, 30 blocks, half the loads failing): the guard answers some lookups in
-    front of the core (``restart-guard``), and everything else agrees with the reference."""
-    transfer = KVTransferConfig(
-        kv_connector="HybridKVConnector",
-        kv_connector_module_path="hybridkv.vllm",
-        kv_role="kv_both",
-        kv_load_failure_policy="recompute",
-        kv_connector_extra_config={"host_memory_bytes": 64 << 20, "chunk_size": 32},
-    )
-    settings_ = EngineSettings(
-        num_gpu_blocks=30,
-        max_model_len=512,
-        block_size=32,
-        max_num_seqs=3,
-        max_num_batched_tokens=128,
-    )
-    adapter = HybridKVOnCPU(faults=FaultPlan(7, load_rate=0.5), delay=2)
-    recipe = RECIPES[Layout.SLIDING_FULL]
-    engine = InProcessEngine(recipe.config_json(), settings_, transfer, adapter)
+    """The chat of ``test_reclaim_guard.tight_pool_chat`` that wedged vLLM 0.33 before the
+    guard: the guard answers some lookups in front of the core (``restart-guard``), and
+    everything else agrees with the reference."""
+    engine, _adapter, trace = tight_pool_chat()
     shadow = ReferenceShadow(engine, Layout.SLIDING_FULL)
     try:
-        report = run_trace(engine, ChatTrace(convs=4, turns=4, system_len=128, seed=11))
+        report = run_trace(engine, trace)
     finally:
         engine.close()
     shadow.quiescent()
