@@ -4,9 +4,11 @@ Library modules never import ``spec`` (the formal model); the command-line layer
 ``hybridkv.cli`` wires spec and library together. ``hybridkv.vllm`` (the only importer of
 vllm) is vLLM 0.33's ``HybridKVConnector`` over the connector core, loaded with
 ``kv_connector_module_path="hybridkv.vllm"`` (docs/howto/serve.md). Tested on CPU inside vLLM's
-real scheduler: construction through vLLM's factory, config validation, and a byte-checked
-store-then-load. Not yet: fault-injected trace runs inside vLLM, load deadlines, sync loads,
-tensor parallelism, Prometheus metrics, KV events, GPU runs.
+real scheduler: random traces with faults, load deadlines, preemptions and aborts, every read
+content-checked and the spec's invariants evaluated each step; agreement with the spec's
+reference connector; metrics; tensor parallel 2 simulated in one process. Not yet: sync loads
+(refused: vLLM 0.33 cannot undo one on hybrid models), real multi-process tensor parallel, GPU
+runs inside vLLM.
 """
 
 from hybridkv.errors import HybridKVConfigError, HybridKVError

@@ -10,10 +10,15 @@ can rebuild :class:`HybridKVStats` by class name.
 - :mod:`hybridkv.vllm.connector`: ``HybridKVConnector`` (both roles) over the connector core;
 - :mod:`hybridkv.vllm.metrics`: its counters through vLLM's stats and Prometheus pipeline, and
   the host store's events as vLLM KV cache events;
+- :mod:`hybridkv.vllm.ranks`: tensor parallel (a job counts once every rank reported it);
+- :mod:`hybridkv.vllm.reclaim`: the restart guard against vLLM 0.33's re-admission wedges;
 - :mod:`hybridkv.vllm.planning`: vLLM's own KV-cache planning for a config.json, in-process;
 - :mod:`hybridkv.vllm.inprocess`: vLLM's real ``Scheduler`` with any KV connector, the worker
   side driven in-process on CPU tensors in the model runner's hook order, content-verified;
 - :mod:`hybridkv.vllm.content`: the stand-in forward's content tags;
+- :mod:`hybridkv.vllm.cpu_worker` / :mod:`hybridkv.vllm.delayed`: the connector's worker on CPU
+  tensors with seeded faults and simulated copy latency;
+- :mod:`hybridkv.vllm.workload`: ``hybridkv simulate --engine vllm``'s workload under vLLM;
 - :mod:`hybridkv.vllm.native_cpu`: vLLM's native ``OffloadingConnector`` on CPU tensors.
 """
 
