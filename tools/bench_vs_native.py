@@ -25,9 +25,10 @@ the same policy and delay. The floor is what no cache can supply, from the trace
 prompt once, each turn's new user tokens, what claim alignment rounds off (hits come in whole
 scheduler blocks of what the previous turn computed), and the one token every prompt computes.
 
-Usage: ``python tools/bench_vs_native.py [--quick] [--repeats N]``; needs vLLM 0.33
-(``nox -s vllm`` or ``nox -s bench`` install it). Exit 1 when a run leaks blocks or reads wrong
-KV; a failed HybridKVConnector variant is printed as failed with its reason.
+Usage: ``python tools/bench_vs_native.py [--quick] [--repeats N] [--layouts sliding+full]``;
+needs vLLM 0.33 (``nox -s vllm`` or ``nox -s bench`` install it). Exit 1 when a run leaks
+blocks or reads wrong KV; a failed HybridKVConnector variant is printed as failed with its
+reason.
 """
 
 from __future__ import annotations
@@ -416,7 +417,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="small traces, one repeat")
     parser.add_argument("--repeats", type=int, default=None, help="timed runs per variant")
     parser.add_argument("--delays", default="0,1,4", help="copy delays in steps")
+    names = [case.name for case in _cases(False)]
+    parser.add_argument(
+        "--layouts", default=",".join(names), help=f"comma-separated, of {', '.join(names)}"
+    )
     args = parser.parse_args(argv)
+    layouts = args.layouts.split(",")
+    unknown = sorted(set(layouts) - set(names))
+    if unknown:
+        parser.error(f"--layouts: unknown {', '.join(unknown)}; use some of {', '.join(names)}")
     args.repeats = args.repeats or (1 if args.quick else 3)
     args.delays = [int(d) for d in args.delays.split(",")]
     print(
@@ -426,6 +435,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     problems = []
     for case in _cases(args.quick):
+        if case.name not in layouts:
+            continue
         long = replace(case.trace, output_len=40)
         problems += bench_trace(case, case.trace, args, sweep=True)
         problems += bench_trace(case, long, args, sweep=False)
