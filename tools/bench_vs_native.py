@@ -5,7 +5,8 @@ Every variant plays the same multi-turn chat trace on vLLM 0.33's real ``Schedul
 tensors, content-checked): (a) no connector; (b) the native ``OffloadingConnector`` (CPU
 offloading spec, LRU and ARC, both built into vLLM 0.33's ``CachePolicyFactory``) with its
 worker on :class:`hybridkv.vllm.native_cpu.NativeOffloadOnCPU`; (c) ``HybridKVConnector``
-(``eviction_policy`` lru and arc) with its real CPU transfer engine under
+(``eviction_policy`` lru and arc; ``chunk_size`` one scheduler block, native's chunk, plus
+one row at hybridkv's recommended chunk) with its real CPU transfer engine under
 :class:`hybridkv.vllm.cpu_worker.HybridKVOnCPU`. Both connectors' copies report ``delay`` steps
 after submission by the same rule (0, 1, 4).
 
@@ -24,9 +25,10 @@ the same policy and delay. The floor is what no cache can supply, from the trace
 prompt once, each turn's new user tokens, what claim alignment rounds off (hits come in whole
 scheduler blocks of what the previous turn computed), and the one token every prompt computes.
 
-Usage: ``python tools/bench_vs_native.py [--quick] [--repeats N]``; needs vLLM 0.33
-(``nox -s vllm`` or ``nox -s bench`` install it). Exit 1 when a run leaks blocks or reads wrong
-KV; a failed HybridKVConnector variant is printed as failed with its reason.
+Usage: ``python tools/bench_vs_native.py [--quick] [--repeats N] [--layouts sliding+full]``;
+needs vLLM 0.33 (``nox -s vllm`` or ``nox -s bench`` install it). Exit 1 when a run leaks
+blocks or reads wrong KV; a failed HybridKVConnector variant is printed as failed with its
+reason.
 """
 
 from __future__ import annotations
@@ -176,18 +178,27 @@ def floor_tokens(trace: ChatTrace, block: int) -> int:
 
 @dataclass(frozen=True, slots=True)
 class Variant:
-    """A connector setting: ``kind`` none | native | hybridkv; host tier in native chunks."""
+    """A connector setting: ``kind`` none | native | hybridkv; host tier in native chunks.
+
+    ``chunk_size``: hybridkv's ``chunk_size`` extra config in tokens; ``None`` leaves it to
+    :func:`hybridkv.vllm.layout.recommended_chunk_size` (named "default chunk"). The bench
+    gives hybridkv one scheduler block, native's chunk: claims end on multiples of the chunk
+    (``claim_unit``), so the 1 MiB default (256 tokens on sliding + full) rounds every claim
+    down to 256 tokens where native's rounds to 32 (docs/benchmarks, "Why").
+    """
 
     kind: str
     policy: str = "lru"
     delay: int = 1
     chunks: int = 0
     label: str = ""
+    chunk_size: int | None = None
 
     def name(self) -> str:
         if self.kind == "none":
             return "no connector"
-        return f"{self.kind} {self.policy} d={self.delay}{self.label}"
+        default = " default chunk" if self.kind == "hybridkv" and self.chunk_size is None else ""
+        return f"{self.kind} {self.policy} d={self.delay}{self.label}{default}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -227,6 +238,8 @@ def _transfer(variant: Variant) -> Any:
             kv_connector="OffloadingConnector", kv_role="kv_both", kv_connector_extra_config=extra
         )
     extra = {"eviction_policy": variant.policy}
+    if variant.chunk_size is not None:
+        extra["chunk_size"] = variant.chunk_size
     return KVTransferConfig(
         kv_connector="HybridKVConnector",
         kv_connector_module_path="hybridkv.vllm",
@@ -296,7 +309,7 @@ def run_variant(
 # ------------------------------------------------------------------ printing
 
 HEADER = (
-    f"{'variant':<24} {'computed':>8} {'/floor':>6} {'loaded':>7} {'gpu hit':>7} {'steps':>5} "
+    f"{'variant':<30} {'computed':>8} {'/floor':>6} {'loaded':>7} {'gpu hit':>7} {'steps':>5} "
     f"{'conn us/step':>12} {'share':>6} {'evict':>6} {'dropped':>7} {'wrong':>5}"
 )
 
@@ -304,11 +317,11 @@ HEADER = (
 def _row(name: str, result: Result, floor: int) -> str:
     r = result.report
     if r is None:
-        return f"{name:<24} failed: {result.error}"
+        return f"{name:<30} failed: {result.error}"
     us = f"{result.connector_us:12.0f}" if r.connector else f"{'-':>12}"
     share = f"{result.share:6.0%}" if r.connector else f"{'-':>6}"
     line = (
-        f"{name:<24} {r.prefill_computed:8d} {r.prefill_computed / floor:6.2f} "
+        f"{name:<30} {r.prefill_computed:8d} {r.prefill_computed / floor:6.2f} "
         f"{r.external_loaded:7d} {r.gpu_prefix_hits:7d} {r.steps:5d} {us} {share} "
         f"{result.evictions:6d} {result.dropped:7d} {r.wrong_reads:5d}"
     )
@@ -326,14 +339,14 @@ def _ratios(results: dict[Variant, Result]) -> list[str]:
     for variant, ours in results.items():
         if variant.kind != "hybridkv":
             continue
-        peer = results.get(replace(variant, kind="native"))
+        peer = results.get(replace(variant, kind="native", chunk_size=None))
         if peer is None:
             continue
         cost = _ratio(ours, peer, lambda x: x.connector_us)
         computed = _ratio(ours, peer, lambda x: x.report.prefill_computed if x.report else 0)
         hits = _ratio(ours, peer, lambda x: x.report.gpu_prefix_hits if x.report else 0)
         lines.append(
-            f"  hybridkv/native {variant.policy} d={variant.delay}{variant.label}: "
+            f"  hybridkv/native {variant.name().removeprefix('hybridkv ')}: "
             f"connector us/step {cost}, prefill computed {computed}, GPU prefix hits {hits}"
         )
     return lines
@@ -357,15 +370,20 @@ def bench_trace(case: Case, trace: ChatTrace, args: argparse.Namespace, sweep: b
     big = 2 * working
     variants = [Variant("none")]
     for kind in ("native", "hybridkv"):
+        chunk = block if kind == "hybridkv" else None  # one block: native's chunk (Variant)
         for delay in args.delays:
-            variants.append(Variant(kind, "lru", delay, big))
-        variants.append(Variant(kind, "arc", 1, big))
+            variants.append(Variant(kind, "lru", delay, big, chunk_size=chunk))
+        variants.append(Variant(kind, "arc", 1, big, chunk_size=chunk))
+    variants.append(Variant("hybridkv", "lru", 1, big))  # the recommended chunk, for contrast
     if sweep:
         for factor in (0.5, 1.0):
             for kind in ("native", "hybridkv"):
+                chunk = block if kind == "hybridkv" else None
                 for policy in ("lru", "arc"):
                     chunks = max(1, round(factor * working))
-                    variants.append(Variant(kind, policy, 1, chunks, f" host={factor}x"))
+                    variants.append(
+                        Variant(kind, policy, 1, chunks, f" host={factor}x", chunk_size=chunk)
+                    )
     results: dict[Variant, Result] = {}
     for variant in variants:
         results[variant] = run_variant(case, trace, variant, chunk_bytes, args.repeats)
@@ -374,7 +392,7 @@ def bench_trace(case: Case, trace: ChatTrace, args: argparse.Namespace, sweep: b
         f"{trace.system_len}, user {trace.user_min}-{trace.user_max}, answers "
         f"{trace.output_len} tokens; block {block}; floor {floor} prompt tokens; working set "
         f"{working} blocks = {working * chunk_bytes} B; host tier 2x = {big} chunks unless "
-        "named",
+        f"named; hybridkv chunk_size {block} (one block, native's chunk) unless named",
         HEADER,
     ]
     for variant, result in results.items():
@@ -399,7 +417,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="small traces, one repeat")
     parser.add_argument("--repeats", type=int, default=None, help="timed runs per variant")
     parser.add_argument("--delays", default="0,1,4", help="copy delays in steps")
+    names = [case.name for case in _cases(False)]
+    parser.add_argument(
+        "--layouts", default=",".join(names), help=f"comma-separated, of {', '.join(names)}"
+    )
     args = parser.parse_args(argv)
+    layouts = args.layouts.split(",")
+    unknown = sorted(set(layouts) - set(names))
+    if unknown:
+        parser.error(f"--layouts: unknown {', '.join(unknown)}; use some of {', '.join(names)}")
     args.repeats = args.repeats or (1 if args.quick else 3)
     args.delays = [int(d) for d in args.delays.split(",")]
     print(
@@ -409,6 +435,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     problems = []
     for case in _cases(args.quick):
+        if case.name not in layouts:
+            continue
         long = replace(case.trace, output_len=40)
         problems += bench_trace(case, case.trace, args, sweep=True)
         problems += bench_trace(case, long, args, sweep=False)
