@@ -48,7 +48,6 @@ from __future__ import annotations
 
 import argparse
 import hashlib
-import importlib.util
 import sys
 from collections import Counter
 from dataclasses import dataclass, field, replace
@@ -60,32 +59,13 @@ sys.path.insert(0, str(ROOT))  # this checkout's hybridkv and spec, not another 
 
 from spec.presets import tiny_config  # noqa: E402
 
-SHIM = ROOT / "tests" / "vllm" / "_torchvision_shim"
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # tools/_vllm_tool.py
+from _vllm_tool import require_vllm, torchvision_shim  # noqa: E402
 
+_SHIM = torchvision_shim("bench_salvage")  # kept alive (tools/_vllm_tool.py)
+require_vllm("bench_salvage")
 
-def _torchvision_shim() -> object:
-    """tests/vllm's shim (see tools/bench_vs_native.py): kept alive, or its operators go."""
-    found = importlib.util.spec_from_file_location(
-        "_bench_salvage_torchvision_shim", SHIM / "sitecustomize.py"
-    )
-    if found is None or found.loader is None:
-        return None
-    module = importlib.util.module_from_spec(found)
-    found.loader.exec_module(module)
-    return module
-
-
-_SHIM = _torchvision_shim()
-
-try:
-    from vllm.config import KVTransferConfig
-except ImportError as missing:  # pragma: no cover - depends on the environment
-    print(
-        f"bench_salvage: vLLM 0.33 is not importable here ({missing}); run it under "
-        "`nox -s bench` or `nox -s vllm` (they install vLLM), with VLLM_TARGET_DEVICE=cpu",
-        file=sys.stderr,
-    )
-    sys.exit(2)
+from vllm.config import KVTransferConfig  # noqa: E402
 
 from hybridkv.connector.api import TransferJob, TransferKind  # noqa: E402
 from hybridkv.vllm.cpu_worker import HybridKVOnCPU  # noqa: E402

@@ -34,7 +34,6 @@ reason.
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import statistics
 import sys
 from collections.abc import Callable
@@ -47,34 +46,13 @@ sys.path.insert(0, str(ROOT))  # this checkout's hybridkv and spec, not another 
 
 from spec.presets import tiny_config  # noqa: E402
 
-SHIM = ROOT / "tests" / "vllm" / "_torchvision_shim"
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # tools/_vllm_tool.py
+from _vllm_tool import require_vllm, torchvision_shim  # noqa: E402
 
+_SHIM = torchvision_shim("bench_vs_native")  # kept alive (tools/_vllm_tool.py)
+require_vllm("bench_vs_native")
 
-def _torchvision_shim() -> object:
-    """tests/vllm's shim: PyPI torchvision imports beside CPU torch only once it has declared
-    two operators (tests/vllm/conftest.py); kept alive, or the operators go again."""
-    found = importlib.util.spec_from_file_location(
-        "_bench_torchvision_shim", SHIM / "sitecustomize.py"
-    )
-    if found is None or found.loader is None:
-        return None
-    module = importlib.util.module_from_spec(found)
-    found.loader.exec_module(module)
-    return module
-
-
-_SHIM = _torchvision_shim()
-
-try:
-    from vllm.config import KVTransferConfig
-except ImportError as missing:  # pragma: no cover - depends on the environment
-    print(
-        f"bench_vs_native: vLLM 0.33 is not importable here ({missing}); run it under "
-        "`nox -s bench` or `nox -s vllm`, which install vLLM (tests/vllm/requirements-vllm.txt, "
-        "then vllm==0.33.0 --no-deps), with VLLM_TARGET_DEVICE=cpu",
-        file=sys.stderr,
-    )
-    sys.exit(2)
+from vllm.config import KVTransferConfig  # noqa: E402
 
 from hybridkv.vllm.cpu_worker import HybridKVOnCPU  # noqa: E402
 from hybridkv.vllm.inprocess import (  # noqa: E402

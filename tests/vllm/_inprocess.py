@@ -6,7 +6,9 @@ in :mod:`hybridkv.vllm.planning` (the in-process engine uses it too) and is re-e
 - :func:`init_distributed`: vLLM's one-rank distributed state (the model constructors and the
   scheduler read it);
 - :class:`InProcessExecutor`: a stand-in for the model executor that reports one in-process
-  worker's KV-cache specs to ``EngineCore._initialize_kv_caches``.
+  worker's KV-cache specs to ``EngineCore._initialize_kv_caches``;
+- :func:`load_tool`: a benchmark of ``tools/`` imported as a module, for the tests that assert
+  its figures.
 
 Importing this module imports no vLLM: the conftest reads :data:`VLLM_CPU_ENV` before it has
 installed the torchvision shim and before it knows whether vLLM imports at all, and
@@ -16,7 +18,11 @@ resolved on first use (PEP 562).
 
 from __future__ import annotations
 
+import importlib.util
 import os
+import sys
+from pathlib import Path
+from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -26,6 +32,7 @@ __all__ = [
     "VLLM_CPU_ENV",
     "InProcessExecutor",
     "init_distributed",
+    "load_tool",
     "plan_kv_caches",
     "set_cpu_env",
 ]
@@ -36,6 +43,19 @@ VLLM_CPU_ENV = {
     "TRANSFORMERS_OFFLINE": "1",
     "VLLM_LOGGING_LEVEL": "WARNING",
 }
+
+
+def load_tool(name: str) -> ModuleType:
+    """``tools/<name>.py`` as the module ``name`` (registered in ``sys.modules`` first: its
+    dataclasses resolve their annotations through it)."""
+    path = Path(__file__).resolve().parents[2] / "tools" / f"{name}.py"
+    found = importlib.util.spec_from_file_location(name, path)
+    assert found is not None, path
+    assert found.loader is not None, path
+    module = importlib.util.module_from_spec(found)
+    sys.modules[name] = module
+    found.loader.exec_module(module)
+    return module
 
 
 def set_cpu_env() -> None:

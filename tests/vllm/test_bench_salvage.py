@@ -20,30 +20,14 @@ on: 0 wedges, and salvage still recomputes less.
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-from types import ModuleType
-
 import pytest
 
 pytestmark = pytest.mark.vllm
 pytest.importorskip("vllm.v1.core.sched.scheduler", reason="vLLM 0.33 is not installed")
 
-_PATH = Path(__file__).resolve().parents[2] / "tools" / "bench_salvage.py"
+from _inprocess import load_tool  # noqa: E402
 
-
-def _tool() -> ModuleType:
-    found = importlib.util.spec_from_file_location("bench_salvage", _PATH)
-    assert found is not None
-    assert found.loader is not None
-    module = importlib.util.module_from_spec(found)
-    sys.modules["bench_salvage"] = module  # its dataclasses resolve names through it
-    found.loader.exec_module(module)
-    return module
-
-
-bench = _tool()
+bench = load_tool("bench_salvage")
 
 
 def _case(name: str) -> object:

@@ -10,31 +10,16 @@ term non-zero: loads, GPU hits, floor); at the recommended chunk it computes mor
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from dataclasses import replace
-from pathlib import Path
-from types import ModuleType
 
 import pytest
 
 pytestmark = pytest.mark.vllm
 pytest.importorskip("vllm.v1.core.sched.scheduler", reason="vLLM 0.33 is not installed")
 
-_PATH = Path(__file__).resolve().parents[2] / "tools" / "bench_vs_native.py"
+from _inprocess import load_tool  # noqa: E402
 
-
-def _tool() -> ModuleType:
-    found = importlib.util.spec_from_file_location("bench_vs_native", _PATH)
-    assert found is not None
-    assert found.loader is not None
-    module = importlib.util.module_from_spec(found)
-    sys.modules["bench_vs_native"] = module  # its dataclasses resolve names through it
-    found.loader.exec_module(module)
-    return module
-
-
-bench = _tool()
+bench = load_tool("bench_vs_native")
 
 
 def test_one_block_chunk_reaches_the_floor_and_the_recommended_one_rounds_claims_off() -> None:
