@@ -57,7 +57,8 @@ def test_connector_loads_cut_gpu_hits_through_the_sliding_group() -> None:
         assert len(probe.admissions) == r.requests
     assert report.gpu_prefix_hits < none_report.gpu_prefix_hits
     cut = [a for a in hybrid.admissions.values() if a.full > a.gpu]
-    assert cut and all(a.sliding_cached < a.full // block for a in cut)
+    assert cut
+    assert all(a.sliding_cached < a.full // block for a in cut)
     assert sum(a.null for a in hybrid.admissions.values()) > 0
     served = sum(a.gpu + a.ext for a in hybrid.admissions.values())
     assert served > sum(a.gpu for a in none.admissions.values())
