@@ -130,7 +130,7 @@ def future_uses(geometry: ConnectorGeometry, events: Sequence[Event], delay: int
     """
     ends = replay(events, geometry, unlimited(events), "lru", delay=delay).ends
     asks = (event for event in events if isinstance(event, Ask))
-    pairs = []
+    pairs: list[tuple[int, bytes]] = []
     positions = (i for i, event in enumerate(events) if isinstance(event, Ask))
     for position, ask, claimed in zip(positions, asks, ends, strict=True):
         pairs.extend((position, key) for key in needed_keys(geometry, ask, ask.start + claimed))
@@ -170,7 +170,7 @@ def replay(
         if isinstance(event, Ask):
             end, defer = decide_claim(
                 geometry,
-                lambda g, j, keys=event.keys: keys[g][j],
+                _key_of(event.keys),
                 event.num_tokens,
                 event.start,
                 status=store.status,
@@ -179,8 +179,8 @@ def replay(
             deferred += defer
             keys = needed_keys(geometry, event, end)
             if keys:
-                pinned = store.prepare_load(keys)
-                assert isinstance(pinned, PrepareLoadOutput)  # the claim rule saw them READY
+                loading = store.prepare_load(keys)
+                assert isinstance(loading, PrepareLoadOutput)  # the claim rule saw them READY
                 store.touch(keys)
                 loads.append((steps, keys))
             key_reads += len(keys)
@@ -218,6 +218,15 @@ def replay(
         bypassed=bypassed,
         refused=refused,
     )
+
+
+def _key_of(keys: tuple[tuple[bytes, ...], ...]) -> Callable[[int, int], bytes]:
+    """The claim rule's ``(group, unit) -> key`` over an ask's recorded keys."""
+
+    def key_of(g: int, j: int) -> bytes:
+        return keys[g][j]
+
+    return key_of
 
 
 def _finish(
