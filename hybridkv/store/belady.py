@@ -3,11 +3,11 @@
 An analysis tool, not a user setting (not in :data:`~hybridkv.store.policies.POLICY_NAMES`;
 vLLM never sees it): it needs the future, which only a recorded run has. Evicting the key read
 furthest ahead is Belady's rule for the most reads that find their key resident; here it runs
-under the same store contract as LRU and ARC (capacity in entries; only READY unpinned keys not offered in
-the same call are evicted), so it is the yardstick, not a proven optimum of claimed tokens (a
-claim needs a whole prefix of keys). ``tools/host_tier_bound.py`` replays a real run's host
-store calls under it (:mod:`hybridkv.sim.host_replay`) to measure what an eviction policy could
-have loaded on that run.
+under the same store contract as LRU and ARC (capacity in entries; only READY unpinned keys not
+offered in the same call are evicted), so it is the yardstick, not a proven optimum of claimed
+tokens (a claim needs a whole prefix of keys). ``tools/host_tier_bound.py`` replays a real
+run's host store calls under it (:mod:`hybridkv.sim.host_replay`) to measure what an eviction
+policy could have loaded on that run.
 
 :class:`FutureUses` is the oracle: for each key, the sorted positions (``uses``) at which it is
 read, and a clock the replay moves forward. A key with no later use is the first victim; ties
