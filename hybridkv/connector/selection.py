@@ -30,8 +30,8 @@ from typing import Any
 from hybridkv.errors import HybridKVConfigError
 
 __all__ = [
-    "Chosen",
     "ChildSpec",
+    "Chosen",
     "NoHit",
     "Pending",
     "Selection",

@@ -58,8 +58,8 @@ from vllm.distributed.kv_transfer.kv_connector.v1.metrics import (
 from vllm.distributed.kv_transfer.kv_connector.v1.multi_connector import MultiConnector
 
 from hybridkv.connector.selection import (
-    Chosen,
     ChildSpec,
+    Chosen,
     Pending,
     SelectionTally,
     parse_children,
@@ -219,9 +219,7 @@ class WeightedMultiConnector(MultiConnector):
         for index, spec in enumerate(cls._specs(parent)):
             child_config = copy.copy(vllm_config)
             child_config.kv_transfer_config = _child_transfer_config(spec, index, parent.engine_id)
-            found.append(
-                (_child_class(child_config.kv_transfer_config, spec, index), child_config)
-            )
+            found.append((_child_class(child_config.kv_transfer_config, spec, index), child_config))
         return found
 
     @classmethod
@@ -257,7 +255,9 @@ class WeightedMultiConnector(MultiConnector):
         )
 
     @staticmethod
-    def _check_hma(vllm_config: Any, kv_cache_config: Any, specs: list[tuple[ChildSpec, type]]) -> None:
+    def _check_hma(
+        vllm_config: Any, kv_cache_config: Any, specs: list[tuple[ChildSpec, type]]
+    ) -> None:
         """Refuse a child without ``SupportsHMA`` when vLLM hands the connector more than one KV
         cache group: vLLM would call ``request_finished_all_groups`` on it."""
         groups = 1 if kv_cache_config is None else len(kv_cache_config.kv_cache_groups)
@@ -279,7 +279,8 @@ class WeightedMultiConnector(MultiConnector):
         KVConnectorBase_V1.__init__(self, vllm_config, role, kv_cache_config)
         specs = self._specs(vllm_config.kv_transfer_config)
         built = self._get_connector_classes_and_configs(vllm_config)
-        self._check_hma(vllm_config, kv_cache_config, [(s, c) for s, (c, _) in zip(specs, built)])
+        classes = [(spec, cls_) for spec, (cls_, _) in zip(specs, built, strict=True)]
+        self._check_hma(vllm_config, kv_cache_config, classes)
         self.specs: tuple[ChildSpec, ...] = specs
         self._connectors = [child_cls(config, role, kv_cache_config) for child_cls, config in built]
         self._ktc_kv_transfer_config = [config.kv_transfer_config for _, config in built]

@@ -1,7 +1,8 @@
 """The in-process engine's worker adapter for
 :class:`~hybridkv.vllm.multi.WeightedMultiConnector`: one child adapter per named child
-(:class:`~hybridkv.vllm.cpu_worker.HybridKVOnCPU`, :class:`~hybridkv.vllm.native_cpu.NativeOffloadOnCPU`
-or :class:`~hybridkv.vllm.inprocess.RegisterCaches`), each sizing and registering its own child.
+(:class:`~hybridkv.vllm.cpu_worker.HybridKVOnCPU`,
+:class:`~hybridkv.vllm.native_cpu.NativeOffloadOnCPU` or
+:class:`~hybridkv.vllm.inprocess.RegisterCaches`), each sizing and registering its own child.
 
 ``configure`` hands each child adapter a view of the vLLM config whose ``kv_transfer_config``
 exposes that child's own ``kv_connector_extra_config`` (the very dict inside the multi-connector's

@@ -2,8 +2,9 @@
 (:mod:`hybridkv.vllm.inprocess`: both roles, CPU caches from vLLM's ``allocate_kv_cache``, every
 KV slot the forward reads content-checked), with two children that both store every prompt:
 ``HybridKVConnector`` (named ``host``) and vLLM's native ``OffloadingConnector`` (named
-``native``, its worker on CPU tensors through :class:`~hybridkv.vllm.native_cpu.NativeOffloadOnCPU`),
-on the sliding + full layout (two KV cache groups, so HMA is on).
+``native``, its worker on CPU tensors through
+:class:`~hybridkv.vllm.native_cpu.NativeOffloadOnCPU`), on the sliding + full layout (two KV
+cache groups, so HMA is on).
 
 - The weights decide which child loads, observed in the bytes each child's worker moved: host
   weighted higher, only the host tier loads; native weighted higher, the native tier loads most
@@ -21,6 +22,7 @@ from __future__ import annotations
 
 import json
 import pickle
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -35,6 +37,7 @@ from diffharness.layouts import RECIPES, Layout  # noqa: E402
 from vllm.config import KVTransferConfig  # noqa: E402
 
 from hybridkv.errors import HybridKVConfigError  # noqa: E402
+from hybridkv.vllm.connector import HybridKVConnector  # noqa: E402
 from hybridkv.vllm.cpu_worker import HybridKVOnCPU  # noqa: E402
 from hybridkv.vllm.inprocess import (  # noqa: E402
     ChatTrace,
@@ -167,7 +170,8 @@ def test_a_child_without_hma_is_refused_by_name() -> None:
     error = caught.value
     assert error.field == "kv_connector_extra_config.connectors[1] (disk)"
     assert error.value == "ExampleConnector"
-    assert "SupportsHMA" in error.problem and "2 KV cache groups" in error.problem
+    assert "SupportsHMA" in error.problem
+    assert "2 KV cache groups" in error.problem
     assert "'disk'" in error.fix
 
 
@@ -186,7 +190,7 @@ def test_preemptions_reach_both_children() -> None:
     multi = engine.scheduler.connector
     preempted: dict[str, set[str]] = {"host": set(), "native": set()}
     worker_meta: dict[str, list[str]] = {"host": [], "native": []}
-    for name in preempted:
+    for name in ("host", "native"):
         scheduler_child = multi.child(name)
         build = scheduler_child.build_connector_meta
 
@@ -203,7 +207,8 @@ def test_preemptions_reach_both_children() -> None:
             handle(meta)
 
         worker_child.handle_preemptions = handled
-    report = run_trace(engine, ChatTrace(convs=4, turns=3, system_len=64, user_min=20, user_max=40, output_len=40))
+    trace = ChatTrace(convs=4, turns=3, system_len=64, user_min=20, user_max=40, output_len=40)
+    report = run_trace(engine, trace)
     print(f"\ntight pool: {report}")
     _clean(engine, report)
     assert report.preemptions > 0
@@ -268,3 +273,99 @@ def test_stats_are_keyed_by_child_name_and_rebuild_in_another_process() -> None:
     assert there["registered"] is False
     assert there["types"] == {"host": "HybridKVStats", "native": "OffloadingConnectorStats"}
     assert there["reduced"] == json.loads(json.dumps(reduced))
+
+
+# ------------------------------------------------------------------ the how-to's config
+
+SERVE_DOC = Path(__file__).parents[2] / "docs" / "howto" / "serve.md"
+
+
+def _doc_json() -> dict[str, Any]:
+    """The how-to's ``--kv-transfer-config`` for ``WeightedMultiConnector``, exactly as written."""
+    found = [
+        json.loads(match)
+        for match in re.findall(r"--kv-transfer-config '(\{.*\})'", SERVE_DOC.read_text())
+        if "WeightedMultiConnector" in match
+    ]
+    assert len(found) == 1, f"{SERVE_DOC}: {len(found)} WeightedMultiConnector configs"
+    return found[0]
+
+
+def test_the_docs_config_builds_through_vllms_factory() -> None:
+    from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory
+    from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
+
+    from hybridkv.vllm.inprocess import _process_setup, _vllm_config
+    from hybridkv.vllm.planning import plan_kv_caches
+
+    _process_setup()  # vLLM's one-rank distributed state, as the engine sets it up
+    doc = _doc_json()
+    config = _vllm_config(RECIPES[LAYOUT].config_json(), SETTINGS, KVTransferConfig(**doc))
+    assert not config.scheduler_config.disable_hybrid_kv_cache_manager  # HMA stays on
+    kv_cache_config, _, _ = plan_kv_caches(config, 1 << 30)
+    assert len(kv_cache_config.kv_cache_groups) == 2
+    multi = KVConnectorFactory.create_connector(config, KVConnectorRole.SCHEDULER, kv_cache_config)
+    assert isinstance(multi, WeightedMultiConnector)
+    children = doc["kv_connector_extra_config"]["connectors"]
+    assert [(s.name, s.load_weight) for s in multi.specs] == [
+        (c["name"], c["load_weight"]) for c in children
+    ]
+    assert [type(multi.child(c["name"])).__name__ for c in children] == [
+        c["kv_connector"] for c in children
+    ]
+    assert WeightedMultiConnector.all_children_support_hma(config.kv_transfer_config)
+    assert not WeightedMultiConnector.requires_piecewise_for_cudagraph(
+        doc["kv_connector_extra_config"]
+    )
+    # Neither child overrides vLLM's default (True); one child that cannot follow the remap
+    # turns it off for the whole multi-connector.
+    assert WeightedMultiConnector.supports_sleep_mode(config.kv_transfer_config)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(HybridKVConnector, "supports_sleep_mode", classmethod(lambda cls, c: False))
+        assert not WeightedMultiConnector.supports_sleep_mode(config.kv_transfer_config)
+    with pytest.raises(KeyError, match="no child named 'disk'"):
+        multi.child("disk")
+
+
+# ------------------------------------------------------------------ bad configs and payloads
+
+
+def _bad(children: list[dict[str, Any]]) -> HybridKVConfigError:
+    with pytest.raises(HybridKVConfigError) as caught:
+        WeightedMultiConnector._classes({"connectors": children}, None)
+    return caught.value
+
+
+def test_a_bad_child_entry_is_refused_by_name() -> None:
+    unknown = _bad([_host(1.0), {**_native(1.0), "kv_connector": "NoSuchConnector"}])
+    assert unknown.field == "kv_connector_extra_config.connectors[1].kv_connector (native)"
+    assert unknown.value == "NoSuchConnector"
+    invalid = _bad([{**_host(1.0), "kv_role": "kv_sideways"}])
+    assert invalid.field == "kv_connector_extra_config.connectors[0] (host)"
+    assert "KVTransferConfig" in invalid.problem
+    unnamed = _bad([{k: v for k, v in _host(1.0).items() if k != "name"}])
+    assert unnamed.field == "kv_connector_extra_config.connectors[0].name"
+
+
+def test_stats_refuse_foreign_payloads_and_mixed_classes() -> None:
+    with pytest.raises(HybridKVConfigError) as caught:
+        WeightedMultiConnector.build_kv_connector_stats({"host": {"load_bytes": 1}})
+    assert caught.value.field == "kv_connector_stats['host']"
+    with pytest.raises(HybridKVConfigError) as caught:
+        WeightedMultiConnector.build_kv_connector_stats(
+            {"host": {"connector": "no.such.module:Connector", "stats": {}}}
+        )
+    assert caught.value.value == "no.such.module:Connector"
+    host = "hybridkv.vllm.connector:HybridKVConnector"
+    built = WeightedMultiConnector.build_kv_connector_stats(
+        {"host": {"connector": host, "stats": {"load_bytes": 5}}}
+    )
+    assert isinstance(built, WeightedMultiStats)
+    assert built.reduce() == {"host.load_bytes": 5}
+    with pytest.raises(ValueError, match="child 'host'"):
+        built.put("host", "elsewhere:Other", built.data["host"])
+    with pytest.raises(TypeError):
+        built.aggregate(built.data["host"])
+    built.reset()
+    assert built.is_empty()
+    assert WeightedMultiConnector.build_kv_connector_stats(None) == WeightedMultiStats()
