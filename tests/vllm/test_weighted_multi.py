@@ -13,6 +13,12 @@ cache groups, so HMA is on).
 - A child without ``SupportsHMA`` on this two-group model is refused at start-up, by name.
 - Preemptions: vLLM's ``preempted_req_ids`` reach both children's scheduler sides, and every
   step each worker child's ``handle_preemptions`` gets its own metadata, with content intact.
+- Random traces (ci 25, nightly 250): random weights per child (0, 0.5, 1, 2), copy delays,
+  load faults in the host child, pools from vLLM's minimum up (preemptions), aborts of loading
+  requests: 0 wrong reads, 0 wedges, nothing left behind; across the batch both children load,
+  and failed loads are recovered by recompute (and chosen afresh).
+- The how-to's ``--kv-transfer-config`` builds through vLLM's factory; bad child entries and
+  foreign stats payloads are refused by name.
 - Stats: the payloads vLLM produced, keyed by child name, rebuild after pickling in a fresh
   process that never built a connector and registered nothing with vLLM's factory, to the same
   reduced figures; the host's byte counter agrees with its worker's.
@@ -22,9 +28,11 @@ from __future__ import annotations
 
 import json
 import pickle
+import random
 import re
 import subprocess
 import sys
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -34,16 +42,18 @@ pytestmark = pytest.mark.vllm
 pytest.importorskip("vllm.v1.core.sched.scheduler", reason="vLLM 0.33 is not installed")
 
 from diffharness.layouts import RECIPES, Layout  # noqa: E402
+from hypothesis import settings  # noqa: E402
 from vllm.config import KVTransferConfig  # noqa: E402
 
 from hybridkv.errors import HybridKVConfigError  # noqa: E402
 from hybridkv.vllm.connector import HybridKVConnector  # noqa: E402
-from hybridkv.vllm.cpu_worker import HybridKVOnCPU  # noqa: E402
+from hybridkv.vllm.cpu_worker import FaultPlan, HybridKVOnCPU  # noqa: E402
 from hybridkv.vllm.inprocess import (  # noqa: E402
     ChatTrace,
     EngineSettings,
     InProcessEngine,
     InProcessReport,
+    WedgedError,
     run_trace,
 )
 from hybridkv.vllm.multi import WeightedMultiConnector, WeightedMultiStats  # noqa: E402
@@ -369,3 +379,120 @@ def test_stats_refuse_foreign_payloads_and_mixed_classes() -> None:
     built.reset()
     assert built.is_empty()
     assert WeightedMultiConnector.build_kv_connector_stats(None) == WeightedMultiStats()
+
+
+# ------------------------------------------------------------------ random traces
+
+# Seeded traces (the Hypothesis profile's max_examples / 8: ci 25, nightly 250), each with its
+# own weights, copy delays, host-tier load faults, a pool from vLLM's minimum up, and aborts.
+RANDOM_TRACES = max(8, settings.default.max_examples // 8)
+WEIGHTS = (0.0, 0.5, 1.0, 2.0)
+
+
+def _random_engine(rng: random.Random, seed: int) -> InProcessEngine:
+    recipe = RECIPES[LAYOUT]
+    budget = 128
+    settings_ = EngineSettings(
+        num_gpu_blocks=recipe.min_blocks(budget) + rng.choice((0, 1, 3, 8)),
+        max_model_len=recipe.max_model_len,
+        block_size=recipe.block_size,
+        max_num_seqs=3,
+        max_num_batched_tokens=budget,
+        max_steps=600,
+    )
+    faults = FaultPlan(seed, load_rate=rng.choice((0.0, 0.3, 0.6)), store_rate=0.0)
+    adapter = MultiOnCPU(
+        {
+            "host": HybridKVOnCPU(faults=faults, delay=rng.choice((0, 1, 2))),
+            "native": NativeOffloadOnCPU(256, delay=rng.choice((0, 1, 2))),
+        }
+    )
+    transfer = _transfer(_host(rng.choice(WEIGHTS)), _native(rng.choice(WEIGHTS)))
+    return InProcessEngine(recipe.config_json(), settings_, transfer, adapter)
+
+
+def _random_prompts(rng: random.Random) -> list[tuple[int, str, list[int], int]]:
+    """(arrival step, id, prompt, max tokens): 4-7 prefixes of two shared bases plus own tokens."""
+    bases = [[rng.randint(3, 999) for _ in range(400)] for _ in range(2)]
+    found = []
+    for i in range(rng.randint(4, 7)):
+        prompt = rng.choice(bases)[: rng.randint(16, 392)]
+        prompt += [rng.randint(3, 999) for _ in range(rng.choice((0, 0, 3, 16)))]
+        found.append((rng.randint(0, 10), f"r{i}", prompt, rng.randint(1, 40)))
+    return sorted(found, key=lambda a: (a[0], a[1]))
+
+
+def _play(seed: int) -> tuple[InProcessEngine, InProcessReport, set[str], int]:
+    rng = random.Random(seed)
+    engine = _random_engine(rng, seed)
+    failed: set[str] = set()
+    worker = engine.worker
+    results = worker.get_transfer_results
+
+    def watched(finished: Any) -> Any:
+        out = results(finished)
+        failed.update(out.failed_recving)
+        return out
+
+    worker.get_transfer_results = watched
+    arrivals = _random_prompts(rng)
+    aborted: set[str] = set()
+    step = 0
+    while arrivals or engine.busy():
+        while arrivals and arrivals[0][0] <= step:
+            _, rid, prompt, max_tokens = arrivals.pop(0)
+            engine.add(rid, prompt, max_tokens)
+        step += 1
+        if not engine.busy():
+            continue
+        if engine.tally.steps >= engine.settings.max_steps:
+            raise WedgedError(f"seed {seed}: max_steps={engine.settings.max_steps}")
+        for rid, request in engine.requests.items():
+            loading = engine.status(rid) == "WAITING_FOR_REMOTE_KVS"
+            draw = rng.random() < (0.2 if loading else 0.01)
+            if not request.is_finished() and draw and engine.abort(rid):
+                aborted.add(rid)
+        engine.step()
+    report = engine.report(sum(r.is_finished() for r in engine.requests.values()))
+    recovered = sum(
+        engine.status(rid) == "FINISHED_LENGTH_CAPPED" for rid in failed if rid not in aborted
+    )
+    return engine, report, failed, recovered
+
+
+def test_random_traces_with_weights_faults_and_aborts() -> None:
+    total: Counter[str] = Counter()
+    for seed in range(RANDOM_TRACES):
+        engine, report, failed, recovered = _play(seed)
+        _clean(engine, report)  # every request finished, 0 wrong reads, nothing left behind
+        engine.close()
+        chosen = engine.scheduler.connector.selections.chosen
+        total.update(
+            traces=1,
+            slots_checked=report.slots_checked,
+            wrong_reads=report.wrong_reads,
+            external_loaded=report.external_loaded,
+            preemptions=report.preemptions,
+            host_chosen=chosen["host"],
+            native_chosen=chosen["native"],
+            host_bytes_loaded=report.transfers["host.bytes_loaded"],
+            native_bytes_loaded=report.transfers["native.bytes_loaded"],
+            load_faults=report.transfers.get("host.load_faults", 0),
+            failed_loads=len(failed),
+            recovered=recovered,
+        )
+    print(f"\nweighted multi, {RANDOM_TRACES} random traces: {dict(total)}")
+    assert total["wrong_reads"] == 0
+    for name in (
+        "slots_checked",
+        "external_loaded",
+        "preemptions",
+        "host_chosen",
+        "native_chosen",
+        "host_bytes_loaded",
+        "native_bytes_loaded",
+        "load_faults",
+        "failed_loads",
+        "recovered",
+    ):
+        assert total[name] > 0, (name, dict(total))
