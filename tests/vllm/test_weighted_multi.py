@@ -16,12 +16,14 @@ cache groups, so HMA is on).
 - Random traces (ci 25, nightly 250): random weights per child (0, 0.5, 1, 2), copy delays,
   load faults in the host child, pools from vLLM's minimum up (preemptions), aborts of loading
   requests: 0 wrong reads, 0 wedges, nothing left behind; across the batch both children load,
-  and failed loads are recovered by recompute (and chosen afresh).
+  and failed loads are recovered by recompute.
 - The how-to's ``--kv-transfer-config`` builds through vLLM's factory; bad child entries and
   foreign stats payloads are refused by name.
 - Stats: the payloads vLLM produced, keyed by child name, rebuild after pickling in a fresh
-  process that never built a connector and registered nothing with vLLM's factory, to the same
-  reduced figures; the host's byte counter agrees with its worker's.
+  process that never built a connector, with ``HybridKVConnector`` taken out of vLLM's factory
+  registry (as a child loaded only by module path is), to the same reduced figures; the host's
+  byte counter agrees with its worker's; vLLM's ``KVConnectorProm`` hands each child's payload
+  to that child class's Prometheus metrics.
 """
 
 from __future__ import annotations
@@ -43,7 +45,10 @@ pytest.importorskip("vllm.v1.core.sched.scheduler", reason="vLLM 0.33 is not ins
 
 from diffharness.layouts import RECIPES, Layout  # noqa: E402
 from hypothesis import settings  # noqa: E402
+from prometheus_client import CollectorRegistry, Gauge, Histogram  # noqa: E402
+from prometheus_client import Counter as PromCounter  # noqa: E402
 from vllm.config import KVTransferConfig  # noqa: E402
+from vllm.distributed.kv_transfer.kv_connector.v1.metrics import KVConnectorProm  # noqa: E402
 
 from hybridkv.errors import HybridKVConfigError  # noqa: E402
 from hybridkv.vllm.connector import HybridKVConnector  # noqa: E402
@@ -249,6 +254,34 @@ print(json.dumps({
 """
 
 
+class _PrivateRegistry:
+    """Prometheus metric classes registered in one registry of this test's own (two builds of
+    a connector's metrics in one process would collide in the global registry)."""
+
+    registry = CollectorRegistry()
+
+
+class _Counter(PromCounter):
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, registry=_PrivateRegistry.registry, **kwargs)
+
+
+class _Gauge(Gauge):
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, registry=_PrivateRegistry.registry, **kwargs)
+
+
+class _Histogram(Histogram):
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, registry=_PrivateRegistry.registry, **kwargs)
+
+
+class _PrivateProm(KVConnectorProm):
+    _gauge_cls = _Gauge
+    _counter_cls = _Counter
+    _histogram_cls = _Histogram
+
+
 def test_stats_are_keyed_by_child_name_and_rebuild_in_another_process() -> None:
     engine = _engine(2.0, 1.0)
     report = run_trace(engine, TRACE)
@@ -269,6 +302,19 @@ def test_stats_are_keyed_by_child_name_and_rebuild_in_another_process() -> None:
     # Identity: the bytes the host child's stats report are the bytes its worker moved.
     assert reduced["host.load_bytes"] == report.transfers["host.bytes_loaded"] > 0
     assert reduced["host.store_bytes"] == report.transfers["host.bytes_stored"] > 0
+
+    # Prometheus through vLLM's own KVConnectorProm: each child's payload reaches its class's
+    # metrics (hybridkv's counters hold the host child's totals; the native ones exist).
+    prom = _PrivateProm(engine.vllm_config, ["model_name", "engine"], {0: ["hybrid", "0"]})
+    for payload in payloads:
+        prom.observe(payload, 0)
+    labels = {"model_name": "hybrid", "engine": "0"}
+    registry = _PrivateRegistry.registry
+    for counter in ("load_bytes", "store_bytes"):
+        found = registry.get_sample_value(f"vllm:hybridkv_{counter}_total", labels)
+        assert found == reduced[f"host.{counter}"], counter
+    names = {metric.name for metric in registry.collect()}
+    assert any(name.startswith("vllm:kv_offload") for name in names), names
 
     done = subprocess.run(
         [sys.executable, "-c", _REBUILD],
