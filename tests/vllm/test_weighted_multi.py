@@ -10,7 +10,8 @@ cache groups, so HMA is on).
   weighted higher, only the host tier loads; native weighted higher, the native tier loads most
   (the host loads only what native has not stored yet); native at weight 0, only the host loads.
   0 wrong reads, 0 leaked blocks, no wedge, nothing in flight at the end.
-- A child without ``SupportsHMA`` on this two-group model is refused at start-up, by name.
+- A child without ``SupportsHMA`` on this two-group model is refused at start-up, by name;
+  on a one-group model it is taken.
 - Preemptions: vLLM's ``preempted_req_ids`` reach both children's scheduler sides, and every
   step each worker child's ``handle_preemptions`` gets its own metadata, with content intact.
 - Random traces (ci 25, nightly 250): random weights per child (0, 0.5, 1, 2), copy delays,
@@ -188,6 +189,36 @@ def test_a_child_without_hma_is_refused_by_name() -> None:
     assert "SupportsHMA" in error.problem
     assert "2 KV cache groups" in error.problem
     assert "'disk'" in error.fix
+
+
+def test_a_child_without_hma_is_taken_on_a_one_group_model(tmp_path: Path) -> None:
+    from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory
+    from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
+
+    from hybridkv.vllm.inprocess import _process_setup, _vllm_config
+    from hybridkv.vllm.planning import plan_kv_caches
+
+    _process_setup()
+    example = {
+        "name": "disk",
+        "kv_connector": "ExampleConnector",
+        "kv_role": "kv_both",
+        "kv_connector_extra_config": {"shared_storage_path": str(tmp_path)},
+    }
+    recipe = RECIPES[Layout.FULL_ONLY]
+    one_group = EngineSettings(
+        num_gpu_blocks=recipe.min_blocks(128),
+        max_model_len=recipe.max_model_len,
+        block_size=recipe.block_size,
+        max_num_batched_tokens=128,
+    )
+    config = _vllm_config(recipe.config_json(), one_group, _transfer(_host(1.0), example))
+    kv_cache_config, _, _ = plan_kv_caches(config, 1 << 30)
+    assert len(kv_cache_config.kv_cache_groups) == 1
+    multi = KVConnectorFactory.create_connector(config, KVConnectorRole.SCHEDULER, kv_cache_config)
+    assert isinstance(multi, WeightedMultiConnector)
+    assert type(multi.child("disk")).__name__ == "ExampleConnector"
+    assert not WeightedMultiConnector.all_children_support_hma(config.kv_transfer_config)
 
 
 # ------------------------------------------------------------------ preemption
