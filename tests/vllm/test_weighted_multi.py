@@ -131,15 +131,47 @@ def _clean(engine: InProcessEngine, report: InProcessReport) -> None:
 # ------------------------------------------------------------------ selection by weight
 
 
+def _watch_allocations(engine: InProcessEngine) -> list[dict[str, int]]:
+    """Per ``update_state_after_alloc`` of the multi-connector: what each child was handed."""
+    multi = engine.scheduler.connector
+    calls: list[dict[str, int]] = []
+    outer = multi.update_state_after_alloc
+
+    def allocated(request: Any, blocks: Any, num_external_tokens: int) -> None:
+        calls.append({})
+        outer(request, blocks, num_external_tokens)
+
+    multi.update_state_after_alloc = allocated
+    for spec in multi.specs:
+        child = multi.child(spec.name)
+        inner = child.update_state_after_alloc
+
+        def handed(
+            request: Any, blocks: Any, count: int, inner: Any = inner, name: str = spec.name
+        ):
+            calls[-1][name] = count
+            inner(request, blocks, count)
+
+        child.update_state_after_alloc = handed
+    return calls
+
+
 def test_the_weights_decide_which_child_loads() -> None:
     runs = {}
     for weights in ((2.0, 1.0), (1.0, 2.0), (1.0, 0.0)):
         engine = _engine(*weights)
+        claims = _watch_allocations(engine)
         report = run_trace(engine, TRACE)
         print(f"\nweights host, native = {weights}: {report}")
         _clean(engine, report)
         assert report.external_loaded > 0
         assert report.external_hits == report.external_loaded
+        # Every allocation reached both children, at most one with a positive count, and the
+        # positive counts add up to what vLLM allocated for external tokens.
+        assert claims
+        assert all(len(counts) == 2 for counts in claims)
+        assert all(sum(c > 0 for c in counts.values()) <= 1 for counts in claims)
+        assert sum(sum(counts.values()) for counts in claims) == report.external_loaded
         runs[weights] = (engine, report)
 
     # host weighted higher, or native store-only: only the host tier loads, and the host
