@@ -347,7 +347,7 @@ class TierModel:
         state.resolved = ((key.hex(), done.resolution.value, salt, hexes, done.loaded),)
         self._labels.append(f"fetch:{done.resolution.value}")
 
-    def _move(self, state: TierState, action: TierAction) -> None:
+    def _move(self, state: TierState, action: Store | StoreDone | Evict | Write | Vanish) -> None:
         sc, store = self.scenario, state.store
         if isinstance(action, Store):
             prepared = store.prepare_store(sc.members(action.salt, action.end))
@@ -362,7 +362,7 @@ class TierModel:
         elif isinstance(action, Write):
             key = next(k for k in store.in_flight()[1] if self._name(k) == action.name)
             store.complete_write(key, action.ok)
-        elif isinstance(action, Vanish):
+        else:  # Vanish: the last kind _move receives
             key = next(k for k, _ in store.remote.items() if self._name(k) == action.name)
             store.vanish(key)
 
