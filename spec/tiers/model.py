@@ -19,9 +19,9 @@ Actions (each prints as a trace step):
 - ``write s0@1 lands|fails``: a queued SET resolves;
 - ``vanish s0@1``: the server loses a chunk.
 
-Every state is checked against every ``tiers``, ``tiers_content`` and ``store`` (ST-*)
-invariant. A state that is not final (a job, a promotion or a write in flight) and enables
-nothing is a wedge, reported as TT-4.
+Every state is checked against every invariant of the subjects ``tiers``, ``tiers_content``
+and ``store`` (the TT and ST families). A state that is not final (a job, a promotion or a
+write in flight) and enables nothing is a wedge, reported as TT-4.
 """
 
 from __future__ import annotations
