@@ -467,3 +467,40 @@ def test_a_corrupt_fetch_leaves_nothing_ready_in_the_model() -> None:
     assert model.content(state)["resolved"][0][1] == "corrupt"
     assert model.violations(state) == {}
     assert not model.is_final(state)  # s0@2's promotion is still in flight
+
+
+def test_tt8_identities_hold_with_every_term_non_zero() -> None:
+    """promotions_started = promoted + missing + fault + timeout + corrupt + in flight, and
+    writes_enqueued = written + writes_failed + queued (drops apart), each term at least 1."""
+    wide = TierScenario(salts=("s0",), ends=9)
+    truth = wide.truth()
+    chunks = [wide.members("s0", end) for end in range(1, 10)]
+    store = TwoTierStore(HostStore(18), max_pending=2)
+    keys = []
+    for members in chunks[:6]:
+        keys.append(store.chunk_key(members))
+        store.remote.put(keys[-1], encode(members, tuple(truth[k] for k in members)))
+        assert isinstance(store.promote(members), PromotionStarted)
+    store.vanish(keys[1])
+    injections = (Injection.NONE, Injection.NONE, Injection.FAULT, Injection.TIMEOUT)
+    for key, injection in zip(keys, (*injections, Injection.CORRUPT), strict=False):
+        store.complete_promotion(key, injection)
+    for members in chunks[6:]:
+        store.prepare_store(members)
+        store.complete_store(members, tuple(truth[k] for k in members))
+    outcomes = [store.write_behind(members) for members in chunks[6:]]
+    assert outcomes == [WriteOutcome.ENQUEUED, WriteOutcome.ENQUEUED, WriteOutcome.DROPPED]
+    store.complete_write(store.chunk_key(chunks[6]), success=True)
+    store.complete_write(store.chunk_key(chunks[7]), success=False)
+    assert store.write_behind(chunks[8]) is WriteOutcome.ENQUEUED
+    snap = store.snapshot()
+    c = snap["counters"]
+    resolved = [c[r.value] for r in Resolution]
+    assert resolved == [1, 1, 1, 1, 1]
+    assert len(snap["promotions"]) == 1
+    assert c["promotions_started"] == sum(resolved) + len(snap["promotions"]) == 6
+    assert (c["written"], c["writes_failed"], len(snap["writes"])) == (1, 1, 1)
+    assert c["writes_enqueued"] == 3
+    assert c["writes_dropped"] == 1
+    assert check_all("tiers", snap) == {}
+    assert check_all("store", snap["host"]) == {}
