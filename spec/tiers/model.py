@@ -34,7 +34,7 @@ from typing import Any
 
 from spec.errors import ConfigError
 from spec.invariants import check_all
-from spec.store import HostStore, LookupResult, PrepareStoreOutput
+from spec.store import EntryState, HostStore, LookupResult, PrepareStoreOutput
 from spec.tiers.chunk import encode
 from spec.tiers.two_tier import (
     Injection,
@@ -290,12 +290,35 @@ class TierModel:
         )
 
     def violations(self, state: TierState) -> Mapping[str, list[str]]:
-        """Every failing TT-* and ST-* invariant of ``state``. Pure."""
+        """Every failing TT-* and ST-* invariant of ``state``, plus TT-3's half the snapshot
+        cannot show (:meth:`owners`). Pure."""
         snap = state.store.snapshot()
         failing = dict(check_all("tiers", snap))
         failing.update(check_all("store", snap["host"]))
         failing.update(check_all("tiers_content", {"tiers": snap, "content": self.content(state)}))
+        orphans = self.owners(state, snap)
+        if orphans:
+            failing.setdefault("TT-3", []).extend(orphans)
         return failing
+
+    def owners(self, state: TierState, snap: Mapping[str, Any]) -> list[str]:
+        """TT-3's "exactly one operation" for STORING entries: each is reserved by one GPU
+        store job or one promotion. The snapshot lists promotions but no GPU store job (the
+        contract's schema), so the model, which knows its jobs, checks this half. Pure."""
+        owned = [key.hex() for keys in state.jobs.values() for key in keys]
+        owned += [key for _, reserved in snap["promotions"] for key in reserved]
+        storing = [
+            k for k, entry, _ in snap["host"]["entries"] if entry == EntryState.STORING.value
+        ]
+        messages = [
+            f"STORING key {key} owned by no operation" for key in storing if key not in owned
+        ]
+        messages += [
+            f"key {key} reserved by {owned.count(key)} operations"
+            for key in sorted(set(owned))
+            if owned.count(key) > 1
+        ]
+        return messages
 
     def is_final(self, state: TierState) -> bool:
         """Nothing in flight: no store job, no promotion, no write. Pure."""

@@ -87,6 +87,29 @@ def test_tt3_promotion_without_a_host_reservation(monkeypatch: pytest.MonkeyPatc
     assert all(m.endswith("is absent, not storing") for m in found.messages)
 
 
+def _complete_promotion_abandoning(
+    self: TwoTierStore, chunk_key: bytes, injection: Injection
+) -> Resolved:
+    if injection is Injection.NONE and self.remote.get(chunk_key) is not None:
+        return _complete_promotion(self, chunk_key, injection)
+    promotion = self._promotions.pop(chunk_key)  # retired, its reservation never dropped
+    self._failed.add(chunk_key)
+    self._counters["fault"] += 1
+    return Resolved(chunk_key, two_tier.Resolution.FAULT, promotion.reserved, ())
+
+
+@pytest.mark.mutation("TT-3")
+def test_tt3_failed_promotion_abandons_its_reservation(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A failed promotion is retired but its STORING entries are never dropped: they belong
+    to no operation (the half of TT-3 the model checks, knowing its GPU store jobs) and hold
+    host slots for ever. TT-5 names the kept members in the same state."""
+    monkeypatch.setattr(TwoTierStore, "complete_promotion", _complete_promotion_abandoning)
+    found = tiers_harness.caught("TT-3", SHARED, 2)
+    assert found.trace == "claim s0 | fetch s0@1 faults"
+    assert all(m.endswith("owned by no operation") for m in found.messages)
+    assert found.ids == ("TT-3", "TT-5")
+
+
 def _complete_promotion_kept(
     self: TwoTierStore, chunk_key: bytes, injection: Injection
 ) -> Resolved:

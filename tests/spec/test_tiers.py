@@ -504,3 +504,20 @@ def test_tt8_identities_hold_with_every_term_non_zero() -> None:
     assert c["writes_dropped"] == 1
     assert check_all("tiers", snap) == {}
     assert check_all("store", snap["host"]) == {}
+
+
+def test_the_model_names_storing_entries_of_no_or_two_operations() -> None:
+    """TT-3's half the snapshot cannot show (it lists no GPU store job): the model checks it."""
+    model = TierModel(TierScenario(start=TierStart.SHARED))
+    (state,) = model.initial_states()
+    state = model.step(state, Claim("s0", False))  # promotes s0@1 and s0@2
+    assert model.violations(state) == {}
+    twice = state.copy()
+    twice.jobs[("s0", 1)] = A  # a GPU store job over keys a promotion reserved
+    found = model.violations(twice)["TT-3"]
+    assert found == [f"key {k.hex()} reserved by 2 operations" for k in sorted(A)]
+    orphan = model.step(next(iter(model.initial_states())), Store("s1", 1))
+    assert model.violations(orphan) == {}
+    del orphan.jobs[("s1", 1)]  # the job forgotten, its reservation kept
+    found = model.violations(orphan)["TT-3"]
+    assert found == [f"STORING key {k.hex()} owned by no operation" for k in sorted(A1)]
