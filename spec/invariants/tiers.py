@@ -12,8 +12,20 @@ Two subjects:
   ``(chunk_key_hex, resolution, lookup_salt, (reserved_key_hex, ...), (loaded_tag, ...))``)
   and ``tenant_of`` (``{tag: salt}``: the salt each true content was written under).
 
-TT-4's liveness half (a state that is not final enables an action) is the explorer's wedge
-check, reported under TT-4 by :class:`spec.tiers.model.TierModel`.
+Decisions where the contract leaves room:
+
+- The contract names TT-1, TT-3, TT-4 and TT-8 snapshot predicates and TT-2, TT-6 content
+  predicates; TT-5 (what a resolution left behind) and TT-7 (the payloads a queued or remote
+  chunk carries) need what the snapshot lacks, so they read the oracle too.
+- TT-1 on the snapshot cannot recompute a chunk key (the namespace is not in the schema): it
+  checks that each listing names its members once and that a promotion's members are among
+  those the map holds for its key. A half chunk whose header still names every member is the
+  reader's CORRUPT verdict, and TT-2 if it were loaded.
+- TT-3's "exactly one operation" for GPU store jobs, which the schema does not list, is checked
+  by the model (:meth:`spec.tiers.model.TierModel.owners`) and reported under TT-3.
+- TT-4's deadline is modelled as a resolution always being possible (a fetch may always time
+  out, a write may always fail), and its liveness half (a state that is not final enables an
+  action) is the explorer's wedge check, reported under TT-4 by the model.
 """
 
 from __future__ import annotations
