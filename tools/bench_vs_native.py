@@ -11,22 +11,32 @@ one row at hybridkv's recommended chunk) with its real CPU transfer engine under
 after submission by the same rule (0, 1, 4).
 
 Layouts: mamba align + full (Qwen3-Next cut to 4 layers, the platform's block) and sliding +
-full (gpt-oss cut to 2 layers, block 32). Traces: multi-turn chat over a shared system prompt
+full (gpt-oss cut to 2 layers, block 32); ``mamba+full-tight`` is mamba + full with more
+conversations on the smallest GPU pool vLLM accepts (``TIGHT_POOL``), a third of the working
+set, so the host tier carries the hits. Traces: multi-turn chat over a shared system prompt
 with 4-token and 40-token answers. A host-tier sweep (delay 1, 4-token answers) gives each
 connector 0.5x, 1x and 2x the trace's working set: the distinct full blocks of every
 conversation's final context (system prompt once), in native chunks (one block of every layer)
 and, for hybridkv, the same bytes.
 
 Printed per variant: prefill tokens computed and their ratio to the floor, tokens loaded by the
-connector, GPU prefix hits, engine steps, scheduler-side connector µs per step and its share of
-the scheduler's time (medians over repeats; every repeat's counters must agree), evictions and
-dropped stores (counted at the host store's ``prepare_store``), and hybridkv / native ratios at
-the same policy and delay. The floor is what no cache can supply, from the trace: the system
-prompt once, each turn's new user tokens, what claim alignment rounds off (hits come in whole
-scheduler blocks of what the previous turn computed), and the one token every prompt computes.
+connector, GPU prefix hits, continuation hits (cached prompt tokens at positions of an earlier
+turn's answer: loaded by the connector, the part of those in the previous turn's answer, and
+GPU prefix hits; :class:`Continuation`), engine steps, scheduler-side connector µs per step and
+its share of the scheduler's time (medians over repeats; every repeat's counters must agree),
+evictions and dropped stores (counted at the host store's ``prepare_store``), and hybridkv /
+native ratios at the same policy and delay. The floor is what no cache can supply, from the
+trace: the system prompt once, each turn's new user tokens, what claim alignment rounds off
+(hits come in whole scheduler blocks of what the previous turn computed), and the one token
+every prompt computes.
+Each trace also names the variants where computed + loaded + GPU prefix hits differ from the
+prompt tokens (a preempted request is admitted again, a failed load recomputed:
+:func:`identity_breaks`).
 
-Usage: ``python tools/bench_vs_native.py [--quick] [--repeats N] [--layouts sliding+full]``;
-needs vLLM 0.33 (``nox -s vllm`` or ``nox -s bench`` install it). Exit 1 when a run leaks
+Usage: ``python tools/bench_vs_native.py [--quick] [--repeats N] [--layouts sliding+full]
+[--plot PATH]``; needs vLLM 0.33 (``nox -s vllm`` or ``nox -s bench`` install it) and, for
+``--plot`` (per trace: prefill computed with the floor, connector µs per step), matplotlib (the
+``plot`` extra). Exit 1 when a run leaks
 blocks or reads wrong KV; a failed HybridKVConnector variant is printed as failed with its
 reason.
 """
@@ -560,8 +570,14 @@ def plot(outcomes: list[TraceOutcome], path: Path) -> None:
             for r in outcome.results.values()
         ]
         computed_ax.barh(places, computed, color=colours)
-        computed_ax.axvline(outcome.floor, color="black", linestyle="--", linewidth=1)
-        computed_ax.text(outcome.floor, -0.9, " floor", fontsize=7, va="bottom")
+        computed_ax.axvline(
+            outcome.floor,
+            color="black",
+            linestyle="--",
+            linewidth=1,
+            label=f"floor {outcome.floor}",
+        )
+        computed_ax.legend(fontsize=7, loc="lower right")
         computed_ax.set_title(f"{outcome.title}: prefill tokens computed", fontsize=9)
         cost_ax.barh(places, cost, color=colours)
         cost_ax.set_title(f"{outcome.title}: connector µs per step", fontsize=9)
