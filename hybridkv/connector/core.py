@@ -162,6 +162,7 @@ class ConnectorCore:
         self._requests: dict[RequestId, RequestKeys] = {}
         self._stores_of: dict[RequestId, int] = {}
         self._jobs_of: dict[RequestId, int] = {}
+        self._store_items = 0  # items of the store jobs in flight (len(held_blocks()) if bound)
         self._count = dict.fromkeys(_COUNTERS, 0)
         self._salvage = True
         self._restarting: set[RequestId] = set()  # salvage off: failed, not scheduled since
@@ -407,8 +408,9 @@ class ConnectorCore:
         return self._memory.failed_keys()
 
     def stats(self) -> ConnectorStats:
-        """Counts since creation and holdings now, in O(in-flight store items)."""
-        now = (len(self._requests), len(self._jobs), len(self.held_blocks()), len(self._memory))
+        """Counts since creation and holdings now, in O(1)."""
+        held = self._store_items if self._pool is not None else 0  # == len(held_blocks())
+        now = (len(self._requests), len(self._jobs), held, len(self._memory))
         return ConnectorStats._make((*(self._count[name] for name in _COUNTERS), *now))
 
     # ----------------------------------------------------------------- seeding
@@ -488,7 +490,7 @@ class ConnectorCore:
             len(request.token_ids),
             start,
             status=self.store.status,
-            failed=self._memory,
+            failed=self._memory.failed,
         )
         self._claim_memo[request.request_id] = (memo_key, end, defer)
         return end, defer
@@ -534,6 +536,7 @@ class ConnectorCore:
         self._memory.salt((item.key for item in taken), salt)
         job = TransferJob(self._new_job_id(), _STORE, request.request_id, tuple(taken))
         self._add_job(job, salt)
+        self._store_items += len(taken)
         rid = request.request_id
         self._stores_of[rid] = self._stores_of.get(rid, 0) + 1
         if self._pool is not None:
@@ -549,7 +552,8 @@ class ConnectorCore:
             self._memory.remember_failed(keys, self._next_job)
         # Drop the failed entries no other load still pins: their data may be bad, and left in
         # place they would stay unclaimable while present (the reference's rule).
-        self._memory.departed(self.store.evict([key for key in keys if key in self._memory]))
+        if self._memory:  # evict([]) changes nothing: skipped while nothing is remembered
+            self._memory.departed(self.store.evict([key for key in keys if key in self._memory]))
         rid = job.request_id
         record = self._loads.get(rid)
         if not (success or self._salvage or rid in self._finished):
@@ -562,6 +566,7 @@ class ConnectorCore:
 
     def _store_reported(self, job: TransferJob, keys: tuple[bytes, ...], success: bool) -> None:
         self.store.complete_store(keys, success=success)
+        self._store_items -= len(job.items)
         if self._pool is not None:
             self._pool.free_blocks([item.block_id for item in job.items])
         rid = job.request_id
