@@ -471,8 +471,10 @@ class HybridKVConnector(KVConnectorBase_V1, SupportsHMA):
     def get_kv_connector_stats(self) -> KVConnectorStats | None:
         """This side's counter increments since the last call (hybridkv.vllm.metrics): the
         scheduler's from the core, a worker's from its transfer meter; None when nothing moved."""
-        now = self._counters()
-        delta = {k: v - self._last_stats.get(k, 0) for k, v in now.items()}
+        now, last = self._counters(), self._last_stats
+        if now == last:
+            return None  # every increment is 0 (most steps): no delta to build
+        delta = {k: v - last.get(k, 0) for k, v in now.items()}
         self._last_stats = now
         return HybridKVStats(delta) if any(delta.values()) else None
 
