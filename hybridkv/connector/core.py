@@ -403,6 +403,19 @@ class ConnectorCore:
         record = self._record(request.request_id)
         return resume_point(self.geometry, self._keys(request), record)
 
+    def request_keys(self, request: RequestView) -> RequestKeys:
+        """The request's offload keys for a look from outside (the per-group prefix metric).
+
+        With the engine's block hashes in the view, the core's own chain when it has one that
+        matches (its keys already built, nothing hashed); otherwise a fresh chain, not kept.
+        Frame: nothing the core answers or reports changes.
+        """
+        keys = self._requests.get(request.request_id)
+        if request.block_hashes is None or keys is None or not keys.matches(request):
+            keys = RequestKeys.for_view(self.geometry, request)
+        keys.sync(request)  # engine hashes: bookkeeping only, nothing computed or counted
+        return keys
+
     def failed_keys(self) -> frozenset[bytes]:
         """The keys the failure memory holds now."""
         return self._memory.failed_keys()

@@ -319,7 +319,7 @@ class HostStore:
             ready,
             pinned,
             ready - pinned,
-            *(counters[name] for name in COUNTER_NAMES),
+            *map(counters.__getitem__, COUNTER_NAMES),
         )
 
     def snapshot(self) -> dict[str, Any]:

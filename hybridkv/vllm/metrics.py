@@ -39,7 +39,6 @@ from vllm.v1.metrics.utils import create_metric_per_engine
 
 from hybridkv.connector import ConnectorCore, JobResult, RequestView, TransferJob, TransferKind
 from hybridkv.connector.claims import decide_claim
-from hybridkv.connector.requests import RequestKeys
 from hybridkv.store import EventKind, LookupResult, StoreEvent
 from hybridkv.vllm.reclaim import ReclaimGuard
 
@@ -245,8 +244,7 @@ class GroupAgreement:
     def group_ends(core: ConnectorCore, view: RequestView, start: int) -> tuple[int, ...]:
         """Each group's own claim end from ``start`` (``start`` when it has nothing)."""
         geometry, store = core.geometry, core.store
-        keys = RequestKeys.for_view(geometry, view)
-        keys.sync(view)
+        keys = core.request_keys(view)
         failed = core.failed_keys()
 
         def ready_only(key: bytes) -> LookupResult:  # STORING counts as absent here

@@ -193,3 +193,21 @@ def test_held_count_equals_the_held_blocks_through_stores_and_reports() -> None:
             assert core.stats().held_blocks == len(core.held_blocks()) == sum(pool.refs.values())
     assert in_flight
     assert core.stats().held_blocks > 0  # the count was non-zero when compared
+
+
+def test_request_keys_lend_the_cores_chain_only_for_engine_hashes() -> None:
+    planner = HybridOffloadPlanner(((GroupKind.FULL, 4), (GroupKind.MAMBA, 8)), HBS, 8, 64)
+    core = ConnectorCore(planner, HostStore(64, "lru"), (GroupKind.FULL, GroupKind.MAMBA), 4, 8)
+    engine = _view(32, _hashes(9, 8))
+    core.get_num_new_matched_tokens(engine, 0)
+    lent = core.request_keys(engine)
+    assert lent is core.request_keys(engine)  # the core's own chain, not a copy
+    fresh = RequestKeys.for_view(GEOMETRY, engine)
+    fresh.sync(engine)
+    assert _all_keys(lent, 32) == _all_keys(fresh, 32)
+    own = _view(32, None)
+    before = core.stats()
+    first, second = core.request_keys(own), core.request_keys(own)
+    assert first is not second  # hashed here: a fresh chain each time, never kept
+    assert _all_keys(first, 32) == _all_keys(second, 32)
+    assert core.stats() == before  # nothing counted or recorded
