@@ -137,10 +137,13 @@ class HostStore:
         changes. A slot stays the key's until it is evicted or its store fails.
         """
         checked = _checked_keys(keys, distinct=False)
-        for key in checked:
-            if key not in self._slots:
-                raise HybridKVConfigError("keys", key, "has no entry", "ask only resident keys")
-        return tuple(self._slots[key] for key in checked)
+        try:
+            return tuple(map(self._slots.__getitem__, checked))
+        except KeyError as missing:  # the first key without an entry, in order
+            key = missing.args[0]
+            raise HybridKVConfigError(
+                "keys", key, "has no entry", "ask only resident keys"
+            ) from None
 
     # --- loads ---
 

@@ -46,13 +46,14 @@ class RequestViews:
         tokens = request.all_token_ids
         hashes = request.block_hashes
         prompt = int(request.num_prompt_tokens)
+        count = len(tokens)  # a Python call on vLLM's ConstantList: asked once
         held = self._views.get(rid)
         if held is not None and held[0] is request:
             old = held[1]
             seen = len(old.token_ids)
-            if old.num_prompt_tokens == prompt and len(tokens) >= seen:
+            if old.num_prompt_tokens == prompt and count >= seen:
                 if (
-                    len(tokens) == seen
+                    count == seen
                     and len(hashes) == len(old.block_hashes or ())
                     and old.cache_salt == request.cache_salt
                 ):

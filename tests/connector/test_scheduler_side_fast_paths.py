@@ -136,6 +136,13 @@ def test_store_refuses_wrong_keys_as_before() -> None:
             store.touch(keys)  # type: ignore[arg-type]
         assert refused.value.field == "keys"
 
+    other = b"o" * 8
+    with pytest.raises(HybridKVConfigError) as refused:
+        store.slots([key, other])
+    assert refused.value.field == "keys"
+    assert refused.value.value == other  # names the first key without an entry
+    assert store.slots([key]) == (0,)
+
     class Key(bytes):
         """A bytes subclass is a key, as before."""
 
