@@ -125,7 +125,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--delay", type=int, default=1)
     parser.add_argument("--answers", type=int, default=4, help="answer tokens (4 or 40)")
     parser.add_argument("--repeats", type=int, default=5, help="timed runs per kind, interleaved")
-    parser.add_argument("--top", type=int, default=25)
+    parser.add_argument("--top", type=int, default=25, help="0: no profiled run")
     parser.add_argument("--sort", default="tottime", help="pstats key: tottime, cumulative")
     args = parser.parse_args(argv)
     bench = _bench()
@@ -177,7 +177,7 @@ def main(argv: list[str] | None = None) -> int:
             f"   hybridkv/native connector us/step: wall {ours[0] / theirs[0]:.2f}, "
             f"thread CPU {ours[1] / theirs[1]:.2f}"
         )
-    for variant in variants.values():
+    for variant in variants.values() if args.top > 0 else ():
         profiler = cProfile.Profile()
         report = _run(setup, variant, _HookTimes(profiler))
         print(

@@ -424,7 +424,7 @@ class ConnectorCore:
         """Counts since creation and holdings now, in O(1)."""
         held = self._store_items if self._pool is not None else 0  # == len(held_blocks())
         now = (len(self._requests), len(self._jobs), held, len(self._memory))
-        return ConnectorStats._make((*(self._count[name] for name in _COUNTERS), *now))
+        return ConnectorStats._make((*map(self._count.__getitem__, _COUNTERS), *now))
 
     # ----------------------------------------------------------------- seeding
 
