@@ -23,7 +23,8 @@ scheduler and compares after every call). It satisfies
   the job's emission to its report (TR-1).
 
 What makes it cheap (the reference re-hashes every request and rescans every job each call):
-hashes grow incrementally per request (:mod:`hybridkv.connector.requests`); the claim search is
+hashes grow incrementally per request and each offload key is built once
+(:mod:`hybridkv.connector.requests`); the claim search is
 linear in the units it inspects (:mod:`hybridkv.connector.claims`) and its answer is remembered
 per waiting request until the store's statuses or the failure memory change; per-request
 counters replace scans over the jobs in flight; the failure memory and salt record forget keys
