@@ -103,8 +103,12 @@ def decide_claim(
     *,
     status: Callable[[bytes], LookupResult],
     failed: Container[bytes],
+    groups: tuple[int, ...] | None = None,
 ) -> ClaimDecision:
     """Apply the module rule. Pure: ``status`` (the store's per-key lookup) must not mutate.
+
+    ``groups``: look at these groups only (default: every group), i.e. the rule with every
+    other group's keys taken as READY (a per-group prefix, :mod:`hybridkv.vllm.metrics`).
 
     Pre: ``key_of`` reaches every unit of the request's ``num_tokens`` tokens; ``start`` is a
     multiple of the scheduler block. Post: ``end`` is ``start`` or the largest hopeful
@@ -117,7 +121,8 @@ def decide_claim(
     lowest = (start // align + 1) * align
     units = geometry.units
     scans = [
-        (units[g], _GroupScan(g, geometry, key_of, status, failed)) for g in geometry.scan_order
+        (units[g], _GroupScan(g, geometry, key_of, status, failed))
+        for g in (geometry.scan_order if groups is None else groups)
     ]
     t = limit
     while t >= lowest:

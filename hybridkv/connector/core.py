@@ -23,7 +23,8 @@ scheduler and compares after every call). It satisfies
   the job's emission to its report (TR-1).
 
 What makes it cheap (the reference re-hashes every request and rescans every job each call):
-hashes grow incrementally per request (:mod:`hybridkv.connector.requests`); the claim search is
+hashes grow incrementally per request and each offload key is built once
+(:mod:`hybridkv.connector.requests`); the claim search is
 linear in the units it inspects (:mod:`hybridkv.connector.claims`) and its answer is remembered
 per waiting request until the store's statuses or the failure memory change; per-request
 counters replace scans over the jobs in flight; the failure memory and salt record forget keys
@@ -162,6 +163,7 @@ class ConnectorCore:
         self._requests: dict[RequestId, RequestKeys] = {}
         self._stores_of: dict[RequestId, int] = {}
         self._jobs_of: dict[RequestId, int] = {}
+        self._store_items = 0  # items of the store jobs in flight (len(held_blocks()) if bound)
         self._count = dict.fromkeys(_COUNTERS, 0)
         self._salvage = True
         self._restarting: set[RequestId] = set()  # salvage off: failed, not scheduled since
@@ -402,14 +404,28 @@ class ConnectorCore:
         record = self._record(request.request_id)
         return resume_point(self.geometry, self._keys(request), record)
 
+    def request_keys(self, request: RequestView) -> RequestKeys:
+        """The request's offload keys for a look from outside (the per-group prefix metric).
+
+        With the engine's block hashes in the view, the core's own chain when it has one that
+        matches (its keys already built, nothing hashed); otherwise a fresh chain, not kept.
+        Frame: nothing the core answers or reports changes.
+        """
+        keys = self._requests.get(request.request_id)
+        if request.block_hashes is None or keys is None or not keys.matches(request):
+            keys = RequestKeys.for_view(self.geometry, request)
+        keys.sync(request)  # engine hashes: bookkeeping only, nothing computed or counted
+        return keys
+
     def failed_keys(self) -> frozenset[bytes]:
         """The keys the failure memory holds now."""
         return self._memory.failed_keys()
 
     def stats(self) -> ConnectorStats:
-        """Counts since creation and holdings now, in O(in-flight store items)."""
-        now = (len(self._requests), len(self._jobs), len(self.held_blocks()), len(self._memory))
-        return ConnectorStats._make((*(self._count[name] for name in _COUNTERS), *now))
+        """Counts since creation and holdings now, in O(1)."""
+        held = self._store_items if self._pool is not None else 0  # == len(held_blocks())
+        now = (len(self._requests), len(self._jobs), held, len(self._memory))
+        return ConnectorStats._make((*map(self._count.__getitem__, _COUNTERS), *now))
 
     # ----------------------------------------------------------------- seeding
 
@@ -488,7 +504,7 @@ class ConnectorCore:
             len(request.token_ids),
             start,
             status=self.store.status,
-            failed=self._memory,
+            failed=self._memory.failed,
         )
         self._claim_memo[request.request_id] = (memo_key, end, defer)
         return end, defer
@@ -534,6 +550,7 @@ class ConnectorCore:
         self._memory.salt((item.key for item in taken), salt)
         job = TransferJob(self._new_job_id(), _STORE, request.request_id, tuple(taken))
         self._add_job(job, salt)
+        self._store_items += len(taken)
         rid = request.request_id
         self._stores_of[rid] = self._stores_of.get(rid, 0) + 1
         if self._pool is not None:
@@ -549,7 +566,8 @@ class ConnectorCore:
             self._memory.remember_failed(keys, self._next_job)
         # Drop the failed entries no other load still pins: their data may be bad, and left in
         # place they would stay unclaimable while present (the reference's rule).
-        self._memory.departed(self.store.evict([key for key in keys if key in self._memory]))
+        if self._memory:  # evict([]) changes nothing: skipped while nothing is remembered
+            self._memory.departed(self.store.evict([key for key in keys if key in self._memory]))
         rid = job.request_id
         record = self._loads.get(rid)
         if not (success or self._salvage or rid in self._finished):
@@ -562,6 +580,7 @@ class ConnectorCore:
 
     def _store_reported(self, job: TransferJob, keys: tuple[bytes, ...], success: bool) -> None:
         self.store.complete_store(keys, success=success)
+        self._store_items -= len(job.items)
         if self._pool is not None:
             self._pool.free_blocks([item.block_id for item in job.items])
         rid = job.request_id

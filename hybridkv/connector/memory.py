@@ -18,7 +18,7 @@ on it) knows when to recompute.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 from hybridkv.store import HostStore, LookupResult
@@ -47,6 +47,13 @@ class KeyMemory:
 
     def __len__(self) -> int:
         return len(self._failed)
+
+    @property
+    def failed(self) -> Mapping[bytes, int]:
+        """The failure memory itself (key -> job id), for membership tests in C: a claim search
+        asks it once per unit, and ``in`` on this object is a Python call each time. Read only.
+        """
+        return self._failed
 
     def failed_keys(self) -> frozenset[bytes]:
         """The keys remembered as failed."""

@@ -27,7 +27,7 @@ __all__ = ["RequestKeys"]
 class RequestKeys:
     """The incremental hash chain of one request and its offload keys per (group, unit)."""
 
-    __slots__ = ("_engine", "_geometry", "_given", "_hashes", "_salt", "_seen")
+    __slots__ = ("_engine", "_geometry", "_given", "_hashes", "_keys", "_salt", "_seen")
 
     def __init__(
         self, geometry: ConnectorGeometry, cache_salt: str | None, *, engine_hashes: bool = False
@@ -40,6 +40,10 @@ class RequestKeys:
         self._engine = engine_hashes
         self._given: tuple[bytes, ...] = ()
         self._seen = 0
+        # Keys built so far, per group, unit by unit from 0: a claim search, a load and the
+        # stores of a request ask for the same keys again and again (each ask built a new
+        # bytes object). Valid while the hashes they came from are unchanged (``sync``).
+        self._keys: list[list[bytes]] = [[] for _ in geometry.suffixes]
 
     @classmethod
     def for_view(cls, geometry: ConnectorGeometry, view: RequestView) -> RequestKeys:
@@ -64,7 +68,10 @@ class RequestKeys:
         """
         tokens = view.token_ids
         if view.block_hashes is not None:
-            self._given = view.block_hashes  # the engine hashed them: nothing computed here
+            given, old = view.block_hashes, self._given
+            if given is not old and old and given[: len(old)] != old:
+                self._keys = [[] for _ in self._keys]  # hashes changed under built keys
+            self._given = given  # the engine hashed them: nothing computed here
             self._seen = len(tokens)
             return 0
         if len(tokens) <= self._seen:
@@ -83,7 +90,14 @@ class RequestKeys:
 
         Pre: the chain has hashed past the unit's end (IndexError otherwise).
         """
+        built = self._keys[group_idx]
+        if 0 <= unit < len(built):
+            return built[unit]
         geometry = self._geometry
-        index = (unit + 1) * geometry.strides[group_idx] - 1
-        block_hash = self._given[index] if self._engine else self._hashes[index]
-        return block_hash + geometry.suffixes[group_idx]
+        stride, suffix = geometry.strides[group_idx], geometry.suffixes[group_idx]
+        hashes = self._given if self._engine else self._hashes
+        if unit < 0:
+            return hashes[(unit + 1) * stride - 1] + suffix  # as asked; not kept
+        for j in range(len(built), unit + 1):  # IndexError past the hashed tokens, as before
+            built.append(hashes[(j + 1) * stride - 1] + suffix)
+        return built[unit]

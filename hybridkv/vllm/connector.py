@@ -57,8 +57,6 @@ from hybridkv.connector import (
     JobId,
     JobResult,
     KVConnectorOutput,
-    RequestId,
-    RequestView,
     ScheduledRequest,
     StepView,
     TransferKind,
@@ -82,6 +80,7 @@ from hybridkv.vllm.metrics import (
 )
 from hybridkv.vllm.ranks import JobQuorum, RankReport, merge_reports, refuse_unsupported_parallelism
 from hybridkv.vllm.reclaim import Answer, ReclaimGuard
+from hybridkv.vllm.views import RequestViews, block_table
 
 __all__ = ["HybridKVConnector", "HybridKVMetadata", "HybridKVStats", "HybridKVWorkerMeta"]
 
@@ -171,17 +170,7 @@ def require_hma(vllm_config: Any) -> None:
 
 
 def _tables(block_ids: Any) -> BlockTable:
-    return tuple(tuple(int(b) for b in group) for group in block_ids)
-
-
-def _view(request: Any) -> RequestView:
-    return RequestView(
-        RequestId(request.request_id),
-        tuple(request.all_token_ids),
-        int(request.num_prompt_tokens),
-        request.cache_salt,
-        tuple(request.block_hashes),
-    )
+    return block_table(block_ids)
 
 
 class HybridKVConnector(KVConnectorBase_V1, SupportsHMA):
@@ -205,6 +194,8 @@ class HybridKVConnector(KVConnectorBase_V1, SupportsHMA):
         self.core: ConnectorCore | None = None
         self.worker: TransferWorker | None = None
         self._requests: dict[str, Any] = {}
+        # One view per request, rebuilt only when the request changed (hybridkv.vllm.views).
+        self._views = RequestViews()
         self._slots = _MetaSlots(self.num_chunks)
         self._host: HostMemory | None = None
         self._engine: Any = None
@@ -296,7 +287,7 @@ class HybridKVConnector(KVConnectorBase_V1, SupportsHMA):
         if self.deadlines is not None and self.deadlines.recomputing(rid):
             self._deadline_answers += 1
             return 0, False  # its load missed the deadline: recomputed (LoadDeadlines)
-        view = _view(request)
+        view = self._views.view(request)
         claim = self._core().get_num_new_matched_tokens(view, num_computed_tokens)
         vllm_answer = claim.as_vllm()
         if vllm_answer[0] is not None:
@@ -306,8 +297,10 @@ class HybridKVConnector(KVConnectorBase_V1, SupportsHMA):
     def update_state_after_alloc(self, request: Any, blocks: Any, num_external_tokens: int) -> None:
         # vLLM may call this again for one request; the core loads only for a positive count.
         self._reclaim.admitted(request.request_id)
+        if num_external_tokens == 0:
+            return  # the core loads only for a positive count and records nothing otherwise
         self._core().update_state_after_alloc(
-            _view(request), _tables(blocks.get_block_ids()), num_external_tokens
+            self._views.view(request), _tables(blocks.get_block_ids()), num_external_tokens
         )
 
     def build_connector_meta(self, scheduler_output: Any) -> KVConnectorMetadata:
@@ -321,14 +314,13 @@ class HybridKVConnector(KVConnectorBase_V1, SupportsHMA):
             if not self.hybridkv_config.offload_decode_state:  # the prompt's units only
                 stored = min(stored, max(0, request.num_prompt_tokens - computed))
             blocks = _tables(self._kv_cache_manager.get_block_ids(rid))
-            scheduled.append(ScheduledRequest(_view(request), blocks, computed, stored))
+            scheduled.append(ScheduledRequest(self._views.view(request), blocks, computed, stored))
         step = StepView(
             step=0,
             scheduled=tuple(scheduled),
-            finished_ids=frozenset(RequestId(r) for r in scheduler_output.finished_req_ids),
-            preempted_ids=frozenset(
-                RequestId(r) for r in (scheduler_output.preempted_req_ids or ())
-            ),
+            # RequestId is a NewType of str: the ids are taken as they are.
+            finished_ids=frozenset(scheduler_output.finished_req_ids),
+            preempted_ids=frozenset(scheduler_output.preempted_req_ids or ()),
         )
         meta = core.build_connector_meta(step)
         keys = [item.key for job in (*meta.load_jobs, *meta.store_jobs) for item in job.items]
@@ -339,6 +331,8 @@ class HybridKVConnector(KVConnectorBase_V1, SupportsHMA):
     def update_connector_output(self, connector_output: Any) -> None:
         worker_meta = connector_output.kv_connector_worker_meta
         reports = worker_meta.reports if isinstance(worker_meta, HybridKVWorkerMeta) else ()
+        if not reports and not connector_output.failed_recving:
+            return  # no job result and no failed load: nothing below would change anything
         # A job reaches the core once every rank reported it (ranks finish in different steps).
         jobs = self._quorum.fold(reports)
         failed = connector_output.failed_recving or ()
@@ -365,7 +359,9 @@ class HybridKVConnector(KVConnectorBase_V1, SupportsHMA):
         self._reclaim.finished(request.request_id)
         if self.deadlines is not None:
             self.deadlines.finished(request.request_id)
-        return self._core().request_finished_all_groups(_view(request), _tables(block_ids)), None
+        view = self._views.view(request)
+        self._views.forget(request.request_id)
+        return self._core().request_finished_all_groups(view, _tables(block_ids)), None
 
     # ============================================================ worker side
 
@@ -475,8 +471,10 @@ class HybridKVConnector(KVConnectorBase_V1, SupportsHMA):
     def get_kv_connector_stats(self) -> KVConnectorStats | None:
         """This side's counter increments since the last call (hybridkv.vllm.metrics): the
         scheduler's from the core, a worker's from its transfer meter; None when nothing moved."""
-        now = self._counters()
-        delta = {k: v - self._last_stats.get(k, 0) for k, v in now.items()}
+        now, last = self._counters(), self._last_stats
+        if now == last:
+            return None  # every increment is 0 (most steps): no delta to build
+        delta = {k: v - last.get(k, 0) for k, v in now.items()}
         self._last_stats = now
         return HybridKVStats(delta) if any(delta.values()) else None
 

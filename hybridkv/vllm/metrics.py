@@ -25,7 +25,7 @@ ranks (each rank moves its own shard), while job counts come from the scheduler,
 from __future__ import annotations
 
 import time
-from collections.abc import Container, Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -39,7 +39,6 @@ from vllm.v1.metrics.utils import create_metric_per_engine
 
 from hybridkv.connector import ConnectorCore, JobResult, RequestView, TransferJob, TransferKind
 from hybridkv.connector.claims import decide_claim
-from hybridkv.connector.requests import RequestKeys
 from hybridkv.store import EventKind, LookupResult, StoreEvent
 from hybridkv.vllm.reclaim import ReclaimGuard
 
@@ -214,16 +213,6 @@ class TransferMeter:
             counts[f"{side}_seconds"] += now - started
 
 
-class _GroupOnly:
-    """A container of the failed keys that belong to one group (by the key's suffix)."""
-
-    def __init__(self, failed: Container[bytes], suffix: bytes) -> None:
-        self._failed, self._suffix = failed, suffix
-
-    def __contains__(self, key: object) -> bool:
-        return isinstance(key, bytes) and key.endswith(self._suffix) and key in self._failed
-
-
 class GroupAgreement:
     """Counts lookups where the groups' own longest loadable prefixes differ.
 
@@ -255,25 +244,25 @@ class GroupAgreement:
     def group_ends(core: ConnectorCore, view: RequestView, start: int) -> tuple[int, ...]:
         """Each group's own claim end from ``start`` (``start`` when it has nothing)."""
         geometry, store = core.geometry, core.store
-        keys = RequestKeys.for_view(geometry, view)
-        keys.sync(view)
+        keys = core.request_keys(view)
         failed = core.failed_keys()
+
+        def ready_only(key: bytes) -> LookupResult:  # STORING counts as absent here
+            found = store.status(key)
+            return found if found is LookupResult.HIT else LookupResult.MISS
+
         ends = []
-        for suffix in geometry.suffixes:
-
-            def status(key: bytes, suffix: bytes = suffix) -> LookupResult:
-                if not key.endswith(suffix):
-                    return LookupResult.HIT
-                found = store.status(key)
-                return found if found is LookupResult.HIT else LookupResult.MISS
-
+        # Only group g is scanned: every other group's keys count as READY and never failed,
+        # so their scans could not lower or defer the answer (decide_claim's ``groups``).
+        for g in range(geometry.num_groups):
             decision = decide_claim(
                 geometry,
                 keys.key,
                 len(view.token_ids),
                 start,
-                status=status,
-                failed=_GroupOnly(failed, suffix),
+                status=ready_only,
+                failed=failed,
+                groups=(g,),
             )
             ends.append(decision.end)
         return tuple(ends)

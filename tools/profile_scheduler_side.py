@@ -1,0 +1,192 @@
+"""Where the scheduler-side connector time of ``tools/bench_vs_native.py`` goes, per hook and
+per function, for hybridkv and native on the same variant.
+
+Each variant runs three times: a warm-up (one-time costs of the first run in a process), a
+timed run with the profiler off (per-hook figures) and a run with the profiler on.
+
+Runs one variant of bench_vs_native (layout, connector, policy, delay, 2x host tier, hybridkv
+at one-block chunks as the bench gives it) through the same in-process engine and times exactly
+what the bench times: the outermost scheduler-side connector hooks that
+:class:`hybridkv.vllm.inprocess._ConnectorClock` wraps. Prints per hook: calls, total µs and µs
+per engine step; then cProfile's top functions by internal time, collected only inside those
+hooks (the profiler's own overhead inflates them; the per-hook totals are taken with the
+profiler off, in a separate run).
+
+Usage: ``python tools/profile_scheduler_side.py [--layout sliding+full] [--delay 1]
+[--policy lru] [--answers 4] [--top 25]``; needs vLLM 0.33 (as bench_vs_native).
+Not a benchmark (``nox -s bench`` runs ``bench_*.py`` only): a diagnosis aid.
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import importlib.util
+import pstats
+import statistics
+import sys
+import time
+from collections import defaultdict
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+TOOLS = Path(__file__).resolve().parent
+
+
+def _bench() -> Any:
+    found = importlib.util.spec_from_file_location("_profiled_bench", TOOLS / "bench_vs_native.py")
+    if found is None or found.loader is None:
+        raise SystemExit(f"cannot load {TOOLS / 'bench_vs_native.py'}")
+    module = importlib.util.module_from_spec(found)
+    sys.modules[found.name] = module  # dataclasses resolve the module by name
+    found.loader.exec_module(module)
+    return module
+
+
+class _HookTimes:
+    """Per-hook seconds and calls (outermost calls only, as the bench's clock)."""
+
+    def __init__(self, profiler: cProfile.Profile | None) -> None:
+        self.seconds: dict[str, float] = defaultdict(float)
+        self.cpu: dict[str, float] = defaultdict(float)
+        self.calls: dict[str, int] = defaultdict(int)
+        self.profiler = profiler
+
+    def install(self, inprocess: Any) -> None:
+        times = self
+
+        def _wrap(clock: Any, name: str, method: Any) -> Any:
+            def timed(*args: Any, **kwargs: Any) -> Any:
+                if name == "update_state_after_alloc":
+                    external = args[2] if len(args) > 2 else kwargs["num_external_tokens"]
+                    clock.external += max(0, external)
+                if clock._depth:
+                    return method(*args, **kwargs)
+                clock._depth += 1
+                # The CPU clock reads outside the wall span (a thread-time read is a system
+                # call, slow on a loaded machine) and outside the profile; the wall span is the
+                # bench's own.
+                start_cpu = time.thread_time()
+                if times.profiler is not None:
+                    times.profiler.enable()
+                start = time.perf_counter()
+                try:
+                    return method(*args, **kwargs)
+                finally:
+                    spent = time.perf_counter() - start
+                    if times.profiler is not None:
+                        times.profiler.disable()
+                    times.cpu[name] += time.thread_time() - start_cpu
+                    clock.seconds += spent
+                    times.seconds[name] += spent
+                    times.calls[name] += 1
+                    clock._depth -= 1
+
+            return timed
+
+        inprocess._ConnectorClock._wrap = _wrap
+
+
+def _run(setup: tuple[Any, Any, Any, Any, int], variant: Any, times: _HookTimes) -> Any:
+    """One run of ``variant`` with ``times`` on the clock; ``setup``: bench, inprocess, case,
+    trace, chunk bytes."""
+    bench, inprocess, case, trace, chunk_bytes = setup
+    original = inprocess._ConnectorClock._wrap
+    times.install(inprocess)
+    try:
+        engine, _ = bench._engine(case, variant, chunk_bytes)
+        report = inprocess.run_trace(engine, trace)
+        engine.close()
+    finally:
+        inprocess._ConnectorClock._wrap = original
+    return report
+
+
+def _print_top(stats: pstats.Stats, steps: int, sort: str, top: int) -> None:
+    rows = []
+    for (path, line, name), (_, calls, internal, cumulative, _) in stats.stats.items():  # type: ignore[attr-defined]
+        where = f"{Path(path).name}:{line}({name})" if line else name
+        rows.append((internal, cumulative, calls, where))
+    rows.sort(key=lambda r: -(r[0] if sort == "tottime" else r[1]))
+    print(f"   {'calls/step':>10} {'own us':>8} {'cum us':>8}  function")
+    for internal, cumulative, calls, where in rows[:top]:
+        print(
+            f"   {calls / steps:10.1f} {1e6 * internal / steps:8.1f} "
+            f"{1e6 * cumulative / steps:8.1f}  {where}"
+        )
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--layout", default="sliding+full")
+    parser.add_argument("--kinds", default="native,hybridkv")
+    parser.add_argument("--policy", default="lru")
+    parser.add_argument("--delay", type=int, default=1)
+    parser.add_argument("--answers", type=int, default=4, help="answer tokens (4 or 40)")
+    parser.add_argument("--repeats", type=int, default=5, help="timed runs per kind, interleaved")
+    parser.add_argument("--top", type=int, default=25, help="0: no profiled run")
+    parser.add_argument("--sort", default="tottime", help="pstats key: tottime, cumulative")
+    args = parser.parse_args(argv)
+    bench = _bench()
+    from hybridkv.vllm import inprocess
+
+    case = next(c for c in bench._cases(False) if c.name == args.layout)
+    trace = replace(case.trace, output_len=args.answers)
+    probe = inprocess.InProcessEngine(case.config_json, case.settings)
+    block = probe.block_size
+    chunk_bytes = bench.block_bytes(probe)
+    big = 2 * bench.working_set_blocks(trace, block)
+    setup = (bench, inprocess, case, trace, chunk_bytes)
+    variants = {}
+    for kind in args.kinds.split(","):
+        chunk = block if kind == "hybridkv" else None
+        variants[kind] = bench.Variant(kind, args.policy, args.delay, big, chunk_size=chunk)
+    for variant in variants.values():  # warm-up: one-time costs of a first run
+        _run(setup, variant, _HookTimes(None))
+    runs: dict[str, list[tuple[Any, _HookTimes]]] = {kind: [] for kind in variants}
+    for _ in range(args.repeats):  # interleaved, so a load change on the machine hits both
+        for kind, variant in variants.items():
+            times = _HookTimes(None)
+            report = _run(setup, variant, times)
+            runs[kind].append((report, times))
+    medians = {}
+    for kind, variant in variants.items():
+        found = runs[kind]
+        steps = found[0][0].steps
+        wall = statistics.median(r.connector_us for r, _ in found)
+        cpu = statistics.median(1e6 * sum(t.cpu.values()) / steps for _, t in found)
+        medians[kind] = (wall, cpu)
+        print(
+            f"== {case.name} {variant.name()}, {trace.output_len}-token answers: {steps} "
+            f"steps; connector us/step median of {args.repeats}: wall {wall:.0f}, "
+            f"thread CPU {cpu:.0f}; schedule "
+            f"{statistics.median(r.schedule_us for r, _ in found):.0f} us/step (wall)"
+        )
+        names = found[0][1].seconds
+        for name in sorted(names, key=lambda n: -statistics.median(t.cpu[n] for _, t in found)):
+            calls = found[0][1].calls[name]
+            per_step = statistics.median(1e6 * t.cpu[name] / steps for _, t in found)
+            print(
+                f"   {name:<32} {calls:6d} calls {per_step:8.1f} us/step "
+                f"{per_step * steps / calls:8.1f} us/call (thread CPU, median)"
+            )
+    if "hybridkv" in medians and "native" in medians:
+        ours, theirs = medians["hybridkv"], medians["native"]
+        print(
+            f"   hybridkv/native connector us/step: wall {ours[0] / theirs[0]:.2f}, "
+            f"thread CPU {ours[1] / theirs[1]:.2f}"
+        )
+    for variant in variants.values() if args.top > 0 else ():
+        profiler = cProfile.Profile()
+        report = _run(setup, variant, _HookTimes(profiler))
+        print(
+            f"-- {variant.name()}: top {args.top} by {args.sort}, us per engine step "
+            "(profiler on, inside the hooks; the profiler inflates calls)"
+        )
+        _print_top(pstats.Stats(profiler), report.steps, args.sort, args.top)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
