@@ -23,7 +23,10 @@ Printed per variant: prefill tokens computed and their ratio to the floor, token
 connector, GPU prefix hits, continuation hits (cached prompt tokens at positions of an earlier
 turn's answer: loaded by the connector, the part of those in the previous turn's answer, and
 GPU prefix hits; :class:`Continuation`), engine steps, scheduler-side connector µs per step and
-its share of the scheduler's time (medians over repeats; every repeat's counters must agree),
+its share of the scheduler's time, wall clock, then the same calls' CPU time per step (``cpu
+us``: the calling thread's CPU time, which a shared machine's other jobs do not inflate; the
+wall figure charges a call for every moment another job held the core) (medians over repeats;
+every repeat's counters must agree),
 evictions and dropped stores (counted at the host store's ``prepare_store``), and hybridkv /
 native ratios at the same policy and delay. The floor is what no cache can supply, from the
 trace: the system prompt once, each turn's new user tokens, what claim alignment rounds off
@@ -225,6 +228,7 @@ class Result:
     report: InProcessReport | None
     connector_us: float = 0.0
     share: float = 0.0
+    connector_cpu_us: float = 0.0
     evictions: int = 0
     dropped: int = 0
     error: str = ""
@@ -382,6 +386,7 @@ def run_variant(
         first,
         connector_us=statistics.median(r.connector_us for r in reports),
         share=statistics.median(r.connector_share for r in reports),
+        connector_cpu_us=statistics.median(r.connector_cpu_us for r in reports),
         evictions=counts[0][0],
         dropped=counts[0][1],
         continuation=counts[0][2],
@@ -392,7 +397,8 @@ def run_variant(
 
 HEADER = (
     f"{'variant':<30} {'computed':>8} {'/floor':>6} {'loaded':>7} {'gpu hit':>7} "
-    f"{'cont ld':>7} {'ld prev':>7} {'cont gpu':>8} {'steps':>5} {'conn us/step':>12} {'share':>6} "
+    f"{'cont ld':>7} {'ld prev':>7} {'cont gpu':>8} {'steps':>5} {'conn us/step':>12} "
+    f"{'share':>6} {'cpu us':>6} "
     f"{'evict':>6} {'dropped':>7} {'wrong':>5}"
 )
 
@@ -403,12 +409,14 @@ def _row(name: str, result: Result, floor: int) -> str:
         return f"{name:<30} failed: {result.error}"
     us = f"{result.connector_us:12.0f}" if r.connector else f"{'-':>12}"
     share = f"{result.share:6.0%}" if r.connector else f"{'-':>6}"
+    cpu = f"{result.connector_cpu_us:6.0f}" if r.connector else f"{'-':>6}"
     cont = result.continuation
     line = (
         f"{name:<30} {r.prefill_computed:8d} {r.prefill_computed / floor:6.2f} "
         f"{r.external_loaded:7d} {r.gpu_prefix_hits:7d} {cont.loaded:7d} {cont.loaded_previous:7d} "
         f"{cont.gpu:8d} "
-        f"{r.steps:5d} {us} {share} {result.evictions:6d} {result.dropped:7d} {r.wrong_reads:5d}"
+        f"{r.steps:5d} {us} {share} {cpu} "
+        f"{result.evictions:6d} {result.dropped:7d} {r.wrong_reads:5d}"
     )
     return line + (f"  ({result.error})" if result.error else "")
 
@@ -430,12 +438,14 @@ def _ratios(results: dict[Variant, Result]) -> list[str]:
         if peer is None:
             continue
         cost = _ratio(ours, peer, lambda x: x.connector_us)
+        cpu = _ratio(ours, peer, lambda x: x.connector_cpu_us)
         computed = _ratio(ours, peer, lambda x: x.report.prefill_computed if x.report else 0)
         hits = _ratio(ours, peer, lambda x: x.report.gpu_prefix_hits if x.report else 0)
         cont = _ratio(ours, peer, lambda x: x.continuation.total)
         lines.append(
             f"  hybridkv/native {variant.name().removeprefix('hybridkv ')}: "
-            f"connector us/step {cost}, prefill computed {computed}, GPU prefix hits {hits}, "
+            f"connector us/step {cost} (cpu {cpu}), prefill computed {computed}, "
+            f"GPU prefix hits {hits}, "
             f"continuation hits {cont}"
         )
     return lines
@@ -566,7 +576,7 @@ def plot(outcomes: list[TraceOutcome], path: Path) -> None:
         places = range(len(variants))
         computed = [r.report.prefill_computed if r.report else 0 for r in outcome.results.values()]
         cost = [
-            r.connector_us if r.report and r.report.connector else 0
+            r.connector_cpu_us if r.report and r.report.connector else 0
             for r in outcome.results.values()
         ]
         computed_ax.barh(places, computed, color=colours)
@@ -580,7 +590,7 @@ def plot(outcomes: list[TraceOutcome], path: Path) -> None:
         computed_ax.legend(fontsize=7, loc="lower right")
         computed_ax.set_title(f"{outcome.title}: prefill tokens computed", fontsize=9)
         cost_ax.barh(places, cost, color=colours)
-        cost_ax.set_title(f"{outcome.title}: connector µs per step", fontsize=9)
+        cost_ax.set_title(f"{outcome.title}: connector CPU µs per step", fontsize=9)
         for ax in (computed_ax, cost_ax):
             ax.set_yticks(list(places), names, fontsize=7)
             ax.invert_yaxis()

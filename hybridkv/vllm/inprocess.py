@@ -167,7 +167,12 @@ class InProcessReport:
         slots_checked / wrong_reads: KV slots and mamba states the forward checked, and those
             holding other content (a wrong load or a wrong reuse).
         schedule_us / connector_us: mean per step of ``schedule() + update_from_output()`` and of
-            the scheduler-side connector calls inside them.
+            the scheduler-side connector calls inside them (wall clock).
+        schedule_cpu_us / connector_cpu_us: the same spans in the calling thread's CPU time
+            (``time.thread_time``): what the calls cost, without the time the thread waited
+            for a core. On a shared machine the wall clock charges a call for every other job
+            that held the core meanwhile, so the two connectors' wall figures are compared
+            under whatever load each run met; their CPU figures are not.
         leaked_blocks: GPU blocks not back in vLLM's free pool after everything finished.
         transfers: the worker adapters' counters (e.g. jobs and bytes moved), summed over ranks.
         failed_loads: requests vLLM got in ``failed_recving`` (after aggregation over ranks).
@@ -191,6 +196,8 @@ class InProcessReport:
     schedule_us: float
     connector_us: float
     leaked_blocks: int
+    schedule_cpu_us: float = 0.0
+    connector_cpu_us: float = 0.0
     transfers: dict[str, int] = field(default_factory=dict)
     failed_loads: int = 0
 
@@ -198,6 +205,11 @@ class InProcessReport:
     def connector_share(self) -> float:
         """The scheduler-side connector's share of the scheduler's time."""
         return self.connector_us / self.schedule_us if self.schedule_us else 0.0
+
+    @property
+    def connector_cpu_share(self) -> float:
+        """The same share in CPU time (see ``connector_cpu_us``)."""
+        return self.connector_cpu_us / self.schedule_cpu_us if self.schedule_cpu_us else 0.0
 
 
 class WorkerAdapter(Protocol):
@@ -325,6 +337,7 @@ class _ConnectorClock:
 
     def __init__(self, connector: Any):
         self.seconds = 0.0
+        self.cpu_seconds = 0.0
         self.external = 0
         self._depth = 0
         for name in _SCHEDULER_HOOKS:
@@ -340,10 +353,13 @@ class _ConnectorClock:
             if self._depth:
                 return method(*args, **kwargs)
             self._depth += 1
+            # The CPU span nests inside the wall span, so CPU time <= wall time per call.
             start = time.perf_counter()
+            start_cpu = time.thread_time()
             try:
                 return method(*args, **kwargs)
             finally:
+                self.cpu_seconds += time.thread_time() - start_cpu
                 self.seconds += time.perf_counter() - start
                 self._depth -= 1
 
@@ -362,6 +378,8 @@ class _Tally:
     wrong: int = 0
     schedule_s: float = 0.0
     connector_s: float = 0.0
+    schedule_cpu_s: float = 0.0
+    connector_cpu_s: float = 0.0
     failed_loads: int = 0
 
 
@@ -539,8 +557,11 @@ class InProcessEngine:
         from vllm.v1.outputs import ModelRunnerOutput
 
         clock_before = self.clock.seconds if self.clock else 0.0
+        cpu_before = self.clock.cpu_seconds if self.clock else 0.0
         start = time.perf_counter()
+        start_cpu = time.thread_time()
         output = self.scheduler.schedule()
+        scheduled_cpu = time.thread_time()
         scheduled = time.perf_counter()
         connector_output, sampled = self._run_model(output)
         req_ids = list(output.num_scheduled_tokens)
@@ -554,12 +575,16 @@ class InProcessEngine:
                 kv_connector_output=connector_output,
             )
         ran = time.perf_counter()
+        ran_cpu = time.thread_time()
         outputs = self.scheduler.update_from_output(output, runner_output)
+        done_cpu = time.thread_time()
         done = time.perf_counter()
         t = self.tally
         t.steps += 1
         t.schedule_s += (scheduled - start) + (done - ran)
         t.connector_s += (self.clock.seconds - clock_before) if self.clock else 0.0
+        t.schedule_cpu_s += (scheduled_cpu - start_cpu) + (done_cpu - ran_cpu)
+        t.connector_cpu_s += (self.clock.cpu_seconds - cpu_before) if self.clock else 0.0
         t.preemptions += len(output.preempted_req_ids or ())
         found = []
         for engine_outputs in outputs.values():
@@ -749,6 +774,8 @@ class InProcessEngine:
             wrong_reads=t.wrong,
             schedule_us=1e6 * t.schedule_s / steps,
             connector_us=1e6 * t.connector_s / steps,
+            schedule_cpu_us=1e6 * t.schedule_cpu_s / steps,
+            connector_cpu_us=1e6 * t.connector_cpu_s / steps,
             leaked_blocks=self.leaked_blocks(),
             transfers=self._transfers(),
             failed_loads=t.failed_loads,

@@ -113,6 +113,15 @@ def test_continuation_hits_are_observed_and_every_column_term_adds_up(tmp_path: 
     row = bench._row("hybridkv", ours, bench.floor_tokens(trace, block)).split()
     cont = ours.continuation
     assert row[5:8] == [str(cont.loaded), str(cont.loaded_previous), str(cont.gpu)]
+    # Both clocks measured the connector's calls: CPU time is spent inside the same spans the
+    # wall clock times, so it is positive and never longer (a tick of slack for the clocks'
+    # resolution), and the connector's CPU time is a part of the scheduler's.
+    for result in (native, ours):
+        r = result.report
+        assert 0 < r.connector_cpu_us <= r.connector_us + 1.0
+        assert r.connector_cpu_us <= r.schedule_cpu_us <= r.schedule_us + 1.0
+        assert 0 < result.connector_cpu_us
+    assert row[11] == f"{ours.connector_cpu_us:.0f}"
 
     # The figure: one panel pair per trace, written where --plot says.
     outcome = bench.TraceOutcome(
