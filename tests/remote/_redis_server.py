@@ -8,10 +8,13 @@ where it is missing.
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 import signal
 import socket
+import struct
 import subprocess
+import threading
 import time
 from pathlib import Path
 
@@ -94,3 +97,62 @@ class RedisServer:
             self._process.wait(5)
         except subprocess.TimeoutExpired:
             self.kill()
+
+
+class CuttingProxy:
+    """A TCP proxy to the server that can reset a connection in the middle of a reply.
+
+    ``cut_after = n`` makes the next reply from the server pass only its first ``n`` bytes,
+    then the client's connection is reset (RST, SO_LINGER 0): the client has read half a
+    value when the connection dies. ``cut_after = None`` forwards everything.
+    """
+
+    def __init__(self, port: int) -> None:
+        self.upstream = port
+        self.cut_after: int | None = None
+        self.cuts = 0
+        self._listener = socket.socket()
+        self._listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self._listener.bind(("127.0.0.1", 0))
+        self._listener.listen(16)
+        self.port = int(self._listener.getsockname()[1])
+        self._lock = threading.Lock()
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def close(self) -> None:
+        """Stop accepting (open connections end when either side closes)."""
+        self._listener.close()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                client, _ = self._listener.accept()
+            except OSError:
+                return
+            server = socket.create_connection(("127.0.0.1", self.upstream))
+            threading.Thread(target=self._pump, args=(client, server, False), daemon=True).start()
+            threading.Thread(target=self._pump, args=(server, client, True), daemon=True).start()
+
+    def _pump(self, source: socket.socket, sink: socket.socket, replies: bool) -> None:
+        try:
+            while data := source.recv(65536):
+                with self._lock:
+                    cut, self.cut_after = (
+                        (self.cut_after, None) if replies else (None, self.cut_after)
+                    )
+                    if cut is not None:
+                        self.cuts += 1
+                if cut is None:
+                    sink.sendall(data)
+                    continue
+                sink.sendall(data[:cut])
+                # Linger 0: the close resets. shutdown() first, because the other pump's
+                # recv() on this socket would keep it open past close().
+                sink.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+                sink.shutdown(socket.SHUT_RDWR)
+                break
+        except OSError:
+            pass
+        for end in (source, sink):
+            with contextlib.suppress(OSError):
+                end.close()

@@ -13,7 +13,6 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-
 from _redis_server import BINARIES, RedisServer, find_binary
 
 

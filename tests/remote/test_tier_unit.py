@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 from _fake_client import FakeClient
+from _helpers import SLOT, check_counters, chunk_of, content, host_bytes, store_from_gpu
 
 from hybridkv.errors import HybridKVConfigError
 from hybridkv.remote import (
@@ -26,48 +27,15 @@ from hybridkv.remote import (
     SlotBuffer,
     TwoTierStore,
     encode_chunk,
-    make_chunk,
     redis_key,
 )
 from hybridkv.store import EventKind, HostStore, Refusal
-
-SLOT = 8
-
-
-def chunk_of(step: int, groups: int = 2, salt: bytes = b"") -> Chunk:
-    return make_chunk(b"test", [b"%s/g%d/u%d" % (salt, g, step) for g in range(groups)])
-
-
-def content(key: bytes) -> bytes:
-    """The bytes stored for ``key``: a function of the key (content addressing)."""
-    return (key * SLOT)[-SLOT:]
 
 
 def two_tier(capacity: int = 6, **config: Any) -> tuple[TwoTierStore, FakeClient]:
     client = FakeClient()
     tier = RemoteTier(RemoteConfig(**config), client, background=False)
     return TwoTierStore(HostStore(capacity), tier, SlotBuffer.allocate(capacity, SLOT)), client
-
-
-def store_from_gpu(store: TwoTierStore, chunk: Chunk) -> None:
-    """What a GPU store does: reserve, write the slots, complete."""
-    out = store.host.prepare_store(chunk.members)
-    assert not isinstance(out, Refusal)
-    for key, slot in zip(chunk.members, store.host.slots(chunk.members), strict=True):
-        store.slots.view(slot)[:] = content(key)
-    store.host.complete_store(chunk.members, True)
-
-
-def host_bytes(store: TwoTierStore, chunk: Chunk) -> list[bytes]:
-    return [bytes(store.slots.view(s)) for s in store.host.slots(chunk.members)]
-
-
-def check_counters(snap: dict[str, Any]) -> None:
-    """TT-8 on a snapshot."""
-    c = snap["counters"]
-    resolved = c["promoted"] + c["missing"] + c["fault"] + c["timeout"] + c["corrupt"]
-    assert c["promotions_started"] == resolved + len(snap["promotions"])
-    assert c["writes_enqueued"] == c["written"] + c["writes_failed"] + len(snap["writes"])
 
 
 def test_write_behind_copies_at_enqueue_and_writes_once() -> None:
