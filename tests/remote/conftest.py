@@ -47,18 +47,18 @@ def redis_server(redis_binary: str, tmp_path: Path) -> Iterator[RedisServer]:
 
 
 @pytest.fixture(scope="module")
-def _module_server(
+def module_redis(
     redis_binary: str, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[RedisServer]:
     yield from _started(redis_binary, tmp_path_factory.mktemp("redis"))
 
 
 @pytest.fixture
-def shared_redis(_module_server: RedisServer) -> RedisServer:
+def shared_redis(module_redis: RedisServer) -> RedisServer:
     """The module's server, emptied and with default limits, for a test that does not kill it."""
-    admin = _module_server.admin()
+    admin = module_redis.admin()
     admin.flushall()
     admin.config_set("maxmemory", 0)
     admin.config_set("maxmemory-policy", "noeviction")
     admin.close()
-    return _module_server
+    return module_redis
