@@ -183,6 +183,11 @@ class RemoteTier:
                 self._index.pop(chunk.key, None)
         return fetched
 
+    def in_flight(self, chunk: Chunk) -> bool:
+        """Whether a promotion of ``chunk`` is in flight."""
+        with self._lock:
+            return chunk.key in self._promotions
+
     def is_failed(self, chunk: Chunk) -> bool:
         """Whether ``chunk`` is remembered as failed (claims end before it)."""
         with self._lock:

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from hybridkv.errors import HybridKVConfigError
+from hybridkv.errors import HybridKVConfigError, HybridKVError
 from hybridkv.remote.slots import SlotBuffer
 from hybridkv.remote.tier import RemoteTier
 from hybridkv.remote.values import Admission, Chunk, PromoteOutcome, PromoteRefusal
@@ -67,18 +67,25 @@ class TwoTierStore:
         """Reserve ``chunk``'s members STORING for a fetch, and count the promotion started.
 
         Refusals change nothing: FAILED (remembered as failed), PRESENT (a member has a host
-        entry: no read-through needed, and a STORING member belongs to another operation),
+        entry, or the chunk is being promoted through the tier already: no read-through
+        needed, and a STORING member belongs to another operation),
         NO_SPACE (the host cannot make room).
         """
         if self.tier.is_failed(chunk):
             return PromoteRefusal.FAILED
-        if any(self.host.status(key) is not LookupResult.MISS for key in chunk.members):
+        if self.tier.in_flight(chunk) or any(
+            self.host.status(key) is not LookupResult.MISS for key in chunk.members
+        ):
             return PromoteRefusal.PRESENT
         reserved = self.host.prepare_store(chunk.members)
         if isinstance(reserved, Refusal):
             return PromoteRefusal.NO_SPACE
-        started = self.tier.begin_promotion(chunk)
-        assert started, "only a failed chunk (refused above) or an in-flight one is refused"
+        if not self.tier.begin_promotion(chunk):
+            # Checked above; only a second thread promoting through the same tier gets here.
+            self.host.complete_store(chunk.members, False)
+            raise HybridKVError(
+                f"TT-3: a promotion of chunk {chunk.key.hex()} is already in flight"
+            )
         return Promotion(chunk, self.host.slots(chunk.members))
 
     def complete_promote(self, promotion: Promotion) -> PromoteOutcome:

@@ -15,7 +15,7 @@ import pytest
 from _fake_client import FakeClient
 from _helpers import SLOT, check_counters, chunk_of, content, host_bytes, store_from_gpu
 
-from hybridkv.errors import HybridKVConfigError
+from hybridkv.errors import HybridKVConfigError, HybridKVError
 from hybridkv.remote import (
     Admission,
     Chunk,
@@ -298,3 +298,32 @@ def test_writer_thread_resolves_under_concurrent_writes() -> None:
     snap = tier.snapshot()
     assert snap["counters"]["written"] == 100 == len(snap["remote"])
     check_counters(snap)
+
+
+def test_a_chunk_in_flight_through_a_shared_tier_is_not_promoted_twice() -> None:
+    client = FakeClient()
+    tier = RemoteTier(RemoteConfig(), client, background=False)
+    one = TwoTierStore(HostStore(4), tier, SlotBuffer.allocate(4, SLOT))
+    two = TwoTierStore(HostStore(4), tier, SlotBuffer.allocate(4, SLOT))
+    chunk = chunk_of(0)
+    assert not isinstance(one.prepare_promote(chunk), PromoteRefusal)
+    before = two.snapshot()
+    assert two.prepare_promote(chunk) is PromoteRefusal.PRESENT
+    assert two.snapshot() == before
+
+
+def test_a_lost_race_for_the_promotion_undoes_the_reservation() -> None:
+    class Racing(RemoteTier):
+        """Another thread begins the same promotion between the check and the begin."""
+
+        def in_flight(self, chunk: Chunk) -> bool:
+            return False
+
+    tier = Racing(RemoteConfig(), FakeClient(), background=False)
+    one = TwoTierStore(HostStore(4), tier, SlotBuffer.allocate(4, SLOT))
+    two = TwoTierStore(HostStore(4), tier, SlotBuffer.allocate(4, SLOT))
+    chunk = chunk_of(0)
+    assert not isinstance(one.prepare_promote(chunk), PromoteRefusal)
+    with pytest.raises(HybridKVError, match="TT-3"):
+        two.prepare_promote(chunk)
+    assert two.host.stats().used == 0
