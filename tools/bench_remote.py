@@ -22,7 +22,7 @@ Layouts come from the planner's plan of built-in presets (tp=1, the recommended 
 per group; a member is one host slot of the largest group's unit bytes, as the connector's host
 tier allocates them) plus a named 128 KB one below the smallest preset.
 
-Usage: ``python tools/bench_remote.py [--repeats N] [--total-mb N] [--port P] [--tiny]``.
+Usage: ``python tools/bench_remote.py [--repeats N] [--total-mb N] [--port P] [--quick | --tiny]``.
 Without ``--port`` it starts its own ``redis-server`` (or ``valkey-server``) on 127.0.0.1 on a
 free port, without persistence, in a temporary directory, and stops it at the end.
 """
@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import hashlib
 import platform
 import random
 import shutil
@@ -367,8 +368,18 @@ def run(layouts: Sequence[Layout], total_bytes: int, repeats: int, port: int) ->
     return [measure(lay, max(3, total_bytes // lay.chunk_bytes), repeats, port) for lay in layouts]
 
 
-def report(rows: Sequence[Row], port: int, server: str) -> None:
-    """Print the table and the byte checks."""
+def digest_speeds(nbytes: int, repeats: int = 3) -> dict[str, float]:
+    """GB/s of hashlib's SHA-256 (the codec's digest) and BLAKE2b over ``nbytes``, medians."""
+    data = random.Random(1).randbytes(nbytes)
+    speeds = {}
+    for name in ("sha256", "blake2b"):
+        taken = [_timed(lambda n=name: hashlib.new(n, data).digest()) for _ in range(repeats)]
+        speeds[name] = _gbps(nbytes, statistics.median(taken))
+    return speeds
+
+
+def report(rows: Sequence[Row], port: int, server: str, digests: dict[str, float]) -> None:
+    """Print the table, the digests' speeds alone, and the byte checks."""
     print(f"server: {server} on 127.0.0.1:{port}; python {platform.python_version()}, "
           f"redis-py {redis.__version__}")  # fmt: skip
     print("GB/s = payload bytes / median seconds of the passes; a ratio is the median over the "
@@ -379,6 +390,8 @@ def report(rows: Sequence[Row], port: int, server: str) -> None:
     for row in rows:
         print(format_row(row))
     print()
+    speeds = ", ".join(f"{name} {gbps:.2f} GB/s" for name, gbps in digests.items())
+    print(f"digest alone, one thread: {speeds} (the codec uses sha256)")
     for row in rows:
         print(format_bytes_check(row))
 
@@ -398,7 +411,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--total-mb", type=int, default=64, help="payload MB per pass")
     parser.add_argument("--port", type=int, help="use the server on 127.0.0.1:PORT (it is flushed)")
     parser.add_argument("--tiny", action="store_true", help="one 3 x 4 KB layout (a smoke run)")
+    parser.add_argument("--quick", action="store_true", help="8 MB per pass, 3 repeats")
     args = parser.parse_args(argv)
+    if args.quick:
+        args.total_mb, args.repeats = 8, 3
     if args.repeats < 1 or args.total_mb < 1:
         parser.error("--repeats and --total-mb must be >= 1")
     layouts = [Layout("tiny", 3, 4096)] if args.tiny else default_layouts()
@@ -406,7 +422,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     with contextlib.ExitStack() as stack:
         port = args.port if args.port is not None else stack.enter_context(own_server())
         rows = run(layouts, total, args.repeats, port)
-        report(rows, port, _server_version(port))
+        report(rows, port, _server_version(port), digest_speeds(min(total, 16 << 20)))
     return 0
 
 
