@@ -14,13 +14,13 @@ that the member keys are exactly the expected ones in order, that the lengths ac
 byte, and the digest; any mismatch is a :class:`~hybridkv.remote.values.Corruption` and nothing
 is loaded (TT-2). Integers are big-endian.
 
-Why SHA-256 for the digest: it is the hash the whole chunk costs most in (every payload byte
-goes through it on write and on read), and where the CPU has SHA extensions (x86 since Zen and
-Ice Lake, ARMv8 crypto) OpenSSL's SHA-256 runs about twice as fast as BLAKE2b
-(tools/bench_remote.py measured 1.8 vs 0.94 GB/s on the development machine), with the same
-256-bit strength; hashlib releases the GIL while it hashes, so the writer thread's SETs go on
-meanwhile. Format version 2 is this digest (version 1 was BLAKE2b: a reader of one refuses the
-other as VERSION, a miss).
+Why SHA-256 for the digest: the digest is the largest per-byte cost of encoding and verifying
+(every payload byte goes through it on write and on read), and where the CPU has SHA extensions
+(x86 since Zen and Ice Lake, ARMv8 crypto) OpenSSL's SHA-256 runs about twice as fast as
+BLAKE2b (tools/bench_remote.py prints both: 1.76 vs 0.94 GB/s on the development machine),
+with the same 256-bit strength; hashlib releases the GIL while it hashes, so the writer
+thread's SETs can go on meanwhile on another core. Format version 2 is this digest (version 1
+was BLAKE2b: a reader of one refuses the other as VERSION, a miss).
 """
 
 from __future__ import annotations
