@@ -77,6 +77,16 @@ def test_round_trip_and_header() -> None:
     assert decoded.payloads == PAYLOADS
 
 
+def test_digest_is_sha256_over_length_prefixed_payloads_in_format_2() -> None:
+    # The layout the module docstring gives, byte for byte (format 2: SHA-256; 1 was BLAKE2b).
+    value = encode_chunk(MEMBERS, PAYLOADS)
+    assert FORMAT_VERSION == 2
+    at = 10 + sum(4 + len(m) for m in MEMBERS) + 8 * len(MEMBERS)
+    expected = hashlib.sha256(b"".join(struct.pack(">Q", len(p)) + p for p in PAYLOADS))
+    assert value[at : at + 32] == expected.digest()
+    assert value[at + 32 :] == b"".join(PAYLOADS)
+
+
 def test_redis_key_is_readable_and_distinct() -> None:
     key = chunk_key(b"ns", MEMBERS)
     assert redis_key(key) == b"hybridkv:chunk:" + key.hex().encode()
