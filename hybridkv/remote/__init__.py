@@ -1,0 +1,63 @@
+"""The remote tier (issue 12): content-addressed chunks on a shared Redis/Valkey server under
+the host store. One idea per module: :mod:`.values`, :mod:`.config`, :mod:`.codec` (chunk keys
+and verified values), :mod:`.client` (redis-py, faults returned), :mod:`.tier` (write-behind,
+lookups, fetches, counters), :mod:`.slots` (host slot bytes) and :mod:`.two_tier` (the host
+store composed with the tier). Needs the ``remote`` extra (redis-py).
+"""
+
+from __future__ import annotations
+
+from hybridkv.remote.client import ChunkClient, RedisClient, fault_of
+from hybridkv.remote.codec import (
+    FORMAT_VERSION,
+    MAGIC,
+    Decoded,
+    chunk_key,
+    decode_chunk,
+    encode_chunk,
+    make_chunk,
+    redis_key,
+)
+from hybridkv.remote.config import RemoteConfig
+from hybridkv.remote.slots import SlotBuffer
+from hybridkv.remote.tier import RemoteTier
+from hybridkv.remote.two_tier import Promotion, TwoTierStore
+from hybridkv.remote.values import (
+    REMOTE_COUNTER_NAMES,
+    Admission,
+    Chunk,
+    ClientFault,
+    Corruption,
+    Fetched,
+    PromoteOutcome,
+    PromoteRefusal,
+    WriteOutcome,
+)
+
+__all__ = [
+    "FORMAT_VERSION",
+    "MAGIC",
+    "REMOTE_COUNTER_NAMES",
+    "Admission",
+    "Chunk",
+    "ChunkClient",
+    "ClientFault",
+    "Corruption",
+    "Decoded",
+    "Fetched",
+    "PromoteOutcome",
+    "PromoteRefusal",
+    "Promotion",
+    "RedisClient",
+    "RemoteConfig",
+    "RemoteTier",
+    "SlotBuffer",
+    "TwoTierStore",
+    "WriteOutcome",
+    "chunk_key",
+    "decode_chunk",
+    "encode_chunk",
+    "fault_of",
+    "make_chunk",
+    "redis_key",
+]

@@ -1,0 +1,57 @@
+"""Where the remote tier's server is and how long it may take: checked eagerly, one field each."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from hybridkv.errors import HybridKVConfigError
+
+__all__ = ["RemoteConfig"]
+
+
+@dataclass(frozen=True, slots=True)
+class RemoteConfig:
+    """The remote tier's server, deadlines, TTL, queue bound and namespace.
+
+    Attributes:
+        host: the Redis/Valkey server's address.
+        port: its TCP port, 1..65535.
+        connect_timeout_s: the longest a connection attempt waits (> 0).
+        deadline_s: the load deadline: the longest any one wait on the server takes (> 0);
+            past it a fetch resolves TIMEOUT and a write FAILED (TT-4).
+        ttl_s: seconds a written chunk lives on the server, 0 = until the server evicts it.
+        max_pending: writes queued or in flight at most (>= 1); beyond it a write is dropped.
+        namespace: mixed into every chunk key; engines share chunks only under equal namespaces.
+    """
+
+    host: str = "127.0.0.1"
+    port: int = 6379
+    connect_timeout_s: float = 0.5
+    deadline_s: float = 0.5
+    ttl_s: int = 0
+    max_pending: int = 64
+    namespace: bytes = b"hybridkv"
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.host, str) or not self.host:
+            raise HybridKVConfigError("remote_host", self.host, "must be a host name", "pass one")
+        _int_in("remote_port", self.port, 1, 65535, "pass the server's port")
+        _positive_seconds("remote_connect_timeout", self.connect_timeout_s)
+        _positive_seconds("remote_deadline", self.deadline_s)
+        _int_in("remote_ttl", self.ttl_s, 0, 2**31 - 1, "pass seconds, 0 for no TTL")
+        _int_in("remote_max_pending", self.max_pending, 1, 2**31 - 1, "allow >= 1 queued write")
+        if not isinstance(self.namespace, bytes):
+            raise HybridKVConfigError(
+                "remote_namespace", self.namespace, "must be bytes", "encode it (utf-8)"
+            )
+
+
+def _int_in(field: str, value: object, low: int, high: int, fix: str) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        raise HybridKVConfigError(field, value, f"must be an int in [{low}, {high}]", fix)
+
+
+def _positive_seconds(field: str, value: object) -> None:
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and 0 < value < 3600
+    if not ok:
+        raise HybridKVConfigError(field, value, "must be seconds in (0, 3600)", "pass e.g. 0.5")
