@@ -27,6 +27,8 @@ from spec.invariants import ALL_INVARIANTS
 
 TESTS = Path(__file__).parent
 EXPLORER_TESTS = TESTS / "spec" / "test_explorer_mutations.py"
+# The two-tier model (TT-*) has its own explorer and its own file of mutations.
+EXPLORER_FILES = (EXPLORER_TESTS, TESTS / "spec" / "test_tier_mutations.py")
 TABLE = TESTS.parent / "docs" / "explanation" / "mutations.md"
 _NAME = re.compile(r"^test_(?P<family>[a-z]+)(?P<number>\d+)_")
 _FAMILIES = {inv_id.split("-")[0] for inv_id in ALL_INVARIANTS}
@@ -122,11 +124,12 @@ def _constant(args: list[ast.expr]) -> object:
 
 @cache
 def explorer_evidence() -> dict[str, list[ExplorerTest]]:
-    """Invariant id -> the tests of test_explorer_mutations.py marked ``mutation(id)``."""
+    """Invariant id -> the tests of EXPLORER_FILES marked ``mutation(id)``."""
     found: dict[str, list[ExplorerTest]] = {}
-    for node in _tests(EXPLORER_TESTS).values():
-        for inv_id in _marker_ids(node):
-            found.setdefault(inv_id, []).append(ExplorerTest(node, inv_id))
+    for path in EXPLORER_FILES:
+        for node in _tests(path).values():
+            for inv_id in _marker_ids(node):
+                found.setdefault(inv_id, []).append(ExplorerTest(node, inv_id))
     return found
 
 

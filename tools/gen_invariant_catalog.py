@@ -28,6 +28,7 @@ FAMILIES = {
     "ST": "Host store: capacity, lifecycle, pins and eviction",
     "SEC": "Isolation between cache_salt domains",
     "DATA": "Content: every block a request reads holds the right data",
+    "TT": "Two tiers: the host store over a shared remote tier (Redis / Valkey)",
 }
 
 

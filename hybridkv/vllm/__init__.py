@@ -19,7 +19,10 @@ can rebuild :class:`HybridKVStats` by class name.
 - :mod:`hybridkv.vllm.cpu_worker` / :mod:`hybridkv.vllm.delayed`: the connector's worker on CPU
   tensors with seeded faults and simulated copy latency;
 - :mod:`hybridkv.vllm.workload`: ``hybridkv simulate --engine vllm``'s workload under vLLM;
-- :mod:`hybridkv.vllm.native_cpu`: vLLM's native ``OffloadingConnector`` on CPU tensors.
+- :mod:`hybridkv.vllm.native_cpu`: vLLM's native ``OffloadingConnector`` on CPU tensors;
+- :mod:`hybridkv.vllm.multi`: ``WeightedMultiConnector``, vLLM's ``MultiConnector`` with the
+  loading child chosen by ``matched_tokens * load_weight`` (:mod:`hybridkv.connector.selection`),
+  named children and name-keyed stats; :mod:`hybridkv.vllm.multi_cpu`: its in-process adapter.
 """
 
 from __future__ import annotations

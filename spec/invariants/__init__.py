@@ -11,6 +11,7 @@ from spec.invariants import planner as _planner
 from spec.invariants import scheduler as _scheduler
 from spec.invariants import store as _store
 from spec.invariants import system as _system
+from spec.invariants import tiers as _tiers
 from spec.invariants._registry import (
     ALL_INVARIANTS,
     Invariant,
@@ -31,4 +32,4 @@ __all__ = [
     "invariants_for",
 ]
 
-_FAMILIES = (_planner, _store, _block_pool, _groups, _scheduler, _system, _connector)
+_FAMILIES = (_planner, _store, _block_pool, _groups, _scheduler, _system, _connector, _tiers)
