@@ -24,6 +24,7 @@ Redis 7.
 
 from __future__ import annotations
 
+import itertools
 import os
 import time
 from collections import Counter
@@ -230,8 +231,9 @@ FIGURES: Counter[str] = Counter()
 
 @st.composite
 def two_engine_traces(draw: Any) -> dict[str, Any]:
-    """Waves of requests on both engines: each a family's shared prefix plus a drawn tail,
-    under a drawn tenant; one drawn fault per fetch."""
+    """Waves of requests: each a family's shared prefix plus a drawn tail on one engine under
+    a drawn tenant, then maybe the same prompt on the other engine (same or other tenant);
+    one drawn fault per fetch."""
     families = draw(st.integers(1, 3))
     waves = draw(
         st.lists(
@@ -240,6 +242,8 @@ def two_engine_traces(draw: Any) -> dict[str, Any]:
                 st.integers(0, families - 1),
                 st.integers(0, 160),
                 st.sampled_from((None, "t1")),
+                # then the same prompt on the other engine: same tenant, other tenant, or not
+                st.sampled_from(("same", "other", "no")),
             ),
             min_size=2,
             max_size=6,
@@ -272,12 +276,12 @@ def test_random_two_engine_traces_with_remote_faults(server: Any, trace: dict[st
     rng = random.Random(trace["seed"])
     prefixes = [[rng.randint(3, 999) for _ in range(rng.randint(64, 200))] for _ in range(3)]
     engines = {name: build(shape, server.port, namespace="n", timeout_ms=100) for name in "AB"}
-    faults = iter(trace["faults"])
+    faults = itertools.cycle(trace["faults"])  # every fetch draws the next fault
     injected: Counter[str] = Counter()
 
     def before_fetch(order: FetchOrder) -> None:
         _restart_if_dead(server)
-        kind = next(faults, "none")
+        kind = next(faults)
         injected[kind] += 1
         if kind == "deleted":
             server.admin().delete(redis_key(order.chunk_key))
@@ -287,7 +291,7 @@ def test_random_two_engine_traces_with_remote_faults(server: Any, trace: dict[st
             _kill_connections(server)
         elif kind == "paused":
             admin = server.admin()
-            admin.client_pause(250, all=True)
+            admin.client_pause(150, all=True)  # past the 100 ms timeout
             admin.close()
         elif kind == "flushed":
             server.admin().flushall()
@@ -297,31 +301,41 @@ def test_random_two_engine_traces_with_remote_faults(server: Any, trace: dict[st
     for engine in engines.values():
         engine.worker.worker_remote.before_fetch = before_fetch
     reports: dict[str, list[InProcessReport]] = {"A": [], "B": []}
-    for i, (name, family, tail, salt) in enumerate(trace["waves"]):
+    for i, (name, family, tail, salt, mirror) in enumerate(trace["waves"]):
         tokens = prefixes[family] + [rng.randint(3, 999) for _ in range(tail)]
         tokens = tokens[: shape.settings.max_model_len - 8]
-        engine = engines[name]
-        reports[name].append(run_prompts(engine, [Prompt(f"w{i}", tokens, salt)]))
-        assert flush_writes(engine)
-        _restart_if_dead(server)
+        runs = [(name, salt)]
+        if mirror != "no":
+            other_salt = salt if mirror == "same" else ("t1" if salt is None else None)
+            runs.append(("B" if name == "A" else "A", other_salt))
+        for j, (who, tenant) in enumerate(runs):
+            engine = engines[who]
+            reports[who].append(run_prompts(engine, [Prompt(f"w{i}-{j}", tokens, tenant)]))
+            assert flush_writes(engine)
+            _restart_if_dead(server)
     written: dict[bytes, set[str | None]] = {}
     for engine in engines.values():
         for key, salt in _remote(engine).written_log:
             written.setdefault(key, set()).add(salt)
     for name, engine in engines.items():
         remote = _remote(engine)
-        for report in reports[name]:
-            assert report.wrong_reads == 0  # content-verified: 0 wrong loads
-            assert report.finished == report.requests
+        # An engine's report carries its running totals (the last one: the whole trace) and
+        # the requests finished in that call.
+        assert sum(r.finished for r in reports[name]) == len(engine.requests)
+        last = reports[name][-1] if reports[name] else engine.report(0)
+        assert last.wrong_reads == 0  # content-verified: 0 wrong loads
         for key, salt in remote.promoted_log:  # 0 cross-tenant hits
             assert written.get(key) == {salt}, (key.hex(), salt, written.get(key))
         _quiescent(engine)  # 0 wedges: every promotion and job resolved
         _counters_add_up(engine)
         for outcome in OUTCOMES:
             FIGURES[outcome] += remote.count[outcome]
-        FIGURES["external_hits"] += sum(r.external_hits for r in reports[name])
-        FIGURES["wrong_reads"] += sum(r.wrong_reads for r in reports[name])
-        FIGURES["slots_checked"] += sum(r.slots_checked for r in reports[name])
+        FIGURES["external_hits"] += last.external_hits
+        FIGURES["wrong_reads"] += last.wrong_reads
+        FIGURES["slots_checked"] += last.slots_checked
+        FIGURES["cross_tenant_hits"] += sum(
+            1 for key, salt in remote.promoted_log if written.get(key) != {salt}
+        )
         engine.close()
     FIGURES["traces"] += 1
     FIGURES.update({f"injected_{k}": v for k, v in injected.items()})
