@@ -189,7 +189,12 @@ def _policy(value: object) -> str:
 def _remote(values: Mapping[str, Any]) -> RemoteSettings | None:
     url = values["remote_url"]
     if url is None:
-        for key in ("remote_namespace", "remote_ttl_s", "remote_max_pending_writes"):
+        for key in (
+            "remote_namespace",
+            "remote_ttl_s",
+            "remote_max_pending_writes",
+            "remote_timeout_ms",
+        ):
             if values[key] != DEFAULTS[key]:
                 raise HybridKVConfigError(
                     f"{_WHERE}.{key}", values[key], "is set but remote_url is null",

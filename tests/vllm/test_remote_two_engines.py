@@ -25,6 +25,7 @@ Redis 7.
 from __future__ import annotations
 
 import itertools
+import json
 import os
 import time
 from collections import Counter
@@ -51,7 +52,9 @@ from diffharness.layouts import Layout  # noqa: E402
 from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
+from hybridkv.errors import HybridKVConfigError  # noqa: E402
 from hybridkv.remote import redis_key  # noqa: E402
+from hybridkv.vllm.config import RemoteSettings, parse_extra_config  # noqa: E402
 from hybridkv.vllm.inprocess import InProcessEngine, InProcessReport  # noqa: E402
 from hybridkv.vllm.remote import FetchOrder  # noqa: E402
 
@@ -99,6 +102,26 @@ def _serve_a(shape: Shape, port: int) -> tuple[InProcessEngine, InProcessReport]
     report = run_prompts(a, chat_prompts(shape.trace, "a-"))
     assert flush_writes(a)
     return a, report
+
+
+# ------------------------------------------------------------------ the documented config
+
+HOWTO = Path(__file__).resolve().parents[2] / "docs" / "howto" / "share-prefix-cache.md"
+
+
+def test_the_howto_config_parses_to_the_remote_tier_it_describes() -> None:
+    line = next(x for x in HOWTO.read_text().splitlines() if "--kv-transfer-config" in x)
+    config = json.loads(line.split("--kv-transfer-config '")[1].rstrip("'"))
+    parsed = parse_extra_config(config["kv_connector_extra_config"]).remote
+    assert parsed == RemoteSettings("10.0.0.5", 6379, "prod", 3600, 64, 0.2)
+    for key, bad, field in (
+        ("remote_url", "redis://10.0.0.5:6379/3", "remote_url"),
+        ("remote_timeout_ms", 0, "remote_timeout_ms"),
+        ("remote_max_pending_writes", 0, "remote_max_pending_writes"),
+    ):
+        extra = {**config["kv_connector_extra_config"], key: bad}
+        with pytest.raises(HybridKVConfigError, match=field):
+            parse_extra_config(extra)
 
 
 # ------------------------------------------------------------------ B hits what A stored
