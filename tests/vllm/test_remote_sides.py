@@ -207,3 +207,34 @@ def test_a_lookup_fault_promotes_nothing() -> None:
     assert b.remote.count["remote_lookup_faults"] == 1
     assert b.remote.count["promotions_started"] == 0
     assert b.core.store.stats().reserved == 0
+
+
+def test_orders_and_reports_cross_processes_by_pickle() -> None:
+    """vLLM pickles the metadata to the workers and the worker metadata back."""
+    import pickle
+
+    from hybridkv.vllm.connector import HybridKVWorkerMeta
+
+    server = FakeClient()
+    a, b = Engine(server), Engine(server)
+    _serve_and_write(a)
+    b.remote.before_claim(_view("b"), 0)
+    orders = b.remote.orders()
+    assert orders is not None
+    assert pickle.loads(pickle.dumps(orders)) == orders
+    meta = HybridKVWorkerMeta((), b.worker.run(orders))
+    back = pickle.loads(pickle.dumps(meta))
+    assert back.fetches == meta.fetches
+    assert len(back.fetches) == 8
+    merged = meta.aggregate(HybridKVWorkerMeta())
+    assert isinstance(merged, HybridKVWorkerMeta)
+    assert merged.fetches == meta.fetches
+
+
+def test_a_remote_tier_refuses_tensor_parallelism() -> None:
+    from hybridkv.errors import HybridKVConfigError
+    from hybridkv.vllm.remote import refuse_tensor_parallel
+
+    refuse_tensor_parallel(1)
+    with pytest.raises(HybridKVConfigError, match="remote_url"):
+        refuse_tensor_parallel(2)
