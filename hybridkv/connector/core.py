@@ -21,6 +21,10 @@ scheduler and compares after every call). It satisfies
 - ``_set_salvage``: a benchmark control, never a user setting (see its docstring).
 - ``bind_gpu_block_pool`` / ``held_blocks``: store sources are pinned in the GPU block pool from
   the job's emission to its report (TR-1).
+- ``chunk_members`` / ``reserve_promotion`` / ``complete_promotion``: the remote tier's entry
+  (issue 12, :mod:`hybridkv.vllm.remote`). A promotion's keys enter the store STORING through
+  the core like a store job's and leave it READY or removed; nothing calls these unless a
+  remote tier is configured, so without one the core is exactly the reference's twin.
 
 What makes it cheap (the reference re-hashes every request and rescans every job each call):
 hashes grow incrementally per request and each offload key is built once
@@ -167,6 +171,8 @@ class ConnectorCore:
         self._count = dict.fromkeys(_COUNTERS, 0)
         self._salvage = True
         self._restarting: set[RequestId] = set()  # salvage off: failed, not scheduled since
+        # Promotions from the remote tier in flight: their keys are STORING, owned by no job.
+        self._promoting: set[bytes] = set()
 
     # ----------------------------------------------------------------- benchmark control
 
@@ -450,6 +456,66 @@ class ConnectorCore:
         self.store.complete_store(prepared.keys_to_store, success=True)
         self._memory.salt(prepared.keys_to_store, request.cache_salt, overwrite=True)
         return len(prepared.keys_to_store)
+
+    # ----------------------------------------------------------------- remote tier
+
+    def chunk_members(
+        self, request: RequestView, end: int, *, recurrent: bool = True
+    ) -> tuple[bytes, ...]:
+        """The remote tier's chunk ending at ``end``: the key of every group's unit that ends
+        exactly there (attention blocks and, with ``recurrent``, the mamba state), in group
+        order; empty when no unit ends there. Pre: ``request`` has at least ``end`` tokens.
+        Frame: only the request's hash chain grows."""
+        keys = self._keys(request)
+        kinds = self.geometry.kinds
+        return tuple(
+            keys.key(g, end // u - 1)
+            for g, u in enumerate(self.geometry.units)
+            if end > 0 and end % u == 0 and (recurrent or kinds[g] is not GroupKind.MAMBA)
+        )
+
+    def reserve_promotion(
+        self, keys: tuple[bytes, ...], cache_salt: str | None
+    ) -> tuple[int, ...] | None:
+        """Reserve ``keys`` STORING for a fetch from the remote tier; their host slots.
+
+        None (nothing changes) unless every key is absent from the host (a present key belongs
+        to the host or to another operation) or when the store cannot make room. Post: the
+        keys are STORING and owned by this promotion (READY unpinned entries may have been
+        evicted for them, as for any store); the claim rule DEFERs on them like on any STORING
+        key until :meth:`complete_promotion`.
+        """
+        if not keys or any(self.store.status(key) is not _MISS for key in keys):
+            return None
+        prepared = self.store.prepare_store(list(keys))
+        if not isinstance(prepared, PrepareStoreOutput):
+            return None
+        self._memory.departed(prepared.evicted_keys)
+        self._memory.salt(keys, cache_salt)
+        self._promoting.update(keys)
+        return self.store.slots(keys)
+
+    def complete_promotion(self, keys: tuple[bytes, ...], success: bool) -> None:
+        """Resolve a promotion: READY (the fetch wrote verified bytes into every slot) or
+        dropped (REMOVED; the claim then ends before them). Pre: ``keys`` were reserved by
+        :meth:`reserve_promotion` and not resolved (field ``keys``)."""
+        if not keys or not self._promoting.issuperset(keys):
+            raise HybridKVConfigError("keys", len(keys), "no promotion of them", "reserve first")
+        self._promoting.difference_update(keys)
+        self.store.complete_store(keys, success=success)
+        if success:
+            self._memory.stored(keys)
+        else:
+            self._memory.departed(keys)
+
+    def job_kind(self, job_id: JobId) -> TransferKind | None:
+        """The kind of the job in flight ``job_id``; None when none is."""
+        entry = self._jobs.get(job_id)
+        return None if entry is None else entry[0].kind
+
+    def promotions_in_flight(self) -> int:
+        """Keys reserved by promotions not yet resolved."""
+        return len(self._promoting)
 
     # ----------------------------------------------------------------- snapshot
 

@@ -27,6 +27,20 @@ Every key, its default and what it does (docs/howto/serve.md repeats this table)
   ``tests/vllm/test_sync_load_failures_vs_vllm.py`` shows each
   (docs/explanation/vllm-differential.md, "Sync loads").
 
+The remote tier (issue 12, :mod:`hybridkv.vllm.remote`; off by default,
+docs/howto/share-prefix-cache.md):
+
+- ``remote_url`` (``"redis://host:port"`` or ``"redis://host:port/0"``, or null = no remote
+  tier): the Redis/Valkey server engines share. Only database 0 (chunks are namespaced by
+  ``remote_namespace`` instead). Tensor parallelism > 1 is refused with a remote tier.
+- ``remote_namespace`` (non-empty str, default ``"hybridkv"``): mixed into every chunk key;
+  engines share chunks only under equal namespaces (and equal models and salts).
+- ``remote_ttl_s`` (int >= 0, default 0 = none): the TTL of each written chunk on the server.
+- ``remote_max_pending_writes`` (int >= 1, default 64): writes queued or in flight at most; a
+  write beyond it is dropped (counted), never waited for.
+- ``remote_timeout_ms`` (int in [1, 60000], default 200): the longest any one server call
+  (connect, EXISTS, GET, SET) waits; past it a fetch resolves TIMEOUT and is recomputed.
+
 Unknown keys and bad values raise a one-line :class:`~hybridkv.errors.HybridKVConfigError`
 naming the key, the value and the fix.
 """
@@ -39,7 +53,13 @@ from typing import Any
 
 from hybridkv.errors import HybridKVConfigError
 
-__all__ = ["DEFAULTS", "HybridKVConfig", "check_failure_policy", "parse_extra_config"]
+__all__ = [
+    "DEFAULTS",
+    "HybridKVConfig",
+    "RemoteSettings",
+    "check_failure_policy",
+    "parse_extra_config",
+]
 
 DEFAULTS: dict[str, Any] = {
     "host_memory_bytes": 4 << 30,
@@ -48,9 +68,27 @@ DEFAULTS: dict[str, Any] = {
     "load_deadline_steps": None,
     "offload_decode_state": True,
     "sync_load_max_bytes": 0,
+    "remote_url": None,
+    "remote_namespace": "hybridkv",
+    "remote_ttl_s": 0,
+    "remote_max_pending_writes": 64,
+    "remote_timeout_ms": 200,
 }
 _POLICIES = ("lru", "arc")
 _WHERE = "kv_connector_extra_config"
+
+
+@dataclass(frozen=True, slots=True)
+class RemoteSettings:
+    """The remote tier's keys, parsed (module docstring); the connector builds a
+    :class:`hybridkv.remote.RemoteConfig` from them."""
+
+    host: str
+    port: int
+    namespace: str
+    ttl_s: int
+    max_pending_writes: int
+    timeout_s: float
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,6 +101,7 @@ class HybridKVConfig:
     load_deadline_steps: int | None
     offload_decode_state: bool
     sync_load_max_bytes: int
+    remote: RemoteSettings | None = None
 
 
 def parse_extra_config(extra: Mapping[str, Any] | None) -> HybridKVConfig:
@@ -87,6 +126,7 @@ def parse_extra_config(extra: Mapping[str, Any] | None) -> HybridKVConfig:
         load_deadline_steps=_optional_int(values, "load_deadline_steps"),
         offload_decode_state=_bool(values, "offload_decode_state"),
         sync_load_max_bytes=_int(values, "sync_load_max_bytes", low=0),
+        remote=_remote(values),
     )
     _refuse_unimplemented(config)
     return config
@@ -144,6 +184,58 @@ def _policy(value: object) -> str:
             f"{_WHERE}.eviction_policy", value, "is not an eviction policy", "use lru or arc"
         )
     return str(value)
+
+
+def _remote(values: Mapping[str, Any]) -> RemoteSettings | None:
+    url = values["remote_url"]
+    if url is None:
+        for key in (
+            "remote_namespace",
+            "remote_ttl_s",
+            "remote_max_pending_writes",
+            "remote_timeout_ms",
+        ):
+            if values[key] != DEFAULTS[key]:
+                raise HybridKVConfigError(
+                    f"{_WHERE}.{key}", values[key], "is set but remote_url is null",
+                    'set "remote_url": "redis://host:port", or drop the key',
+                )  # fmt: skip
+        return None
+    host, port = _redis_url(url)
+    namespace = values["remote_namespace"]
+    if not isinstance(namespace, str) or not namespace:
+        raise HybridKVConfigError(
+            f"{_WHERE}.remote_namespace", namespace, "must be a non-empty string", 'e.g. "prod"'
+        )
+    timeout_ms = _int(values, "remote_timeout_ms", low=1)
+    if timeout_ms > 60_000:
+        raise HybridKVConfigError(
+            f"{_WHERE}.remote_timeout_ms", timeout_ms, "must be at most 60000", "e.g. 200"
+        )
+    return RemoteSettings(
+        host=host,
+        port=port,
+        namespace=namespace,
+        ttl_s=_int(values, "remote_ttl_s", low=0),
+        max_pending_writes=_int(values, "remote_max_pending_writes", low=1),
+        timeout_s=timeout_ms / 1000,
+    )
+
+
+def _redis_url(url: object) -> tuple[str, int]:
+    """``redis://host:port[/0]`` -> (host, port)."""
+    field = f"{_WHERE}.remote_url"
+    fix = 'write "redis://HOST:PORT" (database 0; separate engines with remote_namespace)'
+    if not isinstance(url, str) or not url.startswith("redis://"):
+        raise HybridKVConfigError(field, url, "is not a redis:// URL", fix)
+    rest = url[len("redis://") :]
+    where, _, db = rest.partition("/")
+    if db not in ("", "0"):
+        raise HybridKVConfigError(field, url, f"names database {db!r}: only 0 is used", fix)
+    host, _, port = where.rpartition(":")
+    if not host or "@" in host or not port.isdigit() or not 1 <= int(port) <= 65535:
+        raise HybridKVConfigError(field, url, "needs a host and a port 1..65535, no user", fix)
+    return host, int(port)
 
 
 def _refuse_unimplemented(config: HybridKVConfig) -> None:

@@ -28,6 +28,12 @@ frees them, the request having 0 computed tokens after ``_handle_failed_recving`
 recomputes into whatever it allocates next, so no block it reuses is written by a late copy;
 until the report the request stays in WAITING_FOR_REMOTE_KVS holding its blocks, and the core
 keeps the host entries pinned.
+
+Remote tier (``remote_url``, :mod:`hybridkv.vllm.remote`): the scheduler side asks the shared
+server before each claim and reserves promotions through the core; the metadata carries the
+step's write and fetch orders (``HybridKVMetadata.remote``); the worker copies and queues the
+writes, runs the fetches into the host slots in ``start_load_kv`` and reports each outcome in
+``HybridKVWorkerMeta.fetches``.
 """
 
 from __future__ import annotations
@@ -80,6 +86,14 @@ from hybridkv.vllm.metrics import (
 )
 from hybridkv.vllm.ranks import JobQuorum, RankReport, merge_reports, refuse_unsupported_parallelism
 from hybridkv.vllm.reclaim import Answer, ReclaimGuard
+from hybridkv.vllm.remote import (
+    FetchReport,
+    RemoteOrders,
+    SchedulerRemote,
+    WorkerRemote,
+    refuse_tensor_parallel,
+    remote_config,
+)
 from hybridkv.vllm.views import RequestViews, block_table
 
 __all__ = ["HybridKVConnector", "HybridKVMetadata", "HybridKVStats", "HybridKVWorkerMeta"]
@@ -93,6 +107,7 @@ class HybridKVMetadata(KVConnectorMetadata):
     meta: ConnectorMeta
     slots: dict[bytes, int]
     abandon: tuple[int, ...] = ()
+    remote: RemoteOrders | None = None
 
 
 @dataclass
@@ -102,11 +117,14 @@ class HybridKVWorkerMeta(KVConnectorWorkerMetadata):
     """
 
     reports: tuple[RankReport, ...] = ()
+    fetches: tuple[FetchReport, ...] = ()  # remote tier (one worker: TP is refused with it)
 
     def aggregate(self, other: KVConnectorWorkerMetadata) -> KVConnectorWorkerMetadata:
         """Workers added, success ANDed per job (vLLM folds the workers of one step so)."""
         assert isinstance(other, HybridKVWorkerMeta)
-        return HybridKVWorkerMeta(merge_reports(self.reports, other.reports))
+        return HybridKVWorkerMeta(
+            merge_reports(self.reports, other.reports), (*self.fetches, *other.fetches)
+        )
 
 
 class _MetaSlots:
@@ -211,6 +229,12 @@ class HybridKVConnector(KVConnectorBase_V1, SupportsHMA):
         self.deadlines: LoadDeadlines | None = None
         # Lookups answered 0 in front of the core for requests whose load missed its deadline.
         self._deadline_answers = 0
+        # The remote tier's two sides (hybridkv.vllm.remote); None without remote_url.
+        self.remote: SchedulerRemote | None = None
+        self.worker_remote: WorkerRemote | None = None
+        self._fetched: tuple[FetchReport, ...] = ()
+        if self.hybridkv_config.remote is not None:
+            refuse_tensor_parallel(self.world_size)
         if role == KVConnectorRole.SCHEDULER:
             deadline = self.hybridkv_config.load_deadline_steps
             self.deadlines = None if deadline is None else LoadDeadlines(deadline)
@@ -222,6 +246,9 @@ class HybridKVConnector(KVConnectorBase_V1, SupportsHMA):
                 self.chunk_size,
                 sliding_windows=self.layout.window_reaches,
             )
+            if self.hybridkv_config.remote is not None:
+                config = remote_config(self.hybridkv_config.remote)
+                self.remote = SchedulerRemote(self.core, config)
 
     def _chunk_size(self) -> int:
         chunk = self.hybridkv_config.chunk_size
@@ -288,6 +315,8 @@ class HybridKVConnector(KVConnectorBase_V1, SupportsHMA):
             self._deadline_answers += 1
             return 0, False  # its load missed the deadline: recomputed (LoadDeadlines)
         view = self._views.view(request)
+        if self.remote is not None:
+            self.remote.before_claim(view, num_computed_tokens)
         claim = self._core().get_num_new_matched_tokens(view, num_computed_tokens)
         vllm_answer = claim.as_vllm()
         if vllm_answer[0] is not None:
@@ -326,7 +355,12 @@ class HybridKVConnector(KVConnectorBase_V1, SupportsHMA):
         keys = [item.key for job in (*meta.load_jobs, *meta.store_jobs) for item in job.items]
         slots = dict(zip(keys, core.store.slots(keys), strict=True)) if keys else {}
         late = () if self.deadlines is None else self.deadlines.step(meta.load_jobs)
-        return HybridKVMetadata(meta, slots, tuple(int(j) for j in late))
+        orders = None
+        if self.remote is not None:
+            views = {str(s.request.request_id): s.request for s in scheduled}
+            self.remote.stores_emitted(meta.store_jobs, views)
+            orders = self.remote.orders()
+        return HybridKVMetadata(meta, slots, tuple(int(j) for j in late), orders)
 
     def update_connector_output(self, connector_output: Any) -> None:
         worker_meta = connector_output.kv_connector_worker_meta
@@ -339,6 +373,10 @@ class HybridKVConnector(KVConnectorBase_V1, SupportsHMA):
         self._reclaim.load_failed(rid for rid in failed if rid in self._requests)
         if self.deadlines is not None:
             self.deadlines.reported(result.job_id for result in jobs)
+        kinds = {}
+        if self.remote is not None:
+            # Which reported jobs are stores, read before the core forgets them.
+            kinds = {r.job_id: self._core().job_kind(r.job_id) for r in jobs}
         self._core().update_connector_output(
             KVConnectorOutput(
                 finished_recving=frozenset(connector_output.finished_recving or ()),
@@ -347,6 +385,12 @@ class HybridKVConnector(KVConnectorBase_V1, SupportsHMA):
                 completed_jobs=tuple(jobs),
             )
         )
+        if self.remote is not None:
+            for result in jobs:
+                if kinds.get(result.job_id) is TransferKind.STORE:
+                    self.remote.store_reported(int(result.job_id), result.success)
+            fetched = worker_meta.fetches if isinstance(worker_meta, HybridKVWorkerMeta) else ()
+            self.remote.fold(fetched)
 
     def request_finished(self, request: Any, block_ids: list[int]) -> tuple[bool, None]:
         return self.request_finished_all_groups(request, (block_ids,))
@@ -359,6 +403,8 @@ class HybridKVConnector(KVConnectorBase_V1, SupportsHMA):
         self._reclaim.finished(request.request_id)
         if self.deadlines is not None:
             self.deadlines.finished(request.request_id)
+        if self.remote is not None:
+            self.remote.finished(request.request_id)
         view = self._views.view(request)
         self._views.forget(request.request_id)
         return self._core().request_finished_all_groups(view, _tables(block_ids)), None
@@ -405,6 +451,8 @@ class HybridKVConnector(KVConnectorBase_V1, SupportsHMA):
         if wrap_engine is not None:
             engine = wrap_engine(engine)
         self._host, self._engine = host, engine
+        if self.hybridkv_config.remote is not None:
+            self.worker_remote = WorkerRemote(remote_config(self.hybridkv_config.remote), host)
         self.worker = TransferWorker(engine, self._slots, caches, host, fault_hook=job_fault_hook)
 
     def handle_preemptions(self, kv_connector_metadata: Any) -> None:
@@ -423,6 +471,10 @@ class HybridKVConnector(KVConnectorBase_V1, SupportsHMA):
         # Late loads first: their copies stop (cancelled, or waited for) before this step's
         # jobs are submitted; each reports failed in this step's results.
         worker.abandon(JobId(j) for j in metadata.abandon)
+        if self.worker_remote is not None and metadata.remote is not None:
+            # Writes copy READY slots before anything this step writes a slot; fetches write
+            # only their own reserved slots, and land before they are reported.
+            self._fetched = (*self._fetched, *self.worker_remote.run(metadata.remote))
         self._slots.show(metadata)
         worker.bind_connector_metadata(metadata.meta)
         self._meter.bound((*metadata.meta.load_jobs, *metadata.meta.store_jobs))
@@ -462,9 +514,12 @@ class HybridKVConnector(KVConnectorBase_V1, SupportsHMA):
 
     def build_connector_worker_meta(self) -> KVConnectorWorkerMetadata | None:
         reported, self._reported = self._reported, ()
-        if not reported:
+        fetched, self._fetched = self._fetched, ()
+        if not reported and not fetched:
             return None
-        return HybridKVWorkerMeta(tuple(RankReport(r.job_id, 1, r.success) for r in reported))
+        return HybridKVWorkerMeta(
+            tuple(RankReport(r.job_id, 1, r.success) for r in reported), fetched
+        )
 
     # ============================================================ metrics and events
 
@@ -481,7 +536,7 @@ class HybridKVConnector(KVConnectorBase_V1, SupportsHMA):
     def _counters(self) -> dict[str, int | float]:
         if self.core is not None:
             fired = 0 if self.deadlines is None else self.deadlines.fired
-            return dict(
+            found = dict(
                 scheduler_counters(
                     self.core,
                     self._agreement.count,
@@ -490,8 +545,14 @@ class HybridKVConnector(KVConnectorBase_V1, SupportsHMA):
                     deadline_answers=self._deadline_answers,
                 )
             )
+            if self.remote is not None:
+                found.update(self.remote.count)
+            return found
         if self.worker is not None:
-            return {**self._meter.counts, "jobs_abandoned": self.worker.stats().jobs_abandoned}
+            found = {**self._meter.counts, "jobs_abandoned": self.worker.stats().jobs_abandoned}
+            if self.worker_remote is not None:
+                found.update(self.worker_remote.counters())
+            return found
         return {}
 
     @classmethod
@@ -519,6 +580,10 @@ class HybridKVConnector(KVConnectorBase_V1, SupportsHMA):
         return list(store_events_to_vllm(events, self._core().geometry.units))
 
     def shutdown(self) -> None:
+        if self.remote is not None:
+            self.remote.close()
+        if self.worker_remote is not None:
+            self.worker_remote.close()  # writes what is queued, each SET bounded
         if self._engine is not None:
             self._engine.close()
         if self._host is not None:

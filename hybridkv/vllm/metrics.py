@@ -43,7 +43,9 @@ from hybridkv.store import EventKind, LookupResult, StoreEvent
 from hybridkv.vllm.reclaim import ReclaimGuard
 
 __all__ = [
+    "ALL_COUNTERS",
     "COUNTERS",
+    "REMOTE_COUNTERS",
     "SCHEDULER_COUNTERS",
     "WORKER_COUNTERS",
     "GroupAgreement",
@@ -95,7 +97,34 @@ WORKER_COUNTERS: dict[str, str] = {
     "jobs_abandoned": "late load jobs this worker stopped at the load deadline (cancelled if "
     "queued, waited for if running) before reporting them failed",
 }
+REMOTE_COUNTERS: dict[str, str] = {
+    "remote_lookups": "pipelined EXISTS round trips to the remote tier (scheduler side)",
+    "remote_lookup_faults": "of those, the ones that failed or timed out (answered 0 present)",
+    "remote_chunks_found": "leading chunks those lookups found on the server",
+    "promotions_started": "chunks reserved in the host tier for a fetch from the remote tier",
+    "promotions_refused": "present chunks not promoted because the host tier had no room",
+    "promoted": "promotions resolved PROMOTED (verified bytes in the host slots, READY)",
+    "missing": "promotions resolved MISSING (the chunk vanished between lookup and fetch)",
+    "fault": "promotions resolved FAULT (connection reset, server gone): recomputed",
+    "timeout": "promotions resolved TIMEOUT (past remote_timeout_ms, or never reported)",
+    "corrupt": "promotions resolved CORRUPT (verification failed; nothing loaded)",
+    "promotion_deadlines": "promotions the scheduler resolved TIMEOUT for lack of a report",
+    "late_reports": "fetch reports of promotions already resolved TIMEOUT (ignored)",
+    "writes_ordered": "chunks the scheduler ordered written behind (all members READY)",
+    "remote_writes_enqueued": "chunks copied from host slots and queued for one SET (worker)",
+    "remote_writes_dropped": "write-behinds dropped because remote_max_pending_writes were "
+    "queued (never waited for)",
+    "remote_written": "queued chunks the server acknowledged",
+    "remote_writes_failed": "queued chunks whose SET failed or timed out",
+    "remote_fetches": "GETs of promoted chunks (worker)",
+    "remote_fetched_bytes": "bytes written into host slots by verified fetches",
+    "remote_written_bytes": "bytes of host slots copied into queued writes",
+}
+"""The remote tier's counters (hybridkv.vllm.remote; present only with ``remote_url``)."""
 COUNTERS: dict[str, str] = {**SCHEDULER_COUNTERS, **WORKER_COUNTERS}
+"""Every counter name of the host tier and what it counts (docs/howto/serve.md lists the same)."""
+ALL_COUNTERS: dict[str, str] = {**COUNTERS, **REMOTE_COUNTERS}
+"""With the remote tier's (docs/howto/share-prefix-cache.md lists those)."""
 """Every counter name and what it counts (docs/howto/serve.md lists the same)."""
 
 
@@ -122,7 +151,7 @@ class HybridKVStats(KVConnectorStats):
         return self
 
     def reduce(self) -> dict[str, int | float]:
-        return {name: self.data[name] for name in COUNTERS if name in self.data}
+        return {name: self.data[name] for name in ALL_COUNTERS if name in self.data}
 
     def is_empty(self) -> bool:
         return not any(self.data.values())
@@ -316,7 +345,7 @@ class HybridKVPromMetrics(KVConnectorPromMetrics):
     ) -> None:
         super().__init__(vllm_config, metric_types, labelnames, per_engine_labelvalues)
         self.counters: dict[str, dict[int, Any]] = {}
-        for name, documentation in COUNTERS.items():
+        for name, documentation in ALL_COUNTERS.items():
             metric = self._counter_cls(
                 name=f"vllm:hybridkv_{name}",
                 documentation=f"hybridkv: {documentation}",

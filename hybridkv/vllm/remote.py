@@ -1,0 +1,462 @@
+"""The remote tier inside :class:`~hybridkv.vllm.connector.HybridKVConnector` (issue 12): two
+vLLM engines, each with its own host tier, share one Redis/Valkey server under the CPU tier.
+
+vLLM runs the scheduler and the workers in separate processes, so the two sides share no
+Python object: each side opens its own connection to the server, and everything else crosses
+in the connector metadata (scheduler -> worker, :class:`RemoteOrders`) and the worker metadata
+(worker -> scheduler, :class:`FetchReport` in ``HybridKVWorkerMeta.fetches``).
+
+Chunks. A chunk is one prefix step: the host keys of every group's unit that ends at the same
+token ``end`` (attention blocks of full and sliding groups and the mamba state ending there),
+in group order (:meth:`hybridkv.connector.ConnectorCore.chunk_members`). vLLM keeps a mamba
+state only at the end of each scheduled step, so a host often holds the attention units ending
+at ``end`` without the state there; such a step is written as its attention-only variant (the
+same rule without the mamba members: other members, so another chunk key), and a reader asks
+for the whole chunk first, then that variant (a claim may pass an end without its state, never
+end there). Each variant is still written and read whole. The chunk key is the
+contract's chunk key over those host keys under ``remote_namespace``
+(:func:`hybridkv.remote.chunk_key`), so the cache salt and vLLM's extra keys, already chained
+into the host keys, separate tenants by content addressing alone (TT-6). Each member travels
+as its whole host slot (``slot_bytes``, the largest group's block), so every group's layout in
+the slot is carried as is.
+
+Write-behind (:class:`SchedulerRemote.store_reported`): when a store job reports success, each
+chunk it touched whose members are all READY in the host becomes a write order. Orders are
+re-checked (every member still READY, slots read afresh) when the next metadata is built, after
+the core reserved that step's stores, so no order names a slot that step's stores or
+promotions reuse. The worker (:class:`WorkerRemote`) copies the members' slot bytes at the
+start of its step, before it writes any slot (fetches, then the step's stores in
+``wait_for_save``), and queues one SET on :class:`hybridkv.remote.RemoteTier`'s background
+writer: bounded, never blocking (a full queue drops the write, counted).
+
+Read-through (:class:`SchedulerRemote.before_claim`): before the core answers a claim, the
+chunks ending in ``(num_computed_tokens, claimable end]`` whose members are all absent from the
+host are asked of the server (one pipelined EXISTS over every end's variants, bounded by
+``remote_timeout_ms``; a fault answers none present); in prefix order, the ends the server
+holds up to the first it lacks are promoted (per end, the whole chunk if present, else the
+attention-only one): their members
+are reserved STORING through the core (:meth:`~hybridkv.connector.ConnectorCore.reserve_promotion`),
+so the claim DEFERs on them like on any STORING key, and the next metadata orders the fetch.
+The worker GETs each chunk (bounded by the same timeout), verifies it against the expected
+members (:func:`hybridkv.remote.decode_chunk`: magic, version, member keys, lengths, digest,
+and each payload exactly one slot), writes the payloads into the reserved slots and reports the
+outcome: PROMOTED (members READY) or MISSING / FAULT / TIMEOUT / CORRUPT (members dropped; the
+chunk is remembered failed, so the claim ends before it and vLLM recomputes exactly what is
+missing). A fetch runs inside ``start_load_kv`` and its bytes land before the worker reports,
+so a report never precedes its writes.
+
+Termination (TT-4): a promotion not reported within ``PROMOTION_DEADLINE_STEPS`` engine steps
+(it cannot be, with vLLM's in-order outputs; the bound guards against a lost report) resolves
+TIMEOUT and its members are dropped; a late report of it is ignored (counted). Each chunk is
+promoted at most once per request, so read-through cannot loop evicting what it promoted.
+Failed chunks are remembered (at most ``FAILED_MEMORY`` of them, oldest forgotten first).
+
+Not built: tensor parallelism > 1 with a remote tier (refused at start-up: each rank would need
+its own shard of every chunk), and writes on host eviction (writes happen on store).
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from hybridkv.connector import ConnectorCore, RequestView
+from hybridkv.errors import HybridKVConfigError
+from hybridkv.hostmem import HostMemory
+from hybridkv.remote import (
+    Admission,
+    Chunk,
+    ClientFault,
+    PromoteOutcome,
+    RedisClient,
+    RemoteConfig,
+    RemoteTier,
+    decode_chunk,
+    make_chunk,
+    redis_key,
+)
+from hybridkv.store import LookupResult
+from hybridkv.vllm.config import RemoteSettings
+
+__all__ = [
+    "FAILED_MEMORY",
+    "PROMOTION_DEADLINE_STEPS",
+    "FetchOrder",
+    "FetchReport",
+    "RemoteOrders",
+    "SchedulerRemote",
+    "WorkerRemote",
+    "remote_config",
+]
+
+PROMOTION_DEADLINE_STEPS = 8
+FAILED_MEMORY = 4096
+_MISS = LookupResult.MISS
+_HIT = LookupResult.HIT
+
+
+def remote_config(settings: RemoteSettings) -> RemoteConfig:
+    """The library tier's config for the connector's parsed keys."""
+    return RemoteConfig(
+        host=settings.host,
+        port=settings.port,
+        connect_timeout_s=settings.timeout_s,
+        deadline_s=settings.timeout_s,
+        ttl_s=settings.ttl_s,
+        max_pending=settings.max_pending_writes,
+        namespace=settings.namespace.encode(),
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class FetchOrder:
+    """One chunk's members and their host slots (a write copies from them, a fetch into them)."""
+
+    chunk_key: bytes
+    members: tuple[bytes, ...]
+    slots: tuple[int, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class RemoteOrders:
+    """What the worker's remote side does this step: copy and queue ``writes``, then fetch
+    ``fetches`` (metadata, scheduler -> worker)."""
+
+    writes: tuple[FetchOrder, ...] = ()
+    fetches: tuple[FetchOrder, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class FetchReport:
+    """A fetch's outcome (worker metadata, worker -> scheduler): ``outcome`` is a
+    :class:`hybridkv.remote.PromoteOutcome` value."""
+
+    chunk_key: bytes
+    outcome: str
+
+
+@dataclass(slots=True)
+class _Promotion:
+    members: tuple[bytes, ...]
+    salt: str | None
+    born: int
+    sent: bool = False
+
+
+SCHEDULER_COUNTERS = (
+    "remote_lookups",
+    "remote_lookup_faults",
+    "remote_chunks_found",
+    "promotions_started",
+    "promotions_refused",
+    "promoted",
+    "missing",
+    "fault",
+    "timeout",
+    "corrupt",
+    "promotion_deadlines",
+    "late_reports",
+    "writes_ordered",
+)
+
+
+class SchedulerRemote:
+    """The scheduler side's remote tier: lookups, promotions through the core, write orders."""
+
+    def __init__(self, core: ConnectorCore, config: RemoteConfig, client: Any = None) -> None:
+        """Lookups go through ``client`` (default: a :class:`RedisClient` on ``config``'s
+        server; this side only asks EXISTS)."""
+        self.core = core
+        self.config = config
+        self._client = client if client is not None else RedisClient(config)
+        self._step = 0
+        self._promotions: dict[bytes, _Promotion] = {}
+        self._failed: OrderedDict[bytes, None] = OrderedDict()
+        self._tried: dict[str, set[bytes]] = {}  # per request: chunks promoted for it once
+        self._asked: dict[str, tuple[Any, ...]] = {}  # per request: the last lookup's question
+        self._job_chunks: dict[int, tuple[tuple[bytes, ...], ...]] = {}
+        self._job_salt: dict[int, str | None] = {}
+        self._writes: dict[bytes, tuple[tuple[bytes, ...], str | None]] = {}
+        self.count = dict.fromkeys(SCHEDULER_COUNTERS, 0)
+        # Observed history for tests and reports, kept only with ``record`` on (it grows):
+        # (chunk key, salt) of every write order and every promotion that came back PROMOTED.
+        self.record = False
+        self.written_log: list[tuple[bytes, str | None]] = []
+        self.promoted_log: list[tuple[bytes, str | None]] = []
+
+    # ------------------------------------------------------------ read-through
+
+    def before_claim(self, view: RequestView, start: int) -> None:
+        """Promote the leading server-held chunks the host lacks for ``view``'s claim."""
+        core = self.core
+        geometry = core.geometry
+        limit = geometry.planner.claimable_prefix_tokens(len(view.token_ids))
+        limit -= limit % geometry.align
+        if limit <= start:
+            return
+        rid = str(view.request_id)
+        tried = self._tried.setdefault(rid, set())
+        steps = self._steps(view, start, limit, tried)
+        if not steps:
+            return
+        question = (start, len(view.token_ids), tuple(c.key for o in steps for c in o))
+        if self._asked.get(rid) == question:
+            return  # asked before and nothing changed: the answer stands
+        self._asked[rid] = question
+        asked = [chunk for options in steps for chunk in options]
+        self.count["remote_lookups"] += 1
+        found = self._client.exists([redis_key(chunk.key) for chunk in asked])
+        if isinstance(found, ClientFault):
+            self.count["remote_lookup_faults"] += 1
+            return  # a fault answers nothing present
+        present = {chunk.key for chunk, yes in zip(asked, found, strict=True) if yes}
+        for options in steps:
+            chunk = next((c for c in options if c.key in present), None)
+            if chunk is None:
+                break  # the first end the server lacks: the claim cannot pass it
+            self.count["remote_chunks_found"] += 1
+            slots = core.reserve_promotion(chunk.members, view.cache_salt)
+            if slots is None:
+                self.count["promotions_refused"] += 1
+                break  # no room in the host: the claim simply ends here
+            tried.add(chunk.key)
+            self._promotions[chunk.key] = _Promotion(chunk.members, view.cache_salt, self._step)
+            self.count["promotions_started"] += 1
+
+    def _steps(
+        self, view: RequestView, start: int, limit: int, tried: set[bytes]
+    ) -> list[tuple[Chunk, ...]]:
+        """Per end in ``(start, limit]`` whose chunk the host lacks, the variants to ask."""
+        status = self.core.store.status
+        steps: list[tuple[Chunk, ...]] = []
+        for end in _ends(self.core.geometry.distinct_units, start, limit):
+            absent = [
+                m for m in self._variants(view, end) if all(status(k) is _MISS for k in m)
+            ]  # held (or being stored) in the host, even partly: not a remote matter
+            chunks = [make_chunk(self.config.namespace, m) for m in absent]
+            options = tuple(
+                c
+                for c in chunks
+                if c.key not in self._failed
+                and c.key not in tried
+                and c.key not in self._promotions
+            )
+            if options:
+                steps.append(options)
+            elif chunks:
+                break  # only failed or already-tried variants: the claim ends before them
+        return steps
+
+    def _variants(self, view: RequestView, end: int) -> tuple[tuple[bytes, ...], ...]:
+        """The chunk ending at ``end``, then (on a model with mamba groups) its attention-only
+        variant, written when the host never held the state at ``end`` (module docstring)."""
+        whole = self.core.chunk_members(view, end)
+        attention = self.core.chunk_members(view, end, recurrent=False)
+        return tuple(m for m in ((whole, attention) if attention != whole else (whole,)) if m)
+
+    # ------------------------------------------------------------ write-behind
+
+    def stores_emitted(self, jobs: Iterable[Any], views: dict[str, RequestView]) -> None:
+        """Remember, per store job, the chunks its items end (members from the request's keys)."""
+        for job in jobs:
+            view = views.get(str(job.request_id))
+            if view is None:
+                continue
+            ends = sorted({item.end_token for item in job.items})
+            self._job_chunks[int(job.job_id)] = tuple(self._variants(view, e) for e in ends)
+            self._job_salt[int(job.job_id)] = view.cache_salt
+
+    def store_reported(self, job_id: int, success: bool) -> None:
+        """A store job reported: per end it stored, the whole chunk if all its members are
+        READY, else the attention-only variant if those are: a write order."""
+        chunks = self._job_chunks.pop(job_id, ())
+        salt = self._job_salt.pop(job_id, None)
+        if not success:
+            return
+        status = self.core.store.status
+        for variants in chunks:
+            for members in variants:
+                if all(status(key) is _HIT for key in members):
+                    chunk = make_chunk(self.config.namespace, members)
+                    self._writes.setdefault(chunk.key, (members, salt))
+                    break
+
+    # ------------------------------------------------------------ the step
+
+    def orders(self) -> RemoteOrders | None:
+        """This step's orders (call after the core built the step's stores): the writes still
+        READY with their slots read now, and the promotions reserved since the last call."""
+        core = self.core
+        status = core.store.status
+        writes = []
+        for key, (members, salt) in self._writes.items():
+            if all(status(m) is _HIT for m in members):
+                writes.append(FetchOrder(key, members, core.store.slots(members)))
+                self.count["writes_ordered"] += 1
+                if self.record:
+                    self.written_log.append((key, salt))
+        self._writes = {}
+        fetches = []
+        for key, promotion in self._promotions.items():
+            if not promotion.sent:
+                promotion.sent = True
+                members = promotion.members
+                fetches.append(FetchOrder(key, members, core.store.slots(members)))
+        self._step += 1
+        if not writes and not fetches:
+            return None
+        return RemoteOrders(tuple(writes), tuple(fetches))
+
+    def fold(self, reports: Iterable[FetchReport]) -> None:
+        """Resolve the promotions the worker reported, then those past their deadline."""
+        for report in reports:
+            promotion = self._promotions.pop(report.chunk_key, None)
+            if promotion is None:
+                self.count["late_reports"] += 1  # resolved TIMEOUT already
+                continue
+            self._resolve(report.chunk_key, promotion, PromoteOutcome(report.outcome))
+        late = [
+            key
+            for key, p in self._promotions.items()
+            if self._step - p.born > PROMOTION_DEADLINE_STEPS
+        ]
+        for key in late:
+            self.count["promotion_deadlines"] += 1
+            self._resolve(key, self._promotions.pop(key), PromoteOutcome.TIMEOUT)
+
+    def finished(self, request_id: str) -> None:
+        """Forget the request's lookup memo and its once-per-request record."""
+        self._tried.pop(request_id, None)
+        self._asked.pop(request_id, None)
+
+    def in_flight(self) -> int:
+        """Promotions reserved and not resolved."""
+        return len(self._promotions)
+
+    def close(self) -> None:
+        self._client.close()
+
+    def _resolve(self, key: bytes, promotion: _Promotion, outcome: PromoteOutcome) -> None:
+        success = outcome is PromoteOutcome.PROMOTED
+        self.core.complete_promotion(promotion.members, success)
+        self.count[outcome.value] += 1
+        if success:
+            if self.record:
+                self.promoted_log.append((key, promotion.salt))
+            self._failed.pop(key, None)
+            return
+        self._failed[key] = None
+        while len(self._failed) > FAILED_MEMORY:
+            self._failed.popitem(last=False)
+
+
+def _ends(units: Iterable[int], start: int, limit: int) -> list[int]:
+    """Every token in ``(start, limit]`` where some group's unit ends, ascending."""
+    found: set[int] = set()
+    for u in units:
+        found.update(range((start // u + 1) * u, limit + 1, u))
+    return sorted(found)
+
+
+WORKER_COUNTERS = (
+    "remote_writes_enqueued",
+    "remote_writes_dropped",
+    "remote_written",
+    "remote_writes_failed",
+    "remote_fetches",
+    "remote_fetched_bytes",
+    "remote_written_bytes",
+)
+
+
+class WorkerRemote:
+    """The worker side's remote tier: copies and queues writes, runs verified fetches."""
+
+    def __init__(
+        self,
+        config: RemoteConfig,
+        host: HostMemory,
+        *,
+        client: Any = None,
+        background: bool = True,
+    ) -> None:
+        self.config = config
+        self.host = host
+        self._client = client if client is not None else RedisClient(config)
+        self.tier = RemoteTier(config, self._client, background=background)
+        self._lock = threading.Lock()
+        self.count = dict.fromkeys(WORKER_COUNTERS, 0)
+        self.outcomes = dict.fromkeys((o.value for o in PromoteOutcome), 0)
+        # In-package test hook (never a user setting): called before each fetch's GET, so a
+        # test can kill the server, reset connections, pause it or delete the chunk between
+        # the scheduler's lookup and the worker's load.
+        self.before_fetch: Callable[[FetchOrder], None] | None = None
+
+    def run(self, orders: RemoteOrders) -> tuple[FetchReport, ...]:
+        """Copy and queue every write, then fetch every chunk into its slots; the outcomes."""
+        slot_bytes = self.host.slot_bytes
+        for order in orders.writes:
+            payloads = [bytes(self.host.slot(s).numpy()) for s in order.slots]  # the copy
+            chunk = Chunk(order.chunk_key, order.members)
+            verdict = self.tier.write_behind(chunk, payloads)
+            if verdict is Admission.ENQUEUED:
+                self.count["remote_writes_enqueued"] += 1
+                self.count["remote_written_bytes"] += slot_bytes * len(payloads)
+            elif verdict is Admission.DROPPED:
+                self.count["remote_writes_dropped"] += 1
+        return tuple(self._fetch(order) for order in orders.fetches)
+
+    def _fetch(self, order: FetchOrder) -> FetchReport:
+        if self.before_fetch is not None:
+            self.before_fetch(order)
+        self.count["remote_fetches"] += 1
+        reply = self._client.get(redis_key(order.chunk_key))
+        outcome = self._verify_into(order, reply)
+        self.outcomes[outcome.value] += 1
+        return FetchReport(order.chunk_key, outcome.value)
+
+    def _verify_into(self, order: FetchOrder, reply: bytes | ClientFault | None) -> PromoteOutcome:
+        if reply is None:
+            return PromoteOutcome.MISSING
+        if isinstance(reply, ClientFault):
+            return PromoteOutcome.TIMEOUT if reply is ClientFault.TIMEOUT else PromoteOutcome.FAULT
+        decoded = decode_chunk(reply, order.members)
+        size = self.host.slot_bytes
+        if decoded.corruption is not None or any(len(p) != size for p in decoded.payloads):
+            return PromoteOutcome.CORRUPT
+        for slot, payload in zip(order.slots, decoded.payloads, strict=True):
+            self.host.slot(slot).copy_(torch.frombuffer(bytearray(payload), dtype=torch.uint8))
+        self.count["remote_fetched_bytes"] += size * len(order.slots)
+        return PromoteOutcome.PROMOTED
+
+    def counters(self) -> dict[str, int]:
+        """Worker counters, the tier's write outcomes folded in."""
+        tier = self.tier.snapshot()["counters"]
+        found = dict(self.count)
+        found["remote_written"] = tier["written"]
+        found["remote_writes_failed"] = tier["writes_failed"]
+        return found
+
+    def flush(self, timeout_s: float) -> bool:
+        """Wait for the queued writes (tests and shutdown)."""
+        return self.tier.flush(timeout_s)
+
+    def close(self) -> None:
+        self.tier.close()
+
+
+def refuse_tensor_parallel(world_size: int) -> None:
+    """A remote tier needs one worker (module docstring)."""
+    if world_size != 1:
+        raise HybridKVConfigError(
+            "kv_connector_extra_config.remote_url",
+            world_size,
+            "a remote tier with tensor parallelism > 1 is not built (each rank would need its "
+            "own shard of every chunk)",
+            "drop remote_url, or serve with --tensor-parallel-size 1",
+        )

@@ -1,0 +1,182 @@
+"""Two in-process vLLM 0.33 engines sharing one Redis server through HybridKVConnector's remote
+tier (:mod:`hybridkv.vllm.remote`), for tests/vllm/test_remote_two_engines.py.
+
+Each engine is :class:`hybridkv.vllm.inprocess.InProcessEngine`: vLLM's real ``Scheduler``,
+its own scheduler-role and worker-role ``HybridKVConnector`` (separate host tiers), every KV
+slot and mamba state the forward reads content-checked. The only thing the engines share is the
+server. The server fixtures come from tests/remote (``_redis_server``: a real ``redis-server``
+on 127.0.0.1, skipped without the binary unless ``HYBRIDKV_REQUIRE_REDIS=1``).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "remote"))
+
+from _redis_server import BINARIES, RedisServer, find_binary
+from diffharness.layouts import RECIPES, Layout
+from vllm.config import KVTransferConfig
+
+from hybridkv.vllm.cpu_worker import HybridKVOnCPU
+from hybridkv.vllm.inprocess import (
+    ChatTrace,
+    EngineSettings,
+    InProcessEngine,
+    InProcessReport,
+    WedgedError,
+)
+
+__all__ = [
+    "SHAPES",
+    "Prompt",
+    "Shape",
+    "build",
+    "chat_prompts",
+    "flush_writes",
+    "redis_binary_or_skip",
+    "run_prompts",
+    "started_server",
+]
+
+HOST_BYTES = 64 << 20
+
+
+@dataclass(frozen=True, slots=True)
+class Shape:
+    """A layout's engine settings, chunk (one block) and chat trace."""
+
+    layout: Layout
+    settings: EngineSettings
+    chunk: int
+    trace: ChatTrace
+
+
+SHAPES = {
+    # Mamba (align mode) + full attention: each chunk carries the mamba state at its end.
+    Layout.MAMBA_FULL: Shape(
+        Layout.MAMBA_FULL,
+        EngineSettings(
+            num_gpu_blocks=16, max_model_len=2560, max_num_seqs=2, max_num_batched_tokens=1280
+        ),
+        640,
+        ChatTrace(convs=3, turns=2, system_len=1300, user_min=150, user_max=300),
+    ),
+    # Sliding window + full attention, 32-token chunks (many chunks per prompt).
+    Layout.SLIDING_FULL: Shape(
+        Layout.SLIDING_FULL,
+        EngineSettings(
+            num_gpu_blocks=30,
+            max_model_len=512,
+            block_size=32,
+            max_num_seqs=3,
+            max_num_batched_tokens=128,
+        ),
+        32,
+        ChatTrace(convs=4, turns=2, system_len=128),
+    ),
+}
+
+
+def redis_binary_or_skip() -> str:
+    """The server binary; skip without one unless HYBRIDKV_REQUIRE_REDIS=1 (then fail)."""
+    binary = find_binary()
+    if binary is None:
+        reason = f"none of {', '.join(BINARIES)} is on PATH (`nox -s remote` installs one)"
+        if os.environ.get("HYBRIDKV_REQUIRE_REDIS") == "1":
+            pytest.fail(f"HYBRIDKV_REQUIRE_REDIS=1 but {reason}")
+        pytest.skip(reason)
+    return binary
+
+
+def started_server(workdir: Path) -> Iterator[RedisServer]:
+    server = RedisServer(redis_binary_or_skip(), workdir)
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+def transfer(
+    shape: Shape, port: int | None, *, namespace: str = "hybridkv", timeout_ms: int = 200
+) -> Any:
+    extra: dict[str, Any] = {"host_memory_bytes": HOST_BYTES, "chunk_size": shape.chunk}
+    if port is not None:
+        extra |= {
+            "remote_url": f"redis://127.0.0.1:{port}/0",
+            "remote_namespace": namespace,
+            "remote_timeout_ms": timeout_ms,
+        }
+    return KVTransferConfig(
+        kv_connector="HybridKVConnector",
+        kv_connector_module_path="hybridkv.vllm",
+        kv_role="kv_both",
+        kv_load_failure_policy="recompute",
+        kv_connector_extra_config=extra,
+    )
+
+
+def build(shape: Shape, port: int | None, **kw: Any) -> InProcessEngine:
+    """One engine (its own host tier) on the shared server at ``port`` (None: no remote)."""
+    engine = InProcessEngine(
+        RECIPES[shape.layout].config_json(),
+        shape.settings,
+        transfer(shape, port, **kw),
+        HybridKVOnCPU(delay=1),
+    )
+    remote = engine.scheduler.connector.remote
+    if remote is not None:
+        remote.record = True  # keep the (chunk, salt) logs the tenant checks read
+    return engine
+
+
+@dataclass(frozen=True, slots=True)
+class Prompt:
+    rid: str
+    tokens: list[int]
+    salt: str | None = None
+
+
+def chat_prompts(trace: ChatTrace, prefix: str = "", salt: str | None = None) -> list[Prompt]:
+    """The trace's prompts, each turn growing the last by fresh user tokens (outputs are not
+    replayed: the two engines then serve identical prompts)."""
+    system = trace.system()
+    found = []
+    for conv in range(trace.convs):
+        prompt = list(system)
+        for turn in range(trace.turns):
+            prompt = prompt + trace.user(conv, turn)
+            found.append(Prompt(f"{prefix}c{conv}-t{turn}", list(prompt), salt))
+    return found
+
+
+def run_prompts(
+    engine: InProcessEngine, prompts: list[Prompt], *, output_len: int = 4, per_wave: int = 2
+) -> InProcessReport:
+    """Serve ``prompts`` in waves of ``per_wave`` (each wave runs to completion), then drain
+    the connector; :class:`WedgedError` past ``max_steps``."""
+    finished = 0
+    for at in range(0, len(prompts), per_wave):
+        for p in prompts[at : at + per_wave]:
+            engine.add(p.rid, p.tokens, output_len, cache_salt=p.salt)
+        while engine.busy():
+            if engine.tally.steps >= engine.settings.max_steps:
+                raise WedgedError(f"{finished} of {len(engine.requests)} finished")
+            finished += sum(1 for out in engine.step() if out.finish_reason is not None)
+    if engine.pending():
+        raise WedgedError(f"{engine.pending()} transfer jobs in flight at the end")
+    return engine.report(finished)
+
+
+def flush_writes(engine: InProcessEngine, timeout_s: float = 10.0) -> bool:
+    """Wait until the engine's worker wrote every queued chunk (write-behind is async)."""
+    remote = engine.worker.worker_remote
+    return remote is None or remote.flush(timeout_s)

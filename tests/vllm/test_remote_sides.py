@@ -1,0 +1,240 @@
+"""The two sides of the connector's remote tier (:mod:`hybridkv.vllm.remote`) without vLLM's
+scheduler and without a server: a :class:`ConnectorCore` each, an in-memory server
+(tests/remote/_fake_client.py) between them, the orders and reports passed by hand as the
+connector metadata and worker metadata carry them.
+
+- Engine A's store reports become write orders; its worker copies the host slots and SETs one
+  chunk per prefix step; engine B's claim promotes them, its worker fetches and verifies them
+  into B's own slots (byte-equal to A's), and B's claim then covers them.
+- A promotion never reported resolves TIMEOUT after ``PROMOTION_DEADLINE_STEPS`` (no wedge); a
+  late report is ignored. Each fetch fault (MISSING, FAULT, TIMEOUT, CORRUPT, a wrong length)
+  drops the members and ends B's claim before the chunk; a lookup fault promotes nothing.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.vllm
+pytest.importorskip("vllm.v1.core.sched.scheduler", reason="vLLM 0.33 is not installed")
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "remote"))
+
+from _fake_client import FakeClient  # noqa: E402
+
+from hybridkv.connector import (  # noqa: E402
+    ClaimKind,
+    ConnectorCore,
+    JobResult,
+    KVConnectorOutput,
+    RequestId,
+    RequestView,
+    ScheduledRequest,
+    StepView,
+)
+from hybridkv.hostmem import HostMemory, PinMode  # noqa: E402
+from hybridkv.kinds import GroupKind  # noqa: E402
+from hybridkv.planner import HybridOffloadPlanner  # noqa: E402
+from hybridkv.remote import ClientFault, RemoteConfig, redis_key  # noqa: E402
+from hybridkv.store import HostStore, LookupResult  # noqa: E402
+from hybridkv.vllm.remote import (  # noqa: E402
+    PROMOTION_DEADLINE_STEPS,
+    FetchReport,
+    SchedulerRemote,
+    WorkerRemote,
+)
+
+FULL, MAMBA = GroupKind.FULL, GroupKind.MAMBA
+TOKENS = tuple(range(1, 34))  # 33 tokens: 32 claimable, 8 units of 4 per group
+SLOT = 64
+CONFIG = RemoteConfig(namespace=b"t")
+
+
+def _core() -> ConnectorCore:
+    planner = HybridOffloadPlanner(((FULL, 4), (MAMBA, 4)), 2, 4, 1 << 14)
+    return ConnectorCore(planner, HostStore(64), (FULL, MAMBA), 2, 4)
+
+
+def _view(rid: str) -> RequestView:
+    return RequestView(RequestId(rid), TOKENS, len(TOKENS))
+
+
+def _content(key: bytes) -> bytes:
+    return (hashlib.sha256(key).digest() * (SLOT // 32))[:SLOT]
+
+
+class Engine:
+    """One engine's scheduler side and worker side over one fake server."""
+
+    def __init__(self, server: FakeClient) -> None:
+        self.core = _core()
+        self.remote = SchedulerRemote(self.core, CONFIG, server)
+        self.host = HostMemory(64 * SLOT, SLOT, PinMode.OFF)
+        self.worker = WorkerRemote(CONFIG, self.host, client=server, background=False)
+
+    def step(self, reports: tuple[FetchReport, ...] = ()) -> tuple[FetchReport, ...]:
+        """Build the orders, run them on the worker (writes flushed), fold the reports."""
+        orders = self.remote.orders()
+        fetched = () if orders is None else self.worker.run(orders)
+        self.worker.tier.write_pending()
+        self.remote.fold((*reports, *fetched))
+        return fetched
+
+
+def _serve_and_write(a: Engine) -> None:
+    """A computes the request's 32 tokens: one store job, its slots filled, reported done."""
+    view = _view("a")
+    table = tuple(tuple(1 + g * 100 + i for i in range(9)) for g in range(2))
+    meta = a.core.build_connector_meta(StepView(1, (ScheduledRequest(view, table, 0, 33),)))
+    assert len(meta.store_jobs) == 1
+    a.remote.stores_emitted(meta.store_jobs, {"a": view})
+    job = meta.store_jobs[0]
+    for item, slot in zip(job.items, a.core.store.slots([i.key for i in job.items]), strict=True):
+        a.host.slot(slot).copy_(bytes_tensor(_content(item.key)))
+    a.core.update_connector_output(KVConnectorOutput(completed_jobs=(JobResult(job.job_id, True),)))
+    a.remote.store_reported(int(job.job_id), True)
+    a.step()
+
+
+def bytes_tensor(data: bytes):  # type: ignore[no-untyped-def]
+    import torch
+
+    return torch.frombuffer(bytearray(data), dtype=torch.uint8)
+
+
+def test_b_promotes_what_a_wrote_byte_for_byte() -> None:
+    server = FakeClient()
+    a, b = Engine(server), Engine(server)
+    _serve_and_write(a)
+    assert a.remote.count["writes_ordered"] == 8  # one chunk per unit end: 4, 8, ..., 32
+    assert a.worker.counters()["remote_written"] == 8
+    assert len(server.data) == 8
+    view = _view("b")
+    b.remote.before_claim(view, 0)
+    assert b.remote.count["promotions_started"] == 8
+    assert b.core.get_num_new_matched_tokens(view, 0).kind is ClaimKind.DEFER
+    b.step()
+    assert b.remote.count["promoted"] == 8
+    assert b.worker.outcomes["promoted"] == 8
+    claim = b.core.get_num_new_matched_tokens(view, 0)
+    assert (claim.kind, claim.num_tokens) == (ClaimKind.ASYNC, 32)
+    for end in range(4, 33, 4):
+        members = b.core.chunk_members(view, end)
+        for key, slot in zip(members, b.core.store.slots(members), strict=True):
+            assert bytes(b.host.slot(slot).numpy()) == _content(key)
+    # Asked again with nothing changed: no second lookup.
+    lookups = b.remote.count["remote_lookups"]
+    b.remote.before_claim(view, 0)
+    assert b.remote.count["remote_lookups"] == lookups
+
+
+def test_an_unreported_promotion_times_out_and_a_late_report_is_ignored() -> None:
+    server = FakeClient()
+    a, b = Engine(server), Engine(server)
+    _serve_and_write(a)
+    view = _view("b")
+    b.remote.before_claim(view, 0)
+    orders = b.remote.orders()  # sent, never run: the report is lost
+    assert orders is not None
+    assert len(orders.fetches) == 8
+    for _ in range(PROMOTION_DEADLINE_STEPS - 1):  # steps after the one that sent them
+        b.step()
+        assert b.remote.in_flight() == 8
+    b.step()  # the deadline-th step after: resolved TIMEOUT
+    assert b.remote.in_flight() == 0
+    assert b.remote.count["promotion_deadlines"] == b.remote.count["timeout"] == 8
+    assert b.core.promotions_in_flight() == 0
+    assert b.core.store.stats().storing == 0
+    b.step((FetchReport(orders.fetches[0].chunk_key, "promoted"),))
+    assert b.remote.count["late_reports"] == 1
+    assert b.core.get_num_new_matched_tokens(view, 0).kind is ClaimKind.NONE
+    # Failed chunks are remembered: the same request never promotes them again.
+    b.remote.before_claim(view, 0)
+    assert b.remote.count["promotions_started"] == 8
+
+
+@pytest.mark.parametrize(
+    ("fault", "outcome"),
+    [
+        ("missing", "missing"),
+        (ClientFault.FAULT, "fault"),
+        (ClientFault.TIMEOUT, "timeout"),
+        ("garbage", "corrupt"),
+        ("short", "corrupt"),
+    ],
+)
+def test_a_failed_fetch_ends_the_claim_before_its_chunk(fault: object, outcome: str) -> None:
+    server = FakeClient()
+    a, b = Engine(server), Engine(server)
+    _serve_and_write(a)
+    view = _view("b")
+    b.remote.before_claim(view, 0)
+    orders = b.remote.orders()
+    assert orders is not None
+    third = redis_key(orders.fetches[2].chunk_key)  # the chunk ending at token 12
+    if fault == "missing":
+        del server.data[third]
+    elif fault == "garbage":
+        server.data[third] = server.data[third][:-1] + b"\x00"
+    elif fault == "short":  # a well-formed chunk of the right members, payloads too short
+        from hybridkv.remote import encode_chunk
+
+        server.data[third] = encode_chunk(orders.fetches[2].members, [b"x", b"y"])
+    reports = []
+    for i, order in enumerate(orders.fetches):
+        if i == 2 and isinstance(fault, ClientFault):
+            server.fail_next["get"] = fault
+        reports.extend(b.worker.run(type(orders)((), (order,))))
+    b.remote.fold(reports)
+    assert b.remote.count[outcome] == 1
+    assert b.remote.count["promoted"] == 7
+    members = b.core.chunk_members(view, 12)
+    assert all(b.core.store.status(k) is LookupResult.MISS for k in members)
+    claim = b.core.get_num_new_matched_tokens(view, 0)
+    assert (claim.kind, claim.num_tokens) == (ClaimKind.ASYNC, 8)  # ends before token 12
+
+
+def test_a_lookup_fault_promotes_nothing() -> None:
+    server = FakeClient()
+    a, b = Engine(server), Engine(server)
+    _serve_and_write(a)
+    server.fail_next["exists"] = ClientFault.TIMEOUT
+    b.remote.before_claim(_view("b"), 0)
+    assert b.remote.count["remote_lookup_faults"] == 1
+    assert b.remote.count["promotions_started"] == 0
+    assert b.core.store.stats().reserved == 0
+
+
+def test_orders_and_reports_cross_processes_by_pickle() -> None:
+    """vLLM pickles the metadata to the workers and the worker metadata back."""
+    import pickle
+
+    from hybridkv.vllm.connector import HybridKVWorkerMeta
+
+    server = FakeClient()
+    a, b = Engine(server), Engine(server)
+    _serve_and_write(a)
+    b.remote.before_claim(_view("b"), 0)
+    orders = b.remote.orders()
+    assert orders is not None
+    assert pickle.loads(pickle.dumps(orders)) == orders
+    meta = HybridKVWorkerMeta((), b.worker.run(orders))
+    back = pickle.loads(pickle.dumps(meta))
+    assert back.fetches == meta.fetches
+    assert len(back.fetches) == 8
+    merged = meta.aggregate(HybridKVWorkerMeta())
+    assert isinstance(merged, HybridKVWorkerMeta)
+    assert merged.fetches == meta.fetches
+
+
+def test_a_remote_tier_refuses_tensor_parallelism() -> None:
+    from hybridkv.errors import HybridKVConfigError
+    from hybridkv.vllm.remote import refuse_tensor_parallel
+
+    refuse_tensor_parallel(1)
+    with pytest.raises(HybridKVConfigError, match="remote_url"):
+        refuse_tensor_parallel(2)

@@ -1,0 +1,365 @@
+"""Two engines, one store (issue 12): two in-process vLLM 0.33 engines (vLLM's real ``Scheduler``,
+each with its own ``HybridKVConnector`` pair and its own host tier, every slot and mamba state
+the forward reads content-checked) share one real ``redis-server`` through the remote tier
+(:mod:`hybridkv.vllm.remote`).
+
+- Engine A serves a chat trace and writes its chunks behind; engine B serves the same prompts
+  and promotes A's chunks: 0 wrong reads, every chunk B promoted was written by A under the same
+  salt, and B computes fewer prompt tokens than the same engine without the remote tier
+  (prefill saved, measured side by side). A third engine under another ``cache_salt`` finds
+  none of A's chunks.
+- Faults between B's lookup and B's fetch (server killed, every connection reset, the server
+  paused past the timeout, the chunk deleted, the chunk corrupted): the promotion resolves
+  FAULT / TIMEOUT / MISSING / CORRUPT (a reset connection may also reconnect and load whole),
+  its members are dropped, B recomputes exactly what is missing (every prompt token computed or
+  hit exactly once), nothing wrong loaded, nothing wedged.
+- Random two-engine traces (Hypothesis; ``HYPOTHESIS_PROFILE=ci``: 20 traces, ``nightly``: 200;
+  ``HYBRIDKV_TWO_ENGINE_TRACES`` overrides) with remote faults injected before fetches: 0 wrong
+  loads, 0 cross-tenant hits, 0 wedges, the promotion counters add up.
+
+The slow-server fault uses ``CLIENT PAUSE`` (the server stops answering for longer than
+``remote_timeout_ms``): ``DEBUG SLEEP`` needs ``enable-debug-command``, off by default in
+Redis 7.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytestmark = [pytest.mark.vllm, pytest.mark.remote]
+pytest.importorskip("vllm.v1.core.sched.scheduler", reason="vLLM 0.33 is not installed")
+
+from _two_engines import (  # noqa: E402
+    SHAPES,
+    Prompt,
+    Shape,
+    build,
+    chat_prompts,
+    flush_writes,
+    run_prompts,
+    started_server,
+)
+from diffharness.layouts import Layout  # noqa: E402
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from hybridkv.errors import HybridKVConfigError  # noqa: E402
+from hybridkv.remote import redis_key  # noqa: E402
+from hybridkv.vllm.config import RemoteSettings, parse_extra_config  # noqa: E402
+from hybridkv.vllm.inprocess import InProcessEngine, InProcessReport  # noqa: E402
+from hybridkv.vllm.remote import FetchOrder  # noqa: E402
+
+OUTCOMES = ("promoted", "missing", "fault", "timeout", "corrupt")
+
+
+@pytest.fixture
+def server(tmp_path: Path) -> Iterator[Any]:
+    yield from started_server(tmp_path)
+
+
+def _remote(engine: InProcessEngine) -> Any:
+    return engine.scheduler.connector.remote
+
+
+def _quiescent(engine: InProcessEngine) -> None:
+    """Nothing in flight, pinned, storing or promoting once every request is done."""
+    connector = engine.scheduler.connector
+    store = connector.core.store.stats()
+    assert engine.pending() == 0
+    assert connector.remote.in_flight() == 0
+    assert connector.core.promotions_in_flight() == 0
+    assert (store.pinned, store.storing) == (0, 0), store
+    assert engine.leaked_blocks() == 0
+
+
+def _counters_add_up(engine: InProcessEngine) -> None:
+    count = _remote(engine).count
+    assert count["promotions_started"] == sum(count[name] for name in OUTCOMES), count
+    worker = engine.worker.worker_remote
+    assert worker.count["remote_fetches"] == sum(worker.outcomes.values())
+    # Every fetch the worker ran was reported and folded (none resolved by the deadline).
+    assert worker.outcomes == {name: count[name] for name in OUTCOMES}
+
+
+def _every_token_once(report: InProcessReport) -> None:
+    """Recompute of exactly what is missing: each prompt position computed or hit once."""
+    assert report.preemptions == 0
+    total = report.prefill_computed + report.gpu_prefix_hits + report.external_hits
+    assert total == report.prompt_tokens, report
+
+
+def _serve_a(shape: Shape, port: int) -> tuple[InProcessEngine, InProcessReport]:
+    a = build(shape, port)
+    report = run_prompts(a, chat_prompts(shape.trace, "a-"))
+    assert flush_writes(a)
+    return a, report
+
+
+# ------------------------------------------------------------------ the documented config
+
+HOWTO = Path(__file__).resolve().parents[2] / "docs" / "howto" / "share-prefix-cache.md"
+
+
+def test_the_howto_config_parses_to_the_remote_tier_it_describes() -> None:
+    line = next(x for x in HOWTO.read_text().splitlines() if "--kv-transfer-config" in x)
+    config = json.loads(line.split("--kv-transfer-config '")[1].rstrip("'"))
+    parsed = parse_extra_config(config["kv_connector_extra_config"]).remote
+    assert parsed == RemoteSettings("10.0.0.5", 6379, "prod", 3600, 64, 0.2)
+    for key, bad, field in (
+        ("remote_url", "redis://10.0.0.5:6379/3", "remote_url"),
+        ("remote_timeout_ms", 0, "remote_timeout_ms"),
+        ("remote_max_pending_writes", 0, "remote_max_pending_writes"),
+    ):
+        extra = {**config["kv_connector_extra_config"], key: bad}
+        with pytest.raises(HybridKVConfigError, match=field):
+            parse_extra_config(extra)
+
+
+# ------------------------------------------------------------------ B hits what A stored
+
+
+@pytest.mark.parametrize("layout", list(SHAPES), ids=lambda lay: lay.value)
+def test_engine_b_hits_what_engine_a_stored(server: Any, layout: Layout) -> None:
+    shape = SHAPES[layout]
+    a, ra = _serve_a(shape, server.port)
+    a_remote = _remote(a)
+    written = a.worker.worker_remote.counters()
+    assert a_remote.count["writes_ordered"] > 0
+    assert written["remote_written"] == written["remote_writes_enqueued"] > 0
+
+    b = build(shape, server.port)
+    rb = run_prompts(b, chat_prompts(shape.trace, "b-"))
+    alone = build(shape, None)  # the same engine without the remote tier
+    rc = run_prompts(alone, chat_prompts(shape.trace, "c-"))
+    b_remote = _remote(b)
+    saved = rc.prefill_computed - rb.prefill_computed
+    print(
+        f"\n{layout.value}: A wrote {written['remote_written']} chunks "
+        f"({written['remote_written_bytes']} B); B promoted {b_remote.count['promoted']} "
+        f"of {b_remote.count['promotions_started']}, external hits {rb.external_hits}, "
+        f"prefill computed {rb.prefill_computed} vs {rc.prefill_computed} alone: "
+        f"saved {saved} of {rb.prompt_tokens} prompt tokens"
+    )
+    for report in (ra, rb, rc):
+        assert report.finished == report.requests > 0
+        assert report.slots_checked > 0
+        assert report.wrong_reads == 0
+        _every_token_once(report)
+    assert b_remote.count["promoted"] > 0
+    assert rb.external_hits > 0
+    assert saved > 0
+    # Every chunk B promoted was written by A, under the same salt (content addressing).
+    a_wrote = set(a_remote.written_log)
+    assert b_remote.promoted_log
+    assert set(b_remote.promoted_log) <= a_wrote
+    for engine in (a, b):
+        _quiescent(engine)
+        _counters_add_up(engine)
+
+    # Another tenant (cache_salt) on the same prompts finds none of A's chunks.
+    tenant = build(shape, server.port)
+    rt = run_prompts(tenant, chat_prompts(shape.trace, "t-", salt="tenant-2"))
+    t_remote = _remote(tenant)
+    assert t_remote.count["remote_lookups"] > 0
+    assert t_remote.count["remote_chunks_found"] == 0
+    assert t_remote.count["promotions_started"] == 0
+    assert rt.wrong_reads == 0
+    for engine in (a, b, alone, tenant):
+        engine.close()
+
+
+# ------------------------------------------------------------------ faults
+
+
+def _pause(server: Any) -> None:
+    admin = server.admin()
+    admin.client_pause(600, all=True)  # past B's 100 ms timeout
+    admin.close()
+
+
+def _kill_connections(server: Any) -> None:
+    admin = server.admin()
+    admin.client_kill_filter(_type="normal", skipme=True)
+    admin.close()
+
+
+FAULTS: dict[str, tuple[Callable[[Any, FetchOrder], None], frozenset[str]]] = {
+    "server-killed": (lambda s, order: s.kill(), frozenset({"fault"})),
+    # redis-py may find the reset idle connection at checkout and reconnect: whole or dropped.
+    "client-kill": (lambda s, order: _kill_connections(s), frozenset({"fault", "promoted"})),
+    "paused-past-timeout": (lambda s, order: _pause(s), frozenset({"timeout"})),
+    "deleted": (
+        lambda s, order: s.admin().delete(redis_key(order.chunk_key)),
+        frozenset({"missing"}),
+    ),
+    "corrupted": (
+        lambda s, order: s.admin().setrange(redis_key(order.chunk_key), 200, b"\xff" * 8),
+        frozenset({"corrupt"}),
+    ),
+}
+
+
+@pytest.mark.parametrize("fault", list(FAULTS))
+def test_fault_between_lookup_and_load_recomputes_what_is_missing(server: Any, fault: str) -> None:
+    shape = SHAPES[Layout.SLIDING_FULL]
+    inject, expected = FAULTS[fault]
+    a, _ = _serve_a(shape, server.port)
+    b = build(shape, server.port, timeout_ms=100)
+    fired: list[bytes] = []
+
+    def before_fetch(order: FetchOrder) -> None:
+        if not fired:  # the first fetch only
+            fired.append(order.chunk_key)
+            inject(server, order)
+
+    b.worker.worker_remote.before_fetch = before_fetch
+    started = time.monotonic()
+    rb = run_prompts(b, chat_prompts(shape.trace, "b-"))
+    elapsed = time.monotonic() - started
+    count = _remote(b).count
+    print(f"\n{fault}: {dict(count)} in {elapsed:.2f}s; {rb}")
+    assert fired
+    outcome_of_first = {name for name in OUTCOMES if count[name]}
+    assert outcome_of_first & expected, (outcome_of_first, expected)
+    assert rb.finished == rb.requests
+    assert rb.wrong_reads == 0
+    assert rb.failed_loads == 0  # a failed fetch never reaches vLLM: the claim ended before it
+    _every_token_once(rb)
+    _quiescent(b)
+    _counters_add_up(b)
+    # A failed chunk is remembered: never promoted again for this engine.
+    if "promoted" not in expected:
+        assert count["promotions_started"] - count["promoted"] >= 1
+    for engine in (a, b):
+        engine.close()
+
+
+# ------------------------------------------------------------------ random two-engine traces
+
+TRACES = int(
+    os.environ.get("HYBRIDKV_TWO_ENGINE_TRACES", max(8, settings.default.max_examples // 10))
+)
+FAULT_KINDS = ("none", "deleted", "corrupted", "client-kill", "paused", "flushed", "killed")
+FIGURES: Counter[str] = Counter()
+
+
+@st.composite
+def two_engine_traces(draw: Any) -> dict[str, Any]:
+    """Waves of requests: each a family's shared prefix plus a drawn tail on one engine under
+    a drawn tenant, then maybe the same prompt on the other engine (same or other tenant);
+    one drawn fault per fetch."""
+    families = draw(st.integers(1, 3))
+    waves = draw(
+        st.lists(
+            st.tuples(
+                st.sampled_from("AB"),
+                st.integers(0, families - 1),
+                st.integers(0, 160),
+                st.sampled_from((None, "t1")),
+                # then the same prompt on the other engine: same tenant, other tenant, or not
+                st.sampled_from(("same", "other", "no")),
+            ),
+            min_size=2,
+            max_size=6,
+        )
+    )
+    faults = draw(st.lists(st.sampled_from(FAULT_KINDS), min_size=1, max_size=8))
+    seed = draw(st.integers(0, 2**16))
+    return {"families": families, "waves": waves, "faults": faults, "seed": seed}
+
+
+def _restart_if_dead(server: Any) -> None:
+    if server._process is None or server._process.poll() is not None:
+        server.start()
+
+
+@settings(
+    max_examples=TRACES,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+)
+@given(trace=two_engine_traces())
+def test_random_two_engine_traces_with_remote_faults(server: Any, trace: dict[str, Any]) -> None:
+    import random
+
+    shape = SHAPES[Layout.SLIDING_FULL]
+    _restart_if_dead(server)
+    admin = server.admin()
+    admin.flushall()
+    admin.close()
+    rng = random.Random(trace["seed"])
+    prefixes = [[rng.randint(3, 999) for _ in range(rng.randint(64, 200))] for _ in range(3)]
+    engines = {name: build(shape, server.port, namespace="n", timeout_ms=100) for name in "AB"}
+    faults = itertools.cycle(trace["faults"])  # every fetch draws the next fault
+    injected: Counter[str] = Counter()
+
+    def before_fetch(order: FetchOrder) -> None:
+        _restart_if_dead(server)
+        kind = next(faults)
+        injected[kind] += 1
+        if kind == "deleted":
+            server.admin().delete(redis_key(order.chunk_key))
+        elif kind == "corrupted":
+            server.admin().setrange(redis_key(order.chunk_key), 100, b"\x00\x01" * 4)
+        elif kind == "client-kill":
+            _kill_connections(server)
+        elif kind == "paused":
+            admin = server.admin()
+            admin.client_pause(150, all=True)  # past the 100 ms timeout
+            admin.close()
+        elif kind == "flushed":
+            server.admin().flushall()
+        elif kind == "killed":
+            server.kill()
+
+    for engine in engines.values():
+        engine.worker.worker_remote.before_fetch = before_fetch
+    reports: dict[str, list[InProcessReport]] = {"A": [], "B": []}
+    for i, (name, family, tail, salt, mirror) in enumerate(trace["waves"]):
+        tokens = prefixes[family] + [rng.randint(3, 999) for _ in range(tail)]
+        tokens = tokens[: shape.settings.max_model_len - 8]
+        runs = [(name, salt)]
+        if mirror != "no":
+            other_salt = salt if mirror == "same" else ("t1" if salt is None else None)
+            runs.append(("B" if name == "A" else "A", other_salt))
+        for j, (who, tenant) in enumerate(runs):
+            engine = engines[who]
+            reports[who].append(run_prompts(engine, [Prompt(f"w{i}-{j}", tokens, tenant)]))
+            assert flush_writes(engine)
+            _restart_if_dead(server)
+    written: dict[bytes, set[str | None]] = {}
+    for engine in engines.values():
+        for key, salt in _remote(engine).written_log:
+            written.setdefault(key, set()).add(salt)
+    for name, engine in engines.items():
+        remote = _remote(engine)
+        # An engine's report carries its running totals (the last one: the whole trace) and
+        # the requests finished in that call.
+        assert sum(r.finished for r in reports[name]) == len(engine.requests)
+        last = reports[name][-1] if reports[name] else engine.report(0)
+        assert last.wrong_reads == 0  # content-verified: 0 wrong loads
+        for key, salt in remote.promoted_log:  # 0 cross-tenant hits
+            assert written.get(key) == {salt}, (key.hex(), salt, written.get(key))
+        _quiescent(engine)  # 0 wedges: every promotion and job resolved
+        _counters_add_up(engine)
+        for outcome in OUTCOMES:
+            FIGURES[outcome] += remote.count[outcome]
+        FIGURES["external_hits"] += last.external_hits
+        FIGURES["wrong_reads"] += last.wrong_reads
+        FIGURES["slots_checked"] += last.slots_checked
+        FIGURES["cross_tenant_hits"] += sum(
+            1 for key, salt in remote.promoted_log if written.get(key) != {salt}
+        )
+        engine.close()
+    FIGURES["traces"] += 1
+    FIGURES.update({f"injected_{k}": v for k, v in injected.items()})
+    print(f"\ntwo-engine traces so far: {dict(sorted(FIGURES.items()))}")
