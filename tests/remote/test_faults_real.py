@@ -14,8 +14,8 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from _helpers import check_counters, chunk_of, content, host_bytes, store_from_gpu
 from _redis_server import CuttingProxy, RedisServer
+from _remote_helpers import check_counters, chunk_of, content, host_bytes, store_from_gpu
 from redis import Redis
 
 from hybridkv.remote import (

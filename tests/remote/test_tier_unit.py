@@ -1,6 +1,6 @@
 """RemoteTier and TwoTierStore over an in-memory client: queue, drops, outcomes, counters.
 
-No server: the fake client (``_fake_client.py``) answers as Redis would and fails on demand,
+No server: the fake client (``_fake_chunk_client.py``) answers as Redis would and fails on demand,
 so the write-behind queue, the fault mapping into outcomes and the TT-8 counters are checked
 on every CI machine. The same paths run against a real server in test_faults_real.py.
 """
@@ -12,8 +12,8 @@ import time
 from typing import Any
 
 import pytest
-from _fake_client import FakeClient
-from _helpers import SLOT, check_counters, chunk_of, content, host_bytes, store_from_gpu
+from _fake_chunk_client import FakeClient
+from _remote_helpers import SLOT, check_counters, chunk_of, content, host_bytes, store_from_gpu
 
 from hybridkv.errors import HybridKVConfigError, HybridKVError
 from hybridkv.remote import (

@@ -25,8 +25,8 @@ from typing import Any
 
 import pytest
 import redis
-from _helpers import content
 from _redis_server import CuttingProxy, RedisServer
+from _remote_helpers import content
 from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
