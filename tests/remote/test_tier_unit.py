@@ -17,6 +17,7 @@ from _remote_helpers import SLOT, check_counters, chunk_of, content, host_bytes,
 
 from hybridkv.errors import HybridKVConfigError, HybridKVError
 from hybridkv.remote import (
+    REMOTE_COUNTER_NAMES,
     Admission,
     Chunk,
     ClientFault,
@@ -327,3 +328,16 @@ def test_a_lost_race_for_the_promotion_undoes_the_reservation() -> None:
     with pytest.raises(HybridKVError, match="TT-3"):
         two.prepare_promote(chunk)
     assert two.host.stats().used == 0
+
+
+def test_snapshot_is_exactly_the_contract_schema() -> None:
+    store, _ = two_tier()
+    chunk = chunk_of(0)
+    store_from_gpu(store, chunk)
+    store.write_behind(chunk)
+    snap = store.snapshot()
+    assert list(snap) == ["host", "remote", "promotions", "writes", "failed", "counters"]
+    assert snap["host"] == store.host.snapshot()
+    assert tuple(snap["counters"]) == REMOTE_COUNTER_NAMES
+    assert snap["writes"] == ((chunk.key.hex(), tuple(m.hex() for m in chunk.members)),)
+    assert "host" not in store.tier.snapshot()
