@@ -104,12 +104,16 @@ class CuttingProxy:
 
     ``cut_after = n`` makes the next reply from the server pass only its first ``n`` bytes,
     then the client's connection is reset (RST, SO_LINGER 0): the client has read half a
-    value when the connection dies. ``cut_after = None`` forwards everything.
+    value when the connection dies. ``cut_after = None`` forwards everything. While
+    ``stalled`` is set, replies are swallowed: the server answered, the client never hears
+    it, as with a server or network slower than any deadline (independent of the machine's
+    load, unlike CLIENT PAUSE's timer).
     """
 
     def __init__(self, port: int) -> None:
         self.upstream = port
         self.cut_after: int | None = None
+        self.stalled = False
         self.cuts = 0
         self._listener = socket.socket()
         self._listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -129,7 +133,11 @@ class CuttingProxy:
                 client, _ = self._listener.accept()
             except OSError:
                 return
-            server = socket.create_connection(("127.0.0.1", self.upstream))
+            try:
+                server = socket.create_connection(("127.0.0.1", self.upstream))
+            except OSError:  # the server is down: the client sees its connection closed
+                client.close()
+                continue
             threading.Thread(target=self._pump, args=(client, server, False), daemon=True).start()
             threading.Thread(target=self._pump, args=(server, client, True), daemon=True).start()
 
@@ -142,6 +150,8 @@ class CuttingProxy:
                     )
                     if cut is not None:
                         self.cuts += 1
+                if replies and self.stalled:
+                    continue
                 if cut is None:
                     sink.sendall(data)
                     continue
@@ -153,6 +163,9 @@ class CuttingProxy:
                 break
         except OSError:
             pass
+        # Either side gone ends both; shutdown() wakes the other pump's recv() first.
         for end in (source, sink):
+            with contextlib.suppress(OSError):
+                end.shutdown(socket.SHUT_RDWR)
             with contextlib.suppress(OSError):
                 end.close()

@@ -1,6 +1,6 @@
 """RemoteTier and TwoTierStore over an in-memory client: queue, drops, outcomes, counters.
 
-No server: the fake client (``_fake_client.py``) answers as Redis would and fails on demand,
+No server: the fake client (``_fake_chunk_client.py``) answers as Redis would and fails on demand,
 so the write-behind queue, the fault mapping into outcomes and the TT-8 counters are checked
 on every CI machine. The same paths run against a real server in test_faults_real.py.
 """
@@ -12,11 +12,12 @@ import time
 from typing import Any
 
 import pytest
-from _fake_client import FakeClient
-from _helpers import SLOT, check_counters, chunk_of, content, host_bytes, store_from_gpu
+from _fake_chunk_client import FakeClient
+from _remote_helpers import SLOT, check_counters, chunk_of, content, host_bytes, store_from_gpu
 
 from hybridkv.errors import HybridKVConfigError, HybridKVError
 from hybridkv.remote import (
+    REMOTE_COUNTER_NAMES,
     Admission,
     Chunk,
     ClientFault,
@@ -327,3 +328,16 @@ def test_a_lost_race_for_the_promotion_undoes_the_reservation() -> None:
     with pytest.raises(HybridKVError, match="TT-3"):
         two.prepare_promote(chunk)
     assert two.host.stats().used == 0
+
+
+def test_snapshot_is_exactly_the_contract_schema() -> None:
+    store, _ = two_tier()
+    chunk = chunk_of(0)
+    store_from_gpu(store, chunk)
+    store.write_behind(chunk)
+    snap = store.snapshot()
+    assert list(snap) == ["host", "remote", "promotions", "writes", "failed", "counters"]
+    assert snap["host"] == store.host.snapshot()
+    assert tuple(snap["counters"]) == REMOTE_COUNTER_NAMES
+    assert snap["writes"] == ((chunk.key.hex(), tuple(m.hex() for m in chunk.members)),)
+    assert "host" not in store.tier.snapshot()
