@@ -24,7 +24,7 @@ pytest.importorskip("vllm.v1.core.sched.scheduler", reason="vLLM 0.33 is not ins
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "remote"))
 
-from _fake_client import FakeClient  # noqa: E402
+from _fake_chunk_client import FakeClient  # noqa: E402
 
 from hybridkv.connector import (  # noqa: E402
     ClaimKind,
