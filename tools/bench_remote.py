@@ -22,9 +22,18 @@ Layouts come from the planner's plan of built-in presets (tp=1, the recommended 
 per group; a member is one host slot of the largest group's unit bytes, as the connector's host
 tier allocates them) plus a named 128 KB one below the smallest preset.
 
-Usage: ``python tools/bench_remote.py [--repeats N] [--total-mb N] [--port P] [--quick | --tiny]``.
-Without ``--port`` it starts its own ``redis-server`` (or ``valkey-server``) on 127.0.0.1 on a
-free port, without persistence, in a temporary directory, and stops it at the end.
+Then, on the same server and in the same run, two engines (``tools/_shared_tier.py``): vLLM
+0.33's real ``Scheduler`` in-process with HybridKVConnector; engine A serves a chat trace and
+writes behind, engine B serves the same prompts through the remote tier, and a third engine
+without the remote tier serves them too; printed per layout: the prefill B saved against it,
+with what A wrote, what B promoted and wrong reads (which must be 0). This part needs vLLM
+0.33 (``nox -s bench`` installs it); where vLLM does not import it prints why and the tool exits
+2 after the GB/s table, unless ``--no-engines``.
+
+Usage: ``python tools/bench_remote.py [--repeats N] [--total-mb N] [--port P] [--quick | --tiny]
+[--no-engines]``. Without ``--port`` it starts its own ``redis-server`` (or ``valkey-server``)
+on 127.0.0.1 on a free port, without persistence, in a temporary directory, and stops it at
+the end.
 """
 
 from __future__ import annotations
@@ -416,6 +425,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--port", type=int, help="use the server on 127.0.0.1:PORT (it is flushed)")
     parser.add_argument("--tiny", action="store_true", help="one 3 x 4 KB layout (a smoke run)")
     parser.add_argument("--quick", action="store_true", help="8 MB per pass, 3 repeats")
+    parser.add_argument(
+        "--no-engines", action="store_true", help="skip the two-engine prefill part (no vLLM)"
+    )
     args = parser.parse_args(argv)
     if args.quick:
         args.total_mb, args.repeats = 8, 3
@@ -427,7 +439,29 @@ def main(argv: Sequence[str] | None = None) -> int:
         port = args.port if args.port is not None else stack.enter_context(own_server())
         rows = run(layouts, total, args.repeats, port)
         report(rows, port, _server_version(port), digest_speeds(min(total, 16 << 20)))
-    return 0
+        if args.tiny or args.no_engines:
+            return 0
+        return two_engines(port)
+
+
+def two_engines(port: int) -> int:
+    """The prefill engine B saves through the server at ``port``; 2 without vLLM, 1 on a
+    wrong read."""
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import _shared_tier
+    from _vllm_tool import require_vllm, torchvision_shim
+
+    shim = torchvision_shim("bench_remote")  # kept alive while vLLM imports (_vllm_tool)
+    require_vllm("bench_remote")  # exits 2 with the reason where vLLM 0.33 does not import
+    print()
+    print("two engines, one server (vLLM 0.33's Scheduler in-process, HybridKVConnector, "
+          "one-block chunks, host tier 2x the working set each; B alone: the same engine "
+          "without the remote tier):")  # fmt: skip
+    saved = _shared_tier.run(port)
+    for row in saved:
+        print(_shared_tier.format_saved(row))
+    del shim
+    return 1 if any(row.wrong_reads for row in saved) else 0
 
 
 if __name__ == "__main__":

@@ -45,15 +45,21 @@ from hybridkv.sim.host_replay import (
 
 class Recorder:
     """Wraps a HybridKVConnector core's scheduler-side calls and its store's ``prepare_store``
-    to log :data:`~hybridkv.sim.host_replay.Event` values in call order."""
+    to log :data:`~hybridkv.sim.host_replay.Event` values in call order.
 
-    def __init__(self, core: Any) -> None:
+    Allocations and polls are read at the connector (``connector``), not at the core: the
+    connector hands the core only allocations with external tokens and only outputs that
+    report something, while an ask answered 0 counts too and every poll ticks the replay's
+    copy delay.
+    """
+
+    def __init__(self, core: Any, connector: Any) -> None:
         self.events: list[Event] = []
         self.core = core
         self._asked: dict[str, tuple[int, int, tuple[tuple[bytes, ...], ...]]] = {}
         self._in_meta = False
-        ask, alloc = core.get_num_new_matched_tokens, core.update_state_after_alloc
-        meta, output = core.build_connector_meta, core.update_connector_output
+        ask, alloc = core.get_num_new_matched_tokens, connector.update_state_after_alloc
+        meta, output = core.build_connector_meta, connector.update_connector_output
         prepare_store = core.store.prepare_store
         units = core.geometry.units
 
@@ -67,14 +73,14 @@ class Recorder:
             self._asked[request.request_id] = (num_computed_tokens, n, keys)
             return claim
 
-        def allocated(request: Any, block_ids: Any, num_external_tokens: int) -> Any:
+        def allocated(request: Any, blocks: Any, num_external_tokens: int) -> Any:
             # vLLM allocates a waiting request once its last ask is answered (an ASYNC claim
             # then waits for its load and is not asked again): that ask is the one that counts.
             found = self._asked.pop(request.request_id, None)
             if found is not None:
                 start, n, keys = found
                 self.events.append(Ask(request.request_id, start, n, keys, num_external_tokens))
-            return alloc(request, block_ids, num_external_tokens)
+            return alloc(request, blocks, num_external_tokens)
 
         def built(step: Any) -> Any:
             self._in_meta = True
@@ -94,9 +100,9 @@ class Recorder:
             return output(connector_output)
 
         core.get_num_new_matched_tokens = asked
-        core.update_state_after_alloc = allocated
+        connector.update_state_after_alloc = allocated
         core.build_connector_meta = built
-        core.update_connector_output = reported
+        connector.update_connector_output = reported
         core.store.prepare_store = offered
 
 
@@ -107,7 +113,7 @@ def record(
     capacity in entries."""
     engine, _ = bench._engine(case, variant, chunk_bytes)
     core = engine.scheduler.connector.core
-    recorder = Recorder(core)
+    recorder = Recorder(core, engine.scheduler.connector)
     report = bench.run_trace(engine, trace)
     return recorder.events, report, core.geometry, core.store.capacity
 
