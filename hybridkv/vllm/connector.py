@@ -366,7 +366,14 @@ class HybridKVConnector(KVConnectorBase_V1, SupportsHMA):
         worker_meta = connector_output.kv_connector_worker_meta
         reports = worker_meta.reports if isinstance(worker_meta, HybridKVWorkerMeta) else ()
         if not reports and not connector_output.failed_recving:
-            return  # no job result and no failed load: nothing below would change anything
+            # No job result and no failed load: nothing below would change the core. The remote
+            # tier still folds its fetch reports and ticks its promotion deadline every step,
+            # or a promotion reported alone would keep its keys STORING and its claim DEFERred
+            # for ever (a wedge, found by tools/bench_remote.py's two engines).
+            if self.remote is not None:
+                fetched = worker_meta.fetches if isinstance(worker_meta, HybridKVWorkerMeta) else ()
+                self.remote.fold(fetched)
+            return
         # A job reaches the core once every rank reported it (ranks finish in different steps).
         jobs = self._quorum.fold(reports)
         failed = connector_output.failed_recving or ()
