@@ -14,7 +14,9 @@ After every step the invariants check, on each engine's ``snapshot()`` (the cont
 schema): TT-8 (counters add up), TT-3 (each STORING host entry belongs to exactly one
 promotion in flight; ``used <= capacity``), TT-4 (nothing in flight names a resolved op), and
 on the bytes, TT-2/TT-6 (every READY host entry holds exactly the content written under its
-key; keys carry the salt, so a cross-tenant load would show as wrong bytes).
+key; keys carry the salt, so a cross-tenant load would show as wrong bytes). The spec's own
+predicates run on the same export too: every TT-* snapshot predicate of
+:mod:`spec.invariants.tiers` (TT-1, TT-3, TT-4, TT-8) and every ST-* on its ``host`` part.
 
 Runs: the profile's max_examples capped at 40 machines (ci) of 25 steps; nightly 300.
 """
@@ -51,6 +53,7 @@ from hybridkv.remote import (
     redis_key,
 )
 from hybridkv.store import HostStore, LookupResult, Refusal
+from spec.invariants import check_all
 
 pytestmark = pytest.mark.remote
 
@@ -356,6 +359,15 @@ class TwoTierMachine(RuleBasedStateMachine):
                 sorted(p.chunk.plain() for p in engine.promotions.values())
             )
             assert snap["counters"] == engine.counters
+
+    @invariant()
+    def the_specs_predicates_hold_on_the_library_snapshot(self) -> None:
+        # The oracle's own TT-* snapshot predicates (spec.invariants.tiers) and the host
+        # store's ST-* read the library's export: the contract's schema, both sides.
+        for engine in self.engines:
+            snap = engine.store.snapshot()
+            assert check_all("tiers", snap) == {}
+            assert check_all("store", snap["host"]) == {}
 
     @invariant()
     def tt8_counters_add_up(self) -> None:
