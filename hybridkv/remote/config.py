@@ -22,6 +22,9 @@ class RemoteConfig:
         ttl_s: seconds a written chunk lives on the server, 0 = until the server evicts it.
         max_pending: writes queued or in flight at most (>= 1); beyond it a write is dropped.
         namespace: mixed into every chunk key; engines share chunks only under equal namespaces.
+        index_entries: chunks the tier remembers having written (>= 1); the oldest is
+            forgotten past it, so a long-running engine's memory stays bounded. A forgotten
+            chunk is written again when it is next stored (an identical SET: harmless).
     """
 
     host: str = "127.0.0.1"
@@ -31,6 +34,7 @@ class RemoteConfig:
     ttl_s: int = 0
     max_pending: int = 64
     namespace: bytes = b"hybridkv"
+    index_entries: int = 1 << 16
 
     def __post_init__(self) -> None:
         if not isinstance(self.host, str) or not self.host:
@@ -40,6 +44,7 @@ class RemoteConfig:
         _positive_seconds("remote_deadline", self.deadline_s)
         _int_in("remote_ttl", self.ttl_s, 0, 2**31 - 1, "pass seconds, 0 for no TTL")
         _int_in("remote_max_pending", self.max_pending, 1, 2**31 - 1, "allow >= 1 queued write")
+        _int_in("remote_index_entries", self.index_entries, 1, 2**31 - 1, "remember >= 1 chunk")
         if not isinstance(self.namespace, bytes):
             raise HybridKVConfigError(
                 "remote_namespace", self.namespace, "must be bytes", "encode it (utf-8)"

@@ -6,6 +6,12 @@ the chunks remembered as failed, and the TT-8 counters. Every server call goes t
 :class:`~hybridkv.remote.client.ChunkClient`, which returns faults instead of raising, so no
 server failure reaches the caller (TT-5).
 
+The index is what lets an engine skip re-writing a chunk it wrote. It is bounded and ages, so
+it neither grows with an engine's lifetime nor hides a chunk the server dropped for good: it
+keeps the ``index_entries`` most recent writes, and with a TTL an entry counts as written only
+for half the TTL (after that the next store writes the chunk again, renewing it on the
+server, instead of trusting a copy about to expire). A forgotten entry costs one identical SET.
+
 Writes never block the caller (TT-7): :meth:`RemoteTier.write_behind` encodes (copies) the
 chunk's bytes at once and queues them; a full queue drops the write. One writer thread (or, with
 ``background=False``, whoever calls :meth:`RemoteTier.write_pending`) SETs them in order. Every
@@ -15,7 +21,8 @@ server wait is bounded by the config's deadline, so every write and fetch resolv
 from __future__ import annotations
 
 import threading
-from collections import deque
+import time
+from collections import OrderedDict, deque
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -52,18 +59,22 @@ class RemoteTier:
         client: ChunkClient | None = None,
         *,
         background: bool = True,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         """A tier on ``config``'s server (through ``client``, by default a :class:`RedisClient`).
 
         ``background``: a daemon thread writes the queue; without it nothing is written until
-        :meth:`write_pending` (deterministic tests). Post: empty, zero counters.
+        :meth:`write_pending` (deterministic tests). ``clock``: seconds, for the index's age
+        under a TTL (tests pass their own). Post: empty, zero counters.
         """
         if not isinstance(config, RemoteConfig):
             raise HybridKVConfigError("config", config, "is not a RemoteConfig", "build one")
         self.config = config
         self._client = client if client is not None else RedisClient(config)
         self._lock = threading.Condition()
-        self._index: dict[bytes, Chunk] = {}
+        self._clock = clock
+        # Chunk key -> (chunk, when written), oldest first (module docstring: bounded, aging).
+        self._index: OrderedDict[bytes, tuple[Chunk, float]] = OrderedDict()
         self._writes: dict[bytes, Chunk] = {}  # queued or in flight
         self._queue: deque[tuple[Chunk, bytes]] = deque()
         self._promotions: dict[bytes, Chunk] = {}
@@ -183,6 +194,13 @@ class RemoteTier:
                 self._index.pop(chunk.key, None)
         return fetched
 
+    def forget(self, key: bytes) -> bool:
+        """The server was seen without chunk ``key`` (a fetch elsewhere found it missing or
+        corrupt): drop it from the index, so the next store of it writes it again. Whether it
+        was indexed. Nothing else changes."""
+        with self._lock:
+            return self._index.pop(key, None) is not None
+
     def in_flight(self, chunk: Chunk) -> bool:
         """Whether a promotion of ``chunk`` is in flight."""
         with self._lock:
@@ -212,7 +230,7 @@ class RemoteTier:
         """The contract's two-tier snapshot without ``host``. Frame: nothing changes."""
         with self._lock:
             return {
-                "remote": _plain(self._index),
+                "remote": _plain({key: chunk for key, (chunk, _) in self._index.items()}),
                 "promotions": _plain(self._promotions),
                 "writes": _plain(self._writes),
                 "failed": tuple(sorted(key.hex() for key in self._failed)),
@@ -224,7 +242,10 @@ class RemoteTier:
     def _admission(self, chunk: Chunk) -> Admission:
         # A chunk remembered as failed is written again: a verified fresh copy ends the memory.
         if chunk.key in self._index and chunk.key not in self._failed:
-            return Admission.KNOWN
+            ttl = self.config.ttl_s
+            if not ttl or self._clock() - self._index[chunk.key][1] < ttl / 2:
+                return Admission.KNOWN
+            del self._index[chunk.key]  # half its TTL gone: write it again, renewing it
         if chunk.key in self._writes:
             return Admission.PENDING
         if self._closed or len(self._writes) >= self.config.max_pending:
@@ -239,7 +260,10 @@ class RemoteTier:
             del self._writes[chunk.key]
             if outcome is WriteOutcome.WRITTEN:
                 self._counters["written"] += 1
-                self._index[chunk.key] = chunk
+                self._index[chunk.key] = (chunk, self._clock())
+                self._index.move_to_end(chunk.key)
+                while len(self._index) > self.config.index_entries:
+                    self._index.popitem(last=False)  # the oldest write is forgotten
                 self._failed.discard(chunk.key)  # the server holds a fresh, whole copy
             else:
                 self._counters["writes_failed"] += 1

@@ -417,6 +417,10 @@ class WorkerRemote:
         self.count["remote_fetches"] += 1
         reply = self._client.get(redis_key(order.chunk_key))
         outcome = self._verify_into(order, reply)
+        if outcome in (PromoteOutcome.MISSING, PromoteOutcome.CORRUPT):
+            # The server lost it (TTL, eviction, flush) or holds a bad copy: if this worker
+            # wrote it, the next store of it must write it again, not trust the index.
+            self.tier.forget(order.chunk_key)
         self.outcomes[outcome.value] += 1
         return FetchReport(order.chunk_key, outcome.value)
 

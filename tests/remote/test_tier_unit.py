@@ -341,3 +341,63 @@ def test_snapshot_is_exactly_the_contract_schema() -> None:
     assert tuple(snap["counters"]) == REMOTE_COUNTER_NAMES
     assert snap["writes"] == ((chunk.key.hex(), tuple(m.hex() for m in chunk.members)),)
     assert "host" not in store.tier.snapshot()
+
+
+# --- the index: bounded, aging, forgetting what the server lost ---
+
+
+def _payloads(chunk: Chunk) -> list[bytes]:
+    return [content(key) for key in chunk.members]
+
+
+def test_the_index_keeps_the_most_recent_writes_and_a_forgotten_chunk_is_written_again() -> None:
+    client = FakeClient()
+    tier = RemoteTier(RemoteConfig(index_entries=2), client, background=False)
+    chunks = [chunk_of(step) for step in range(3)]
+    for chunk in chunks:
+        assert tier.write_behind(chunk, _payloads(chunk)) is Admission.ENQUEUED
+        assert tier.write_pending() == 1
+    # Three written, two remembered: the oldest went first.
+    assert tier.snapshot()["remote"] == tuple(sorted(c.plain() for c in chunks[1:]))
+    assert tier.write_behind(chunks[2], _payloads(chunks[2])) is Admission.KNOWN
+    assert tier.write_behind(chunks[0], _payloads(chunks[0])) is Admission.ENQUEUED
+    assert tier.write_pending() == 1
+    snap = tier.snapshot()
+    assert snap["remote"] == tuple(sorted(c.plain() for c in (chunks[0], chunks[2])))
+    assert snap["counters"]["written"] == 4
+    check_counters(snap)
+
+
+def test_under_a_ttl_a_write_counts_for_half_the_ttl_then_the_chunk_is_renewed() -> None:
+    now = [100.0]
+    tier = RemoteTier(RemoteConfig(ttl_s=60), FakeClient(), background=False, clock=lambda: now[0])
+    chunk = chunk_of(0)
+    assert tier.write_behind(chunk, _payloads(chunk)) is Admission.ENQUEUED
+    assert tier.write_pending() == 1
+    now[0] += 29.9
+    assert tier.write_behind(chunk, _payloads(chunk)) is Admission.KNOWN
+    now[0] += 0.1  # half the TTL gone: the server copy may expire soon, write it again
+    assert tier.write_behind(chunk, _payloads(chunk)) is Admission.ENQUEUED
+    assert tier.write_pending() == 1
+    assert tier.write_behind(chunk, _payloads(chunk)) is Admission.KNOWN
+    assert tier.snapshot()["counters"]["written"] == 2
+
+
+def test_forget_drops_a_chunk_seen_missing_so_its_next_store_writes_it_again() -> None:
+    client = FakeClient()
+    tier = RemoteTier(RemoteConfig(), client, background=False)
+    chunk = chunk_of(0)
+    tier.write_behind(chunk, _payloads(chunk))
+    tier.write_pending()
+    del client.data[redis_key(chunk.key)]  # the server evicted it
+    assert tier.write_behind(chunk, _payloads(chunk)) is Admission.KNOWN  # not seen yet
+    assert tier.forget(chunk.key) is True
+    assert tier.forget(chunk.key) is False
+    assert tier.write_behind(chunk, _payloads(chunk)) is Admission.ENQUEUED
+    tier.write_pending()
+    assert redis_key(chunk.key) in client.data
+
+
+def test_index_entries_is_checked() -> None:
+    with pytest.raises(HybridKVConfigError, match="remote_index_entries"):
+        RemoteConfig(index_entries=0)

@@ -39,11 +39,19 @@ from hybridkv.connector import (  # noqa: E402
 from hybridkv.hostmem import HostMemory, PinMode  # noqa: E402
 from hybridkv.kinds import GroupKind  # noqa: E402
 from hybridkv.planner import HybridOffloadPlanner  # noqa: E402
-from hybridkv.remote import ClientFault, RemoteConfig, redis_key  # noqa: E402
+from hybridkv.remote import (  # noqa: E402
+    Admission,
+    Chunk,
+    ClientFault,
+    RemoteConfig,
+    redis_key,
+)
 from hybridkv.store import HostStore, LookupResult  # noqa: E402
 from hybridkv.vllm.remote import (  # noqa: E402
     PROMOTION_DEADLINE_STEPS,
+    FetchOrder,
     FetchReport,
+    RemoteOrders,
     SchedulerRemote,
     WorkerRemote,
 )
@@ -196,6 +204,28 @@ def test_a_failed_fetch_ends_the_claim_before_its_chunk(fault: object, outcome: 
     assert all(b.core.store.status(k) is LookupResult.MISS for k in members)
     claim = b.core.get_num_new_matched_tokens(view, 0)
     assert (claim.kind, claim.num_tokens) == (ClaimKind.ASYNC, 8)  # ends before token 12
+
+
+def test_a_worker_that_finds_its_own_chunk_gone_writes_it_again() -> None:
+    # The server lost a chunk A wrote (TTL, eviction, flush); A's worker sees it MISSING on a
+    # fetch and forgets it, so the next write order of that chunk is queued, not KNOWN.
+    server = FakeClient()
+    a = Engine(server)
+    _serve_and_write(a)
+    ((key_hex, members_hex), *_) = a.worker.tier.snapshot()["remote"]
+    key, members = bytes.fromhex(key_hex), tuple(bytes.fromhex(m) for m in members_hex)
+    slots = a.core.store.slots(members)
+    write = FetchOrder(key, members, slots)
+    assert a.worker.tier.write_behind(Chunk(key, members), [b"z"]) is Admission.KNOWN
+    del server.data[redis_key(key)]
+    (report,) = a.worker.run(RemoteOrders((), (FetchOrder(key, members, slots),)))
+    assert report.outcome == "missing"
+    assert key_hex not in {k for k, _ in a.worker.tier.snapshot()["remote"]}
+    enqueued = a.worker.counters()["remote_writes_enqueued"]
+    a.worker.run(RemoteOrders((write,), ()))
+    assert a.worker.counters()["remote_writes_enqueued"] == enqueued + 1
+    assert a.worker.tier.write_pending() == 1
+    assert redis_key(key) in server.data
 
 
 def test_a_lookup_fault_promotes_nothing() -> None:
