@@ -167,7 +167,7 @@ def remote(session: nox.Session) -> None:
     The tests start ``redis-server`` on 127.0.0.1 themselves (a free port, no persistence)
     and stop it; with HYBRIDKV_REQUIRE_REDIS=1 a missing binary fails the run instead of
     skipping. vLLM goes in as in the ``vllm`` session (HYBRIDKV_REQUIRE_VLLM=1 too). A default
-    session: it took about 2 minutes on 2 cores with pip's cache warm (issue 12 asks for the
+    session: it takes about 3 minutes on 2 cores with pip's cache warm (issue 12 asks for the
     default sessions under 10). `nox -s tests` and `nox -s vllm` leave every test marked
     ``remote`` to here, so they run the same whether or not a server binary is installed.
     """
