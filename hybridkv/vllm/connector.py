@@ -362,15 +362,17 @@ class HybridKVConnector(KVConnectorBase_V1, SupportsHMA):
             no_unit_ids=frozenset(no_unit),
         )
         meta = core.build_connector_meta(step)
-        keys = [item.key for job in (*meta.load_jobs, *meta.store_jobs) for item in job.items]
-        slots = dict(zip(keys, core.store.slots(keys), strict=True)) if keys else {}
+        slots = {}
+        if meta.load_jobs or meta.store_jobs:  # most decode steps have no job: nothing to name
+            keys = [item.key for job in (*meta.load_jobs, *meta.store_jobs) for item in job.items]
+            slots = dict(zip(keys, core.store.slots(keys), strict=True)) if keys else {}
         late = () if self.deadlines is None else self.deadlines.step(meta.load_jobs)
         orders = None
         if self.remote is not None:
             views = {str(s.request.request_id): s.request for s in scheduled}
             self.remote.stores_emitted(meta.store_jobs, views)
             orders = self.remote.orders()
-        return HybridKVMetadata(meta, slots, tuple(int(j) for j in late), orders)
+        return HybridKVMetadata(meta, slots, tuple(int(j) for j in late) if late else (), orders)
 
     def update_connector_output(self, connector_output: Any) -> None:
         worker_meta = connector_output.kv_connector_worker_meta
@@ -547,7 +549,7 @@ class HybridKVConnector(KVConnectorBase_V1, SupportsHMA):
         if mark is not None and mark == self._last_mark:
             return None  # nothing the counters are read from changed (most steps)
         self._last_mark = mark
-        now, last = self._counters(), self._last_stats
+        now, last = self._counters(None if mark is None else mark[0]), self._last_stats
         if now == last:
             return None  # every increment is 0: no delta to build
         delta = {k: v - last.get(k, 0) for k, v in now.items()}
@@ -572,7 +574,8 @@ class HybridKVConnector(KVConnectorBase_V1, SupportsHMA):
             self._deadline_answers,
         )
 
-    def _counters(self) -> dict[str, int | float]:
+    def _counters(self, stats: Any = None) -> dict[str, int | float]:
+        """``stats``: the core's ``stats()`` just read by :meth:`_stats_mark`, or None."""
         if self.core is not None:
             fired = 0 if self.deadlines is None else self.deadlines.fired
             found = dict(
@@ -582,6 +585,7 @@ class HybridKVConnector(KVConnectorBase_V1, SupportsHMA):
                     self._reclaim,
                     deadlines_fired=fired,
                     deadline_answers=self._deadline_answers,
+                    stats=stats,
                 )
             )
             if self.remote is not None:

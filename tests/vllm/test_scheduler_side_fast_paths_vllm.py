@@ -36,7 +36,7 @@ from hybridkv.vllm.metrics import SCHEDULER_COUNTERS  # noqa: E402
 from hybridkv.vllm.views import block_table  # noqa: E402
 
 SETTINGS = EngineSettings(
-    num_gpu_blocks=30, max_model_len=512, block_size=32, max_num_seqs=3, max_num_batched_tokens=128
+    num_gpu_blocks=64, max_model_len=1024, block_size=32, max_num_seqs=3, max_num_batched_tokens=128
 )
 TRACE = ChatTrace(convs=3, turns=3, system_len=128, output_len=40)
 
@@ -112,13 +112,15 @@ def _untimed(report: Any) -> Any:
 
 
 def test_naming_unit_free_requests_by_id_changes_nothing_in_vllm() -> None:
-    fast, plain = _engine(), _engine()
+    # One engine at a time: an engine sets vLLM's process-wide config when it is built.
+    fast = _engine()
+    fast_metas = _record_metas(fast.scheduler.connector)
+    fast_report = run_trace(fast, TRACE)
+    plain = _engine()
     named = [0]
     _plain_rows(plain.scheduler.connector, named)
     plain.scheduler.connector._stats_mark = lambda: None  # the counters read every call
-    fast_metas = _record_metas(fast.scheduler.connector)
     plain_metas = _record_metas(plain.scheduler.connector)
-    fast_report = run_trace(fast, TRACE)
     plain_report = run_trace(plain, TRACE)
     assert fast_metas == plain_metas
     assert _untimed(fast_report) == _untimed(plain_report)
