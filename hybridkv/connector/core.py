@@ -430,6 +430,11 @@ class ConnectorCore:
         """The keys the failure memory holds now."""
         return self._memory.failed_keys()
 
+    def counts(self) -> tuple[int, ...]:
+        """The counts of :meth:`stats` (its first 14 fields, in order), without the holdings
+        and without building it: what the facade's stats hook compares each step. O(1)."""
+        return tuple(self._count.values())
+
     def stats(self) -> ConnectorStats:
         """Counts since creation and holdings now, in O(1)."""
         held = self._store_items if self._pool is not None else 0  # == len(held_blocks())

@@ -549,7 +549,7 @@ class HybridKVConnector(KVConnectorBase_V1, SupportsHMA):
         if mark is not None and mark == self._last_mark:
             return None  # nothing the counters are read from changed (most steps)
         self._last_mark = mark
-        now, last = self._counters(None if mark is None else mark[0]), self._last_stats
+        now, last = self._counters(), self._last_stats
         if now == last:
             return None  # every increment is 0: no delta to build
         delta = {k: v - last.get(k, 0) for k, v in now.items()}
@@ -560,12 +560,12 @@ class HybridKVConnector(KVConnectorBase_V1, SupportsHMA):
         """Everything the scheduler side's counters are computed from, or None (worker side,
         remote tier: no mark, the counters are read each call). Equal marks give equal
         counters (:meth:`_counters` is a function of them), so an unchanged mark means a zero
-        delta without building the counters; the core's ``stats()`` is O(1)."""
+        delta without building the counters (the core's ``counts()``: one C call)."""
         if self.core is None or self.remote is not None:
             return None
         guard = self._reclaim
         return (
-            self.core.stats(),
+            self.core.counts(),
             guard.overridden,
             guard.deferred,
             guard.whole,
@@ -574,8 +574,7 @@ class HybridKVConnector(KVConnectorBase_V1, SupportsHMA):
             self._deadline_answers,
         )
 
-    def _counters(self, stats: Any = None) -> dict[str, int | float]:
-        """``stats``: the core's ``stats()`` just read by :meth:`_stats_mark`, or None."""
+    def _counters(self) -> dict[str, int | float]:
         if self.core is not None:
             fired = 0 if self.deadlines is None else self.deadlines.fired
             found = dict(
@@ -585,7 +584,6 @@ class HybridKVConnector(KVConnectorBase_V1, SupportsHMA):
                     self._reclaim,
                     deadlines_fired=fired,
                     deadline_answers=self._deadline_answers,
-                    stats=stats,
                 )
             )
             if self.remote is not None:

@@ -37,14 +37,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.metrics import (
 from vllm.v1.core.kv_cache_utils import maybe_convert_block_hash
 from vllm.v1.metrics.utils import create_metric_per_engine
 
-from hybridkv.connector import (
-    ConnectorCore,
-    ConnectorStats,
-    JobResult,
-    RequestView,
-    TransferJob,
-    TransferKind,
-)
+from hybridkv.connector import ConnectorCore, JobResult, RequestView, TransferJob, TransferKind
 from hybridkv.connector.claims import decide_claim
 from hybridkv.store import EventKind, LookupResult, StoreEvent
 from hybridkv.vllm.reclaim import ReclaimGuard
@@ -171,14 +164,12 @@ def scheduler_counters(
     *,
     deadlines_fired: int = 0,
     deadline_answers: int = 0,
-    stats: ConnectorStats | None = None,
 ) -> dict[str, int]:
     """The scheduler side's counts since creation (monotone; increments are differences).
     ``guard``'s answers replace the core's for restarted requests, and ``deadline_answers``
     (claims of 0 for requests whose load missed its deadline) for abandoned ones: both count as
-    lookups the core never saw. ``stats``: ``core.stats()`` as the caller just read it (not
-    read twice), else read here."""
-    s = core.stats() if stats is None else stats
+    lookups the core never saw."""
+    s = core.stats()
     overridden, deferred, whole = (
         (guard.overridden, guard.deferred, guard.whole) if guard is not None else (0, 0, 0)
     )
