@@ -182,12 +182,20 @@ class ScheduledRequest:
 
 @dataclass(frozen=True, slots=True)
 class StepView:
-    """The parts of vLLM's ``SchedulerOutput`` a connector reads in ``build_connector_meta``."""
+    """The parts of vLLM's ``SchedulerOutput`` a connector reads in ``build_connector_meta``.
+
+    ``no_unit_ids``: requests scheduled in this step whose computed range completes no unit of
+    any group (``ConnectorGeometry.completes_a_unit`` is false), named here instead of listed
+    in ``scheduled``. Such a request stores nothing, so no view or block table is needed for
+    it: on a decode step that is most requests, and building their views and tables was most
+    of the adapter's per-step cost. Listing one in ``scheduled`` instead answers the same.
+    """
 
     step: int
     scheduled: tuple[ScheduledRequest, ...]
     finished_ids: frozenset[RequestId] = frozenset()
     preempted_ids: frozenset[RequestId] = frozenset()
+    no_unit_ids: frozenset[RequestId] = frozenset()
 
 
 class JobResult(NamedTuple):

@@ -315,7 +315,8 @@ class ConnectorCore:
         Post: every scheduled request's units completed by this step are reserved in the host
         (head first, per end position, stopping at the first refusal) and form one store job
         per request; the failure memory and salt record forget keys the host no longer holds;
-        the asked positions are cleared.
+        the asked positions are cleared. Pre: each of ``step.no_unit_ids`` completes no unit in
+        this step (it is treated as scheduled with nothing to store).
         """
         jobs = self._jobs
         loads = tuple(jobs[job_id][0] for job_id in self._unsent_loads)
@@ -332,6 +333,8 @@ class ConnectorCore:
             )
             if job is not None:
                 stores.append(job)
+        if self._restarting and step.no_unit_ids:  # scheduled too: no longer restarting
+            self._restarting.difference_update(step.no_unit_ids)
         delayed = frozenset(self._unsent_delayed)
         self._unsent_delayed = set()
         self._memory.prune(self.store)
@@ -426,6 +429,11 @@ class ConnectorCore:
     def failed_keys(self) -> frozenset[bytes]:
         """The keys the failure memory holds now."""
         return self._memory.failed_keys()
+
+    def counts(self) -> tuple[int, ...]:
+        """The counts of :meth:`stats` (its first 14 fields, in order), without the holdings
+        and without building it: what the facade's stats hook compares each step. O(1)."""
+        return tuple(self._count.values())
 
     def stats(self) -> ConnectorStats:
         """Counts since creation and holdings now, in O(1)."""
@@ -550,15 +558,11 @@ class ConnectorCore:
         again every step, and the answer changes only with its tokens, its start, the store's
         statuses (every status change moves one of the store's reserved, stored, removed or
         evicted counters) or the failure memory."""
-        stats = self.store.stats()
         memo_key = (
             start,
             len(request.token_ids),
             request.cache_salt,
-            stats.reserved,
-            stats.stored,
-            stats.removed,
-            stats.evicted,
+            self.store.status_counts(),  # reserved, stored, removed, evicted
             self._memory.epoch,
         )
         memo = self._claim_memo.get(request.request_id)

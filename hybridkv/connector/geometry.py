@@ -106,7 +106,10 @@ class ConnectorGeometry:
 
     def completes_a_unit(self, start: int, end: int) -> bool:
         """Whether computing ``[start, end)`` completes a unit of some group."""
-        return any(start // u != end // u for u in self.distinct_units)
+        for u in self.distinct_units:  # noqa: SIM110 (a loop: asked per request per step)
+            if start // u != end // u:
+                return True
+        return False
 
     def first_needed(self, group_idx: int, start: int, end: int) -> int:
         """The first unit index group ``group_idx`` needs to resume at ``end`` from ``start``.

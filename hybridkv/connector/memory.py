@@ -111,5 +111,5 @@ class KeyMemory:
 
 
 def _departures(store: HostStore) -> int:
-    stats = store.stats()
-    return stats.evicted + stats.removed
+    _, _, removed, evicted = store.status_counts()  # read every step: no StoreStats built
+    return evicted + removed

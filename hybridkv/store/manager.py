@@ -309,6 +309,18 @@ class HostStore:
             self._taken[event.kind.value] += len(event.keys)
         return events
 
+    def status_counts(self) -> tuple[int, int, int, int]:
+        """``(reserved, stored, removed, evicted)`` of :meth:`stats`, without building it: every
+        change of a key's status moves one of them (the connector's memos key on these).
+        O(1). Frame: nothing changes."""
+        counters = self._counters
+        return (
+            counters["reserved"],
+            counters["stored"],
+            counters["removed"],
+            counters["evicted"],
+        )
+
     def stats(self) -> StoreStats:
         """Counts of entries now and of keys since creation, in O(1). Frame: nothing changes."""
         used = len(self._state)

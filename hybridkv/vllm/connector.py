@@ -220,6 +220,7 @@ class HybridKVConnector(KVConnectorBase_V1, SupportsHMA):
         self._reported: tuple[JobResult, ...] = ()
         self._quorum = JobQuorum(self.world_size)
         self._last_stats: dict[str, int | float] = {}
+        self._last_mark: tuple[Any, ...] | None = None  # get_kv_connector_stats's fast path
         self._agreement = GroupAgreement()
         self._meter = TransferMeter(
             len(g.layer_names) * g.real_page_size_bytes for g in self.layout.groups
@@ -336,12 +337,20 @@ class HybridKVConnector(KVConnectorBase_V1, SupportsHMA):
         core = self._core()
         self._reclaim.schedule_ended(ran=bool(scheduler_output.num_scheduled_tokens))
         scheduled = []
+        no_unit = []
+        completes = core.geometry.completes_a_unit
+        prompt_only = not self.hybridkv_config.offload_decode_state
         for rid, num in scheduler_output.num_scheduled_tokens.items():
             request = self._requests[rid]
             computed = int(request.num_computed_tokens)
             stored = int(num)
-            if not self.hybridkv_config.offload_decode_state:  # the prompt's units only
+            if prompt_only:  # the prompt's units only
                 stored = min(stored, max(0, request.num_prompt_tokens - computed))
+            if not completes(computed, computed + stored):
+                # Stores nothing this step (most decode steps): no view, no vLLM block table
+                # (StepView.no_unit_ids); its view catches up when a unit completes.
+                no_unit.append(rid)
+                continue
             blocks = _tables(self._kv_cache_manager.get_block_ids(rid))
             scheduled.append(ScheduledRequest(self._views.view(request), blocks, computed, stored))
         step = StepView(
@@ -350,17 +359,20 @@ class HybridKVConnector(KVConnectorBase_V1, SupportsHMA):
             # RequestId is a NewType of str: the ids are taken as they are.
             finished_ids=frozenset(scheduler_output.finished_req_ids),
             preempted_ids=frozenset(scheduler_output.preempted_req_ids or ()),
+            no_unit_ids=frozenset(no_unit),
         )
         meta = core.build_connector_meta(step)
-        keys = [item.key for job in (*meta.load_jobs, *meta.store_jobs) for item in job.items]
-        slots = dict(zip(keys, core.store.slots(keys), strict=True)) if keys else {}
+        slots = {}
+        if meta.load_jobs or meta.store_jobs:  # most decode steps have no job: nothing to name
+            keys = [item.key for job in (*meta.load_jobs, *meta.store_jobs) for item in job.items]
+            slots = dict(zip(keys, core.store.slots(keys), strict=True)) if keys else {}
         late = () if self.deadlines is None else self.deadlines.step(meta.load_jobs)
         orders = None
         if self.remote is not None:
             views = {str(s.request.request_id): s.request for s in scheduled}
             self.remote.stores_emitted(meta.store_jobs, views)
             orders = self.remote.orders()
-        return HybridKVMetadata(meta, slots, tuple(int(j) for j in late), orders)
+        return HybridKVMetadata(meta, slots, tuple(int(j) for j in late) if late else (), orders)
 
     def update_connector_output(self, connector_output: Any) -> None:
         worker_meta = connector_output.kv_connector_worker_meta
@@ -533,12 +545,34 @@ class HybridKVConnector(KVConnectorBase_V1, SupportsHMA):
     def get_kv_connector_stats(self) -> KVConnectorStats | None:
         """This side's counter increments since the last call (hybridkv.vllm.metrics): the
         scheduler's from the core, a worker's from its transfer meter; None when nothing moved."""
+        mark = self._stats_mark()
+        if mark is not None and mark == self._last_mark:
+            return None  # nothing the counters are read from changed (most steps)
+        self._last_mark = mark
         now, last = self._counters(), self._last_stats
         if now == last:
-            return None  # every increment is 0 (most steps): no delta to build
+            return None  # every increment is 0: no delta to build
         delta = {k: v - last.get(k, 0) for k, v in now.items()}
         self._last_stats = now
         return HybridKVStats(delta) if any(delta.values()) else None
+
+    def _stats_mark(self) -> tuple[Any, ...] | None:
+        """Everything the scheduler side's counters are computed from, or None (worker side,
+        remote tier: no mark, the counters are read each call). Equal marks give equal
+        counters (:meth:`_counters` is a function of them), so an unchanged mark means a zero
+        delta without building the counters (the core's ``counts()``: one C call)."""
+        if self.core is None or self.remote is not None:
+            return None
+        guard = self._reclaim
+        return (
+            self.core.counts(),
+            guard.overridden,
+            guard.deferred,
+            guard.whole,
+            self._agreement.count,
+            None if self.deadlines is None else self.deadlines.fired,
+            self._deadline_answers,
+        )
 
     def _counters(self) -> dict[str, int | float]:
         if self.core is not None:

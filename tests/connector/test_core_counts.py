@@ -1,0 +1,54 @@
+"""``ConnectorCore.counts()``: the counts of ``stats()`` without building it (the facade's stats
+hook compares them every step). They must equal ``stats()``'s first 14 fields, in order, as
+claims, loads, stores, failures and delayed frees move them."""
+
+from __future__ import annotations
+
+from hybridkv.connector import (
+    ClaimKind,
+    ConnectorCore,
+    JobId,
+    JobResult,
+    KVConnectorOutput,
+    RequestId,
+    RequestView,
+    ScheduledRequest,
+    StepView,
+)
+from hybridkv.connector.core import ConnectorStats
+from hybridkv.kinds import GroupKind
+from hybridkv.planner import HybridOffloadPlanner
+from hybridkv.store import HostStore
+
+FULL, MAMBA = GroupKind.FULL, GroupKind.MAMBA
+TOKENS = tuple(range(1, 34))
+TABLE = tuple(tuple(1 + g * 1000 + i for i in range(9)) for g in range(2))
+
+
+def _check(core: ConnectorCore) -> None:
+    assert core.counts() == tuple(core.stats())[:14]
+
+
+def test_counts_equal_the_stats_counts_as_they_move() -> None:
+    planner = HybridOffloadPlanner(((FULL, 4), (MAMBA, 4)), 2, 4, 1 << 14)
+    core = ConnectorCore(planner, HostStore(64), (FULL, MAMBA), 2, 4)
+    core.seed(RequestView(RequestId("S"), TOKENS, len(TOKENS)), 16)
+    _check(core)
+    b = RequestView(RequestId("B"), TOKENS, len(TOKENS))
+    claim = core.get_num_new_matched_tokens(b, 0)
+    assert claim.kind is ClaimKind.ASYNC
+    core.update_state_after_alloc(b, TABLE, claim.num_tokens)
+    _check(core)
+    meta = core.build_connector_meta(StepView(1, (ScheduledRequest(b, TABLE, 16, 16),)))
+    _check(core)
+    jobs = (*meta.load_jobs, *meta.store_jobs)
+    assert len(meta.load_jobs) > 1
+    assert meta.store_jobs
+    failed = {1, len(jobs) - 1}  # the second load and the store
+    results = tuple(JobResult(JobId(j.job_id), i not in failed) for i, j in enumerate(jobs))
+    assert core.request_finished_all_groups(b, TABLE) is True  # its store is in flight
+    core.update_connector_output(KVConnectorOutput(completed_jobs=results))
+    _check(core)
+    moved = ConnectorStats._fields[:14]
+    zero = {name for name, value in zip(moved, core.counts(), strict=True) if not value}
+    assert zero <= {"stores_refused", "deferred"}, zero  # every other count moved

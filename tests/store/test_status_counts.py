@@ -1,0 +1,35 @@
+"""``HostStore.status_counts``: the four counters of ``stats()`` every status change moves,
+read without building ``StoreStats`` (the connector's claim memo and failure memory read them
+every step). They must equal ``stats()``'s after every kind of change."""
+
+from __future__ import annotations
+
+import random
+
+from hybridkv.store import HostStore, LookupResult, PrepareStoreOutput
+
+
+def _key(i: int) -> bytes:
+    return i.to_bytes(8, "big") + b"\x00\x00\x00\x00"
+
+
+def test_status_counts_equal_the_stats_counters_through_every_change() -> None:
+    store = HostStore(6)
+    rng = random.Random(5)
+    storing: list[bytes] = []
+    for _ in range(400):
+        roll = rng.random()
+        if roll < 0.4:
+            prepared = store.prepare_store([_key(i) for i in rng.sample(range(20), 2)])
+            if isinstance(prepared, PrepareStoreOutput):
+                storing.extend(prepared.keys_to_store)
+        elif roll < 0.75 and storing:
+            done, storing = storing[:1], storing[1:]
+            store.complete_store(done, success=rng.random() < 0.8)
+        elif roll < 0.9:
+            ready = [k for k in map(_key, range(20)) if store.status(k) is LookupResult.HIT]
+            if ready:
+                store.evict(ready[:1])
+        stats = store.stats()
+        assert store.status_counts() == (stats.reserved, stats.stored, stats.removed, stats.evicted)
+    assert min(store.status_counts()) > 0  # every counter moved
