@@ -7,6 +7,7 @@ deadline (not the redis-py default of 5 s, and without retries). No exception es
 from __future__ import annotations
 
 import socket
+import sys
 import time
 from collections.abc import Iterator
 
@@ -14,6 +15,7 @@ import pytest
 import redis
 from _redis_server import free_port
 
+from hybridkv.errors import HybridKVConfigError
 from hybridkv.remote import ClientFault, RedisClient, RemoteConfig, fault_of
 
 
@@ -60,3 +62,13 @@ def test_silent_server_is_a_timeout_within_the_deadline(silent_port: int) -> Non
         assert call() is ClientFault.TIMEOUT
         assert time.monotonic() - started < 1.0  # one deadline, no retries
     client.close()
+
+
+def test_without_redis_py_building_a_client_names_the_extra_to_install(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    # The connector imports hybridkv.remote with or without a tier configured; redis-py is an
+    # optional dependency, so it is imported (and its absence reported) only by a client.
+    monkeypatch.setitem(sys.modules, "redis", None)  # what an uninstalled module imports as
+    with pytest.raises(HybridKVConfigError, match=r"remote_url.*hybridkv\[remote\]"):
+        RedisClient(RemoteConfig(port=6390))
