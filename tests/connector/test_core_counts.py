@@ -4,6 +4,8 @@ claims, loads, stores, failures and delayed frees move them."""
 
 from __future__ import annotations
 
+from small_core import mamba_full_core
+
 from hybridkv.connector import (
     ClaimKind,
     ConnectorCore,
@@ -17,8 +19,6 @@ from hybridkv.connector import (
 )
 from hybridkv.connector.core import ConnectorStats
 from hybridkv.kinds import GroupKind
-from hybridkv.planner import HybridOffloadPlanner
-from hybridkv.store import HostStore
 
 FULL, MAMBA = GroupKind.FULL, GroupKind.MAMBA
 TOKENS = tuple(range(1, 34))
@@ -30,8 +30,7 @@ def _check(core: ConnectorCore) -> None:
 
 
 def test_counts_equal_the_stats_counts_as_they_move() -> None:
-    planner = HybridOffloadPlanner(((FULL, 4), (MAMBA, 4)), 2, 4, 1 << 14)
-    core = ConnectorCore(planner, HostStore(64), (FULL, MAMBA), 2, 4)
+    core = mamba_full_core(64)
     core.seed(RequestView(RequestId("S"), TOKENS, len(TOKENS)), 16)
     _check(core)
     b = RequestView(RequestId("B"), TOKENS, len(TOKENS))

@@ -10,6 +10,7 @@ tests against spec/connector run without these calls).
 from __future__ import annotations
 
 import pytest
+from small_core import mamba_full_core
 
 from hybridkv.connector import (
     ClaimKind,
@@ -22,16 +23,14 @@ from hybridkv.connector import (
 )
 from hybridkv.errors import HybridKVConfigError
 from hybridkv.kinds import GroupKind
-from hybridkv.planner import HybridOffloadPlanner
-from hybridkv.store import HostStore, LookupResult
+from hybridkv.store import LookupResult
 
 FULL, MAMBA = GroupKind.FULL, GroupKind.MAMBA
 TOKENS = tuple(range(1, 34))  # 33 tokens: 32 claimable, 8 units of 4
 
 
 def _core(capacity: int = 1024) -> ConnectorCore:
-    planner = HybridOffloadPlanner(((FULL, 4), (MAMBA, 4)), 2, 4, 1 << 14)
-    return ConnectorCore(planner, HostStore(capacity), (FULL, MAMBA), 2, 4)
+    return mamba_full_core(capacity)
 
 
 def _view(rid: str, salt: str | None = None) -> RequestView:

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import random
 
+from small_core import mamba_full_core
+
 from hybridkv.connector import (
     BlockTable,
     ClaimKind,
@@ -24,16 +26,13 @@ from hybridkv.connector import (
     StepView,
 )
 from hybridkv.kinds import GroupKind
-from hybridkv.planner import HybridOffloadPlanner
-from hybridkv.store import HostStore
 
 FULL, MAMBA = GroupKind.FULL, GroupKind.MAMBA
 TOKENS = tuple(range(1, 66))  # 65 tokens: 16 units of 4
 
 
 def _core() -> ConnectorCore:
-    planner = HybridOffloadPlanner(((FULL, 4), (MAMBA, 4)), 2, 4, 1 << 14)
-    return ConnectorCore(planner, HostStore(48), (FULL, MAMBA), 2, 4)
+    return mamba_full_core(48)
 
 
 def _view(rid: str, tokens: int) -> RequestView:

@@ -9,6 +9,7 @@ failure memory, the failed keys' eviction) is the same either way.
 from __future__ import annotations
 
 import pytest
+from small_core import mamba_full_core
 
 from hybridkv.connector import (
     BlockTable,
@@ -24,16 +25,13 @@ from hybridkv.connector import (
 )
 from hybridkv.errors import HybridKVConfigError
 from hybridkv.kinds import GroupKind
-from hybridkv.planner import HybridOffloadPlanner
-from hybridkv.store import HostStore
 
 FULL, MAMBA = GroupKind.FULL, GroupKind.MAMBA
 TOKENS = tuple(range(1, 34))  # 33 tokens: 32 claimable, 8 units of 4
 
 
 def _core() -> ConnectorCore:
-    planner = HybridOffloadPlanner(((FULL, 4), (MAMBA, 4)), 2, 4, 1 << 14)
-    return ConnectorCore(planner, HostStore(1024), (FULL, MAMBA), 2, 4)
+    return mamba_full_core(1024)
 
 
 def _view(rid: str) -> RequestView:

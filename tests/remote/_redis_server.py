@@ -162,7 +162,7 @@ class CuttingProxy:
                 sink.shutdown(socket.SHUT_RDWR)
                 break
         except OSError:
-            pass
+            pass  # a reset or closed socket ends this pump; the lines below end the other
         # Either side gone ends both; shutdown() wakes the other pump's recv() first.
         for end in (source, sink):
             with contextlib.suppress(OSError):

@@ -23,8 +23,10 @@ pytestmark = pytest.mark.vllm
 pytest.importorskip("vllm.v1.core.sched.scheduler", reason="vLLM 0.33 is not installed")
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "remote"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "connector"))
 
 from _fake_chunk_client import FakeClient  # noqa: E402
+from small_core import mamba_full_core  # noqa: E402
 
 from hybridkv.connector import (  # noqa: E402
     ClaimKind,
@@ -38,7 +40,6 @@ from hybridkv.connector import (  # noqa: E402
 )
 from hybridkv.hostmem import HostMemory, PinMode  # noqa: E402
 from hybridkv.kinds import GroupKind  # noqa: E402
-from hybridkv.planner import HybridOffloadPlanner  # noqa: E402
 from hybridkv.remote import (  # noqa: E402
     Admission,
     Chunk,
@@ -46,7 +47,7 @@ from hybridkv.remote import (  # noqa: E402
     RemoteConfig,
     redis_key,
 )
-from hybridkv.store import HostStore, LookupResult  # noqa: E402
+from hybridkv.store import LookupResult  # noqa: E402
 from hybridkv.vllm.remote import (  # noqa: E402
     PROMOTION_DEADLINE_STEPS,
     FetchOrder,
@@ -63,8 +64,7 @@ CONFIG = RemoteConfig(namespace=b"t")
 
 
 def _core() -> ConnectorCore:
-    planner = HybridOffloadPlanner(((FULL, 4), (MAMBA, 4)), 2, 4, 1 << 14)
-    return ConnectorCore(planner, HostStore(64), (FULL, MAMBA), 2, 4)
+    return mamba_full_core(64)
 
 
 def _view(rid: str) -> RequestView:
