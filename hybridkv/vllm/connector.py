@@ -54,6 +54,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.metrics import (
     KVConnectorPromMetrics,
     KVConnectorStats,
 )
+from vllm.v1.metrics.cache_hit_source import CacheHitSource
 
 from hybridkv.canonical import build_canonical_caches
 from hybridkv.connector import (
@@ -84,6 +85,7 @@ from hybridkv.vllm.metrics import (
     scheduler_counters,
     store_events_to_vllm,
 )
+from hybridkv.vllm.platform_check import refuse_unsupported_platform
 from hybridkv.vllm.ranks import JobQuorum, RankReport, merge_reports, refuse_unsupported_parallelism
 from hybridkv.vllm.reclaim import Answer, ReclaimGuard
 from hybridkv.vllm.remote import (
@@ -194,9 +196,15 @@ def _tables(block_ids: Any) -> BlockTable:
 class HybridKVConnector(KVConnectorBase_V1, SupportsHMA):
     """hybridkv's offload connector for vLLM 0.33 (module docstring)."""
 
+    # vLLM's hits-by-source metrics (vllm:prompt_tokens_cached_by_source) read this for every
+    # external hit: each one is loaded from host memory (a remote-tier chunk is promoted into
+    # host memory before it is claimed).
+    _cache_hit_source = CacheHitSource.HOST
+
     def __init__(self, vllm_config: Any, role: KVConnectorRole, kv_cache_config: Any) -> None:
         super().__init__(vllm_config, role, kv_cache_config)
         require_hma(vllm_config)
+        refuse_unsupported_platform()
         refuse_unsupported_parallelism(vllm_config.parallel_config)
         # With pipeline and context parallel refused, the workers are the tensor-parallel
         # ranks: the count vLLM's KVOutputAggregator waits for (get_finished_count is None).
