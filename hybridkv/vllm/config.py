@@ -17,6 +17,11 @@ Every key, its default and what it does (docs/howto/serve.md repeats this table)
   (:mod:`hybridkv.connector.deadlines`).
 - ``offload_decode_state`` (bool, default true): store the units completed by decode steps
   (the continuation a next turn hits), not only the prompt's.
+- ``gpu_scratch_bytes`` (int >= 0, default 64 MiB): GPU memory each worker allocates once, when
+  it registers its caches, as scratch of the CUDA engine's index-kernel copies (half per
+  direction; :mod:`hybridkv.transfer.cuda_kernels`). vLLM has sized its KV cache by then, so
+  it comes out of the headroom ``--gpu-memory-utilization`` leaves; the worker logs it. 0: no
+  scratch, every copy by DMA. Unused on CPU caches.
 - ``sync_load_max_bytes`` (int >= 0, default 0 = every load async): loads up to this many bytes
   would run before the step's forward. Only 0 is accepted: vLLM 0.33 has no way to undo a
   failed sync load on a model with more than one KV cache group. Block ids raise
@@ -67,6 +72,7 @@ DEFAULTS: dict[str, Any] = {
     "eviction_policy": "lru",
     "load_deadline_steps": None,
     "offload_decode_state": True,
+    "gpu_scratch_bytes": 64 << 20,
     "sync_load_max_bytes": 0,
     "remote_url": None,
     "remote_namespace": "hybridkv",
@@ -101,6 +107,7 @@ class HybridKVConfig:
     load_deadline_steps: int | None
     offload_decode_state: bool
     sync_load_max_bytes: int
+    gpu_scratch_bytes: int = 64 << 20
     remote: RemoteSettings | None = None
 
 
@@ -126,6 +133,7 @@ def parse_extra_config(extra: Mapping[str, Any] | None) -> HybridKVConfig:
         load_deadline_steps=_optional_int(values, "load_deadline_steps"),
         offload_decode_state=_bool(values, "offload_decode_state"),
         sync_load_max_bytes=_int(values, "sync_load_max_bytes", low=0),
+        gpu_scratch_bytes=_int(values, "gpu_scratch_bytes", low=0),
         remote=_remote(values),
     )
     _refuse_unimplemented(config)

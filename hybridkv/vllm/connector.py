@@ -38,6 +38,7 @@ writes, runs the fetches into the host slots in ``start_load_kv`` and reports ea
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -99,6 +100,8 @@ from hybridkv.vllm.remote import (
 from hybridkv.vllm.views import RequestViews, block_table
 
 __all__ = ["HybridKVConnector", "HybridKVMetadata", "HybridKVStats", "HybridKVWorkerMeta"]
+
+logger = logging.getLogger("vllm.hybridkv")  # under vLLM's logger: its handlers print it
 
 
 @dataclass
@@ -470,7 +473,16 @@ class HybridKVConnector(KVConnectorBase_V1, SupportsHMA):
 
             if copy_fault_hook is not None:
                 raise ValueError("copy_fault_hook: the CUDA engine takes no copy fault hook")
-            engine: Any = CudaTransferEngine(caches, host)
+            scratch = self.hybridkv_config.gpu_scratch_bytes
+            engine: Any = CudaTransferEngine(caches, host, scratch_bytes=scratch)
+            # Allocated after vLLM sized its KV cache: say how much, once per worker.
+            logger.info(
+                "hybridkv: %d bytes of GPU scratch for kernel copies on %s, outside vLLM's KV "
+                "cache (kv_connector_extra_config.gpu_scratch_bytes=%d)",
+                engine.scratch_bytes,
+                caches.device,
+                scratch,
+            )
         else:
             from hybridkv.transfer import CpuTransferEngine
 

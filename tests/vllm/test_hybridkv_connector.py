@@ -134,6 +134,8 @@ BAD_VALUES = [
     ("load_deadline_steps", True),
     ("load_deadline_steps", "8"),
     ("offload_decode_state", "yes"),
+    ("gpu_scratch_bytes", -1),
+    ("gpu_scratch_bytes", "64MiB"),
     ("sync_load_max_bytes", -1),
     ("sync_load_max_bytes", 4096),  # refused: test_sync_load_failures_vs_vllm.py says why
     ("no_such_key", 1),
