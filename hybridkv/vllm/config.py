@@ -6,7 +6,9 @@ Every key, its default and what it does (docs/howto/serve.md repeats this table)
 - ``host_memory_bytes`` (int >= 1, default 4 GiB): the host tier's size, all tensor-parallel
   ranks together; it is cut into whole slots of the largest group's block (all its layers, one
   rank's shard), so the store holds ``host_memory_bytes // (slot_bytes * world_size)`` chunks
-  and each rank holds that many slots.
+  and each rank holds that many slots. Ranks holding identical KV (vLLM's ``kv_tp_replicas``,
+  MLA) share one copy: the division is by the distinct shards, ``world_size //
+  kv_tp_replicas`` (:class:`hybridkv.vllm.ranks.HostSharding`).
 - ``chunk_size`` (int or null, default null = the recommendation of
   :func:`hybridkv.vllm.layout.recommended_chunk_size`): the offload chunk in tokens.
 - ``eviction_policy`` (``"lru"`` | ``"arc"``, default ``"lru"``): the host store's policy.

@@ -13,9 +13,10 @@ metadata (:class:`HybridKVWorkerMeta`, ``KVConnectorOutput.kv_connector_worker_m
 Failures are reported per request (``failed_recving``), never as block ids: vLLM 0.33 raises on
 block-level load errors for models with more than one KV cache group (``scheduler.py:3712``).
 Under tensor parallelism (:mod:`hybridkv.vllm.ranks`) each worker moves its own rank's shard
-through its own host memory (``host_memory_bytes`` is split evenly over the ranks), and the
-scheduler side releases a job result only once every rank reported it, failed if any rank
-failed it. Pipeline and context parallelism are refused at start-up.
+through its own host memory (``host_memory_bytes`` is split evenly over the ranks' distinct
+shards), and the scheduler side releases a job result only once every rank reported it, failed
+if any rank failed it. Ranks holding identical KV (``kv_tp_replicas``, MLA) share one host copy
+that only the first of them writes. Pipeline and context parallelism are refused at start-up.
 Offload keys are read off vLLM's own ``request.block_hashes`` (multimodal inputs, LoRA and the
 cache salt folded in).
 
@@ -87,7 +88,14 @@ from hybridkv.vllm.metrics import (
     store_events_to_vllm,
 )
 from hybridkv.vllm.platform_check import refuse_unsupported_platform
-from hybridkv.vllm.ranks import JobQuorum, RankReport, merge_reports, refuse_unsupported_parallelism
+from hybridkv.vllm.ranks import (
+    JobQuorum,
+    RankReport,
+    ReplicaEngine,
+    host_sharding,
+    merge_reports,
+    refuse_unsupported_parallelism,
+)
 from hybridkv.vllm.reclaim import Answer, ReclaimGuard
 from hybridkv.vllm.remote import (
     FetchReport,
@@ -212,6 +220,9 @@ class HybridKVConnector(KVConnectorBase_V1, SupportsHMA):
         # With pipeline and context parallel refused, the workers are the tensor-parallel
         # ranks: the count vLLM's KVOutputAggregator waits for (get_finished_count is None).
         self.world_size = int(vllm_config.parallel_config.world_size)
+        # Ranks with identical KV (MLA) share one host copy, written by one of them.
+        self.sharding = host_sharding(vllm_config.parallel_config, kv_cache_config)
+        self.rank = int(vllm_config.parallel_config.rank)  # the worker's own (vLLM sets it)
         extra = vllm_config.kv_transfer_config.kv_connector_extra_config
         self.hybridkv_config: HybridKVConfig = parse_extra_config(extra)
         check_failure_policy(
@@ -277,13 +288,14 @@ class HybridKVConnector(KVConnectorBase_V1, SupportsHMA):
         return chunk
 
     def _num_chunks(self) -> int:
-        # One slot per rank per chunk: the KV cache config is one rank's (every rank's page is
-        # the same size), and each worker holds its own shard of every chunk.
+        # One slot per shard per chunk: the KV cache config is one rank's (every rank's page
+        # is the same size), and each distinct shard has its own copy of every chunk (ranks
+        # with replicated KV share theirs: hybridkv.vllm.ranks.HostSharding).
         slot = self.layout.slot_bytes
-        ranks = self.world_size
+        ranks = self.sharding.copies
         chunks = self.hybridkv_config.host_memory_bytes // (slot * ranks)
         if chunks < 1:
-            on_ranks = f" on each of {ranks} ranks" if ranks > 1 else ""
+            on_ranks = f" for each of {ranks} shards" if ranks > 1 else ""
             raise HybridKVConfigError(
                 "kv_connector_extra_config.host_memory_bytes",
                 self.hybridkv_config.host_memory_bytes,
@@ -465,8 +477,14 @@ class HybridKVConnector(KVConnectorBase_V1, SupportsHMA):
                 "register the caches vLLM allocated for this KVCacheConfig",
             )
         on_cuda = caches.device.type == "cuda"
+        shared = self.sharding.shared_path(
+            str(self._vllm_config.kv_transfer_config.engine_id), self.rank
+        )
         host = HostMemory(
-            self.num_chunks * measured, measured, PinMode.AUTO if on_cuda else PinMode.OFF
+            self.num_chunks * measured,
+            measured,
+            PinMode.AUTO if on_cuda else PinMode.OFF,
+            shared_path=shared,
         )
         if on_cuda:
             from hybridkv.transfer.cuda_engine import CudaTransferEngine
@@ -487,6 +505,8 @@ class HybridKVConnector(KVConnectorBase_V1, SupportsHMA):
             from hybridkv.transfer import CpuTransferEngine
 
             engine = CpuTransferEngine(caches, host, fault_hook=copy_fault_hook)
+        if not self.sharding.writes(self.rank):
+            engine = ReplicaEngine(engine)  # its group's writer stores the shared slots
         if wrap_engine is not None:
             engine = wrap_engine(engine)
         self._host, self._engine = host, engine
@@ -516,7 +536,8 @@ class HybridKVConnector(KVConnectorBase_V1, SupportsHMA):
             self._fetched = (*self._fetched, *self.worker_remote.run(metadata.remote))
         self._slots.show(metadata)
         worker.bind_connector_metadata(metadata.meta)
-        self._meter.bound((*metadata.meta.load_jobs, *metadata.meta.store_jobs))
+        stores = metadata.meta.store_jobs if self.sharding.writes(self.rank) else ()
+        self._meter.bound((*metadata.meta.load_jobs, *stores))  # bytes this rank moves
 
     def wait_for_layer_load(self, layer_name: str) -> None:
         # Step granularity (start_load_kv): an async load's request is not in this forward.

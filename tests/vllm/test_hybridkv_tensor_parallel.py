@@ -58,7 +58,13 @@ from hybridkv.vllm.inprocess import (  # noqa: E402
     WedgedError,
     run_trace,
 )
-from hybridkv.vllm.ranks import JobQuorum, RankReport  # noqa: E402
+from hybridkv.vllm.metrics import HybridKVStats  # noqa: E402
+from hybridkv.vllm.ranks import (  # noqa: E402
+    JobQuorum,
+    RankReport,
+    ReplicaEngine,
+    host_sharding,
+)
 
 TP = 2
 HOST_BYTES = 64 << 20
@@ -189,6 +195,133 @@ def test_a_load_fault_on_one_rank_fails_the_load_for_both_and_vllm_recomputes() 
     assert report.slots_checked > 0
     assert report.wrong_reads == 0
     _quiescent(engine)
+
+
+# ------------------------------------------------------------------ replicated KV (MLA)
+
+
+def test_vllm_marks_an_all_mla_model_replicated_on_every_rank() -> None:
+    # What replicated_kv simulates: vLLM's planner gives MLA layers (max_tp_shards=1)
+    # kv_tp_replicas = the TP size, and any non-MLA layer (a mamba group) brings it back to 1.
+    import torch
+    from vllm.v1.core.kv_cache_planning import kv_cache_groups_tp_replicas
+    from vllm.v1.kv_cache_interface import KVCacheGroupSpec, MambaSpec, MLAAttentionSpec
+
+    mla = MLAAttentionSpec(
+        block_size=16, num_kv_heads=1, head_size=576, dtype=torch.bfloat16, max_tp_shards=1
+    )
+    assert kv_cache_groups_tp_replicas([KVCacheGroupSpec(["l0"], mla)], TP) == TP
+    mamba = MambaSpec(block_size=16, shapes=((4, 8),), dtypes=(torch.float32,))
+    both = [KVCacheGroupSpec(["l0"], mla), KVCacheGroupSpec(["l1"], mamba)]
+    assert kv_cache_groups_tp_replicas(both, TP) == 1
+
+
+def test_a_replica_ranks_engine_stores_nothing_and_loads_everything() -> None:
+    # A rank whose group's writer stores the shared slots runs its store jobs empty (still
+    # reported, successful), and its loads in full.
+    import torch
+
+    from hybridkv.cache_layouts import all_layout_cases
+    from hybridkv.canonical import build_canonical_caches
+    from hybridkv.hostmem import HostMemory, PinMode
+    from hybridkv.transfer import CpuTransferEngine, Direction, FinishedJob, TransferPair
+
+    case = all_layout_cases(4)[0]
+    cc = build_canonical_caches(case.kv_caches, case.groups, case.num_blocks)
+    slot = cc.group_bytes(0)
+    host = HostMemory(4 * slot, slot, PinMode.OFF)
+    host.tensor.fill_(5)
+    with ReplicaEngine(CpuTransferEngine(cc, host)) as engine:
+        store = engine.submit(Direction.STORE, [TransferPair(0, 1, 2), TransferPair(0, 3, 1)])
+        engine.wait([store])
+        assert engine.poll() == [FinishedJob(store, True)]
+        assert host.tensor.eq(5).all()  # no byte stored
+        load = engine.submit(Direction.LOAD, [TransferPair(0, 0, 2)])
+        engine.wait([load])
+        assert engine.poll() == [FinishedJob(load, True)]
+    for ref in cc.group_refs[0]:  # every byte of block 0 came from the slot
+        row = cc.tensors[ref.tensor_index].view[0].view(torch.uint8)
+        for offset, length in ref.runs:
+            assert row[offset : offset + length].eq(5).all()
+
+
+@pytest.mark.parametrize(
+    ("replicas", "world", "copies"), [(1, 2, 2), (2, 2, 1), (2, 4, 2), (4, 4, 1)]
+)
+def test_host_sharding_writers_paths_and_copies(replicas: int, world: int, copies: int) -> None:
+    class _Parallel:
+        world_size = world
+
+    class _KV:
+        kv_tp_replicas = replicas
+
+    sharding = host_sharding(_Parallel(), _KV())
+    assert sharding.copies == copies
+    writers = [r for r in range(world) if sharding.writes(r)]
+    assert writers == list(range(0, world, replicas))
+    paths = [sharding.shared_path("e1", r) for r in range(world)]
+    if replicas == 1:
+        assert paths == [None] * world
+    else:  # one file per group of replicas, named by engine
+        assert len(set(paths)) == copies
+        assert all(p is not None and "e1" in p for p in paths)
+        assert paths[0] == paths[replicas - 1]
+
+
+@pytest.mark.parametrize("bad", [3, 0, True, "2"])
+def test_a_replica_count_that_does_not_divide_the_ranks_is_refused(bad: object) -> None:
+    class _Parallel:
+        world_size = 4
+
+    class _KV:
+        kv_tp_replicas = bad
+
+    with pytest.raises(HybridKVConfigError) as caught:
+        host_sharding(_Parallel(), _KV())
+    assert caught.value.field == "kv_cache_config.kv_tp_replicas"
+
+
+@pytest.mark.parametrize("layout", list(CHAT), ids=lambda lay: lay.value)
+def test_replicated_kv_one_rank_writes_a_shared_host_copy_the_size_of_the_whole_tier(
+    layout: Layout,
+) -> None:
+    settings, trace, chunk = CHAT[layout]
+    replicated = EngineSettings(**{**_fields(settings), "replicated_kv": True})
+    # Every store rank 1 copies would fail inside its copy (run 1 of each store raises): rank 1
+    # must copy no store at all, and load the bytes rank 0 stored into the shared slots.
+    reader = HybridKVOnCPU(faults=FaultPlan(seed=3, store_rate=1.0, mid_copy=1.0), delay=2)
+    writer = HybridKVOnCPU(delay=1)
+    engine = InProcessEngine(
+        RECIPES[layout].config_json(), replicated, _transfer(chunk), [writer, reader]
+    )
+    scheduler = engine.scheduler.connector
+    # The host tier is not divided over the ranks: one copy serves both.
+    assert scheduler.num_chunks == HOST_BYTES // scheduler.layout.slot_bytes
+    assert scheduler.sharding.copies == 1
+    assert [r.worker.sharding.writes(r.worker.rank) for r in engine.ranks] == [True, False]
+    report = run_trace(engine, trace)
+    print(f"\n{layout.value} TP={TP} replicated: {report}")
+    assert report.finished == report.requests > 0
+    assert report.slots_checked > 0
+    assert report.wrong_reads == 0  # rank 1 read what rank 0 wrote: one shared region
+    assert report.external_loaded > 0
+    assert report.external_hits == report.external_loaded
+    assert report.failed_loads == 0
+    core = scheduler.core.stats()
+    assert core.store_jobs > 0
+    assert core.store_jobs_failed == 0
+    assert reader.stats().get("store_faults", 0) == 0  # no store copy ran on rank 1
+    loaded = [a.stats()["bytes_loaded"] for a in (writer, reader)]
+    assert loaded[0] == loaded[1] > 0  # both ranks load into their own caches
+    stats = HybridKVStats()
+    for payload in engine.connector_stats:
+        stats.aggregate(HybridKVStats(dict(payload)))
+    totals = stats.reduce()
+    # Worker metrics count the bytes copied: the stores once (rank 0), the loads per rank.
+    assert totals["store_bytes"] == writer.stats()["bytes_stored"] > 0
+    assert totals["load_bytes"] == 2 * loaded[0]
+    _quiescent(engine)
+    engine.close()  # unlinks the shared file
 
 
 # ------------------------------------------------------------------ random traces
