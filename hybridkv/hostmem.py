@@ -16,7 +16,8 @@ Shared host memory (``shared_path``): tensor-parallel ranks that hold identical 
 ``num_slots * slot_bytes``; every rank computes the same size, so whichever opens it first
 creates it and the others find it sized (the size is checked). One rank writes the slots, the
 others only read them, in an order the scheduler side fixes (``hybridkv.vllm.ranks``). The
-file is unlinked at ``close``; mappings already taken stay valid.
+file is unlinked at ``close``, or when the object is collected or the process exits; mappings
+already taken stay valid.
 """
 
 from __future__ import annotations
@@ -99,8 +100,12 @@ class HostMemory:
         self.num_slots = host_bytes // slot_bytes
         self.region_bytes = max(1, _REGISTER_CHUNK // slot_bytes) * slot_bytes
         self.shared_path = shared_path
+        self._unlink: weakref.finalize[[str], None] | None = None
         if shared_path is not None:
             self.tensor = _map_shared(shared_path, self.num_slots * slot_bytes)
+            # Unlinked at close, or when this object is collected or the process exits
+            # (a killed process leaves the file: nothing runs then).
+            self._unlink = weakref.finalize(self, _unlink_file, shared_path)
         else:
             try:
                 self.tensor = torch.empty(self.num_slots * slot_bytes, dtype=torch.uint8)
@@ -138,9 +143,8 @@ class HostMemory:
             self._unpin()
             self._unpin = None
             self.pinned = False
-        if self.shared_path is not None:
-            with contextlib.suppress(FileNotFoundError):  # another rank unlinked it first
-                os.unlink(self.shared_path)
+        if self._unlink is not None:
+            self._unlink()
 
 
 def _map_shared(path: str, size: int) -> torch.Tensor:
@@ -171,6 +175,11 @@ def _map_shared(path: str, size: int) -> torch.Tensor:
     finally:
         os.close(fd)  # the mapping keeps the file
     return torch.frombuffer(region, dtype=torch.uint8)
+
+
+def _unlink_file(path: str) -> None:
+    with contextlib.suppress(FileNotFoundError):  # another rank unlinked it first
+        os.unlink(path)
 
 
 def _free_bytes(path: str) -> int:

@@ -335,8 +335,11 @@ SHAPES = {
 TRACES_PER_LAYOUT = max(4, hypothesis_settings.default.max_examples // 20)
 
 
-def _random_engine(layout: Layout, rng: random.Random, seed: int) -> tuple[InProcessEngine, int]:
-    """A TP=2 engine on a tight pool, faults on one rank (returned), delays per rank."""
+def _random_engine(
+    layout: Layout, rng: random.Random, seed: int, replicated: bool = False
+) -> tuple[InProcessEngine, int]:
+    """A TP=2 engine on a tight pool, faults on one rank (returned), delays per rank;
+    ``replicated``: the ranks hold replicated KV (one writer, one shared host copy)."""
     budget, chunk, _, seqs = SHAPES[layout]
     recipe = RECIPES[layout]
     settings = EngineSettings(
@@ -347,6 +350,7 @@ def _random_engine(layout: Layout, rng: random.Random, seed: int) -> tuple[InPro
         max_num_batched_tokens=budget,
         max_steps=600,
         tensor_parallel_size=TP,
+        replicated_kv=replicated,
     )
     faulty = rng.randrange(TP)
     plan = FaultPlan(seed, load_rate=rng.choice((0.3, 0.6)), store_rate=rng.choice((0.0, 0.3)))
@@ -374,59 +378,68 @@ def _random_arrivals(layout: Layout, rng: random.Random) -> list[tuple[int, str,
     return sorted(arrivals, key=lambda a: (a[0], a[1]))
 
 
-def _play(layout: Layout, seed: int) -> Counter[str]:
+def _play(layout: Layout, seed: int, replicated: bool = False) -> Counter[str]:
     rng = random.Random(seed)
-    engine, faulty = _random_engine(layout, rng, seed)
-    arrivals = _random_arrivals(layout, rng)
-    aborted_loading = 0
-    step = 0
-    while arrivals or engine.busy():
-        while arrivals and arrivals[0][0] <= step:
-            _, rid, prompt, max_tokens = arrivals.pop(0)
-            engine.add(rid, prompt, max_tokens)
-        step += 1
-        if not engine.busy():
-            continue
-        if engine.tally.steps >= engine.settings.max_steps:
-            live = {r: engine.status(r) for r, q in engine.requests.items() if not q.is_finished()}
-            raise WedgedError(f"{layout.value} seed {seed}: {live}")
-        for rid, request in engine.requests.items():
-            if request.is_finished():
+    engine, faulty = _random_engine(layout, rng, seed, replicated)
+    try:
+        arrivals = _random_arrivals(layout, rng)
+        aborted_loading = 0
+        step = 0
+        while arrivals or engine.busy():
+            while arrivals and arrivals[0][0] <= step:
+                _, rid, prompt, max_tokens = arrivals.pop(0)
+                engine.add(rid, prompt, max_tokens)
+            step += 1
+            if not engine.busy():
                 continue
-            loading = engine.status(rid) == "WAITING_FOR_REMOTE_KVS"
-            if rng.random() < (0.25 if loading else 0.01) and engine.abort(rid):
-                aborted_loading += loading
-        engine.step()
-    report = engine.report(sum(r.is_finished() for r in engine.requests.values()))
-    assert report.finished == report.requests, f"seed {seed}: unfinished requests"
-    assert report.wrong_reads == 0, f"seed {seed}: {report}"
-    _quiescent(engine)
-    injected = [rank.adapter.stats() for rank in engine.ranks]
-    clean = [f for r, f in enumerate(injected) if r != faulty]
-    assert all(f.get("load_faults", 0) == f.get("store_faults", 0) == 0 for f in clean)
-    core = engine.scheduler.connector.core.stats()
-    # A job fails for all ranks exactly when it failed on the faulty one.
-    assert core.load_jobs_failed == injected[faulty].get("load_faults", 0), seed
-    assert core.store_jobs_failed == injected[faulty].get("store_faults", 0), seed
-    return Counter(
-        traces=1,
-        slots_checked=report.slots_checked,
-        wrong_reads=report.wrong_reads,
-        host_loaded=report.external_loaded,
-        load_faults=injected[faulty].get("load_faults", 0),
-        store_faults=injected[faulty].get("store_faults", 0),
-        failed_loads=report.failed_loads,
-        preemptions=report.preemptions,
-        aborted_loading=aborted_loading,
-    )
+            if engine.tally.steps >= engine.settings.max_steps:
+                requests = engine.requests.items()
+                live = {r: engine.status(r) for r, q in requests if not q.is_finished()}
+                raise WedgedError(f"{layout.value} seed {seed}: {live}")
+            for rid, request in engine.requests.items():
+                if request.is_finished():
+                    continue
+                loading = engine.status(rid) == "WAITING_FOR_REMOTE_KVS"
+                if rng.random() < (0.25 if loading else 0.01) and engine.abort(rid):
+                    aborted_loading += loading
+            engine.step()
+        report = engine.report(sum(r.is_finished() for r in engine.requests.values()))
+        assert report.finished == report.requests, f"seed {seed}: unfinished requests"
+        assert report.wrong_reads == 0, f"seed {seed}: {report}"
+        _quiescent(engine)
+        injected = [rank.adapter.stats() for rank in engine.ranks]
+        clean = [f for r, f in enumerate(injected) if r != faulty]
+        assert all(f.get("load_faults", 0) == f.get("store_faults", 0) == 0 for f in clean)
+        core = engine.scheduler.connector.core.stats()
+        # A job fails for all ranks exactly when it failed on the faulty one.
+        assert core.load_jobs_failed == injected[faulty].get("load_faults", 0), seed
+        assert core.store_jobs_failed == injected[faulty].get("store_faults", 0), seed
+        return Counter(
+            traces=1,
+            slots_checked=report.slots_checked,
+            wrong_reads=report.wrong_reads,
+            host_loaded=report.external_loaded,
+            load_faults=injected[faulty].get("load_faults", 0),
+            store_faults=injected[faulty].get("store_faults", 0),
+            failed_loads=report.failed_loads,
+            preemptions=report.preemptions,
+            aborted_loading=aborted_loading,
+        )
+    finally:
+        engine.close()  # a replicated run's shared host file goes with it
 
 
+@pytest.mark.parametrize("replicated", [False, True], ids=["sharded", "replicated"])
 @pytest.mark.parametrize("layout", list(SHAPES), ids=lambda lay: lay.value)
-def test_tp2_random_traces_with_faults_on_one_rank_preemptions_and_aborts(layout: Layout) -> None:
+def test_tp2_random_traces_with_faults_on_one_rank_preemptions_and_aborts(
+    layout: Layout, replicated: bool
+) -> None:
+    # Replicated: a store fault inside the copy can fire only on the writer (rank 0): the
+    # reader's store jobs copy nothing; the identities below hold either way.
     total: Counter[str] = Counter()
     for seed in range(TRACES_PER_LAYOUT):
-        total.update(_play(layout, seed))
-    print(f"\n{layout.value} TP={TP}: {dict(total)}")
+        total.update(_play(layout, seed, replicated))
+    print(f"\n{layout.value} TP={TP} replicated={replicated}: {dict(total)}")
     assert total["wrong_reads"] == 0
     for name in ("slots_checked", "host_loaded", "load_faults", "failed_loads"):
         assert total[name] > 0, (name, dict(total))
