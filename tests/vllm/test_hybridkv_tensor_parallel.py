@@ -24,6 +24,11 @@ the content-tag stand-in, on every rank with rank-salted tags.
 - The fold itself against vLLM's ``KVOutputAggregator``: a job one rank finished and the other
   failed a step later is released once, failed, in the step vLLM emits the request as finished
   and failed.
+- Replicated KV (``EngineSettings.replicated_kv``: vLLM's ``kv_tp_replicas`` = 2, as it plans
+  an all-MLA model, and the same content on both ranks): the host tier is not divided over the
+  ranks, rank 0 alone copies stores into one shared host region, both ranks load from it with
+  correct content; the random traces run replicated too. The sharding and the replica rank's
+  engine on their own.
 - Pipeline and context parallel are refused at construction, naming the setting.
 """
 
