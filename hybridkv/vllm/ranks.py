@@ -170,7 +170,10 @@ class HostSharding:
 def host_sharding(parallel_config: Any, kv_cache_config: Any) -> HostSharding:
     """The sharding of vLLM's configs; refuses a replica count that does not divide the ranks.
 
-    With pipeline and context parallel refused, the ranks are the tensor-parallel ranks.
+    With pipeline and context parallel refused, the ranks are the tensor-parallel ranks. The
+    shared region is a file on one machine, so replicas share it only when every rank runs
+    there as a process of vLLM's ``mp`` executor (vLLM's native connector draws the same
+    line); otherwise each rank keeps its own copy, as if unreplicated (correct, not deduped).
     """
     world = int(parallel_config.world_size)
     replicas = getattr(kv_cache_config, "kv_tp_replicas", 1)
@@ -182,7 +185,11 @@ def host_sharding(parallel_config: Any, kv_cache_config: Any) -> HostSharding:
             f"does not divide the {world} tensor-parallel ranks into groups of identical KV",
             "report it: vLLM plans kv_tp_replicas as a divisor of tensor_parallel_size",
         )
-    return HostSharding(world, replicas)
+    one_machine = (
+        getattr(parallel_config, "distributed_executor_backend", None) == "mp"
+        and getattr(parallel_config, "nnodes_within_dp", 1) == 1
+    )
+    return HostSharding(world, replicas if one_machine else 1)
 
 
 class ReplicaEngine(TransferEngine):

@@ -256,6 +256,8 @@ def test_a_replica_ranks_engine_stores_nothing_and_loads_everything() -> None:
 def test_host_sharding_writers_paths_and_copies(replicas: int, world: int, copies: int) -> None:
     class _Parallel:
         world_size = world
+        distributed_executor_backend = "mp"
+        nnodes_within_dp = 1
 
     class _KV:
         kv_tp_replicas = replicas
@@ -271,6 +273,25 @@ def test_host_sharding_writers_paths_and_copies(replicas: int, world: int, copie
         assert len(set(paths)) == copies
         assert all(p is not None and "e1" in p for p in paths)
         assert paths[0] == paths[replicas - 1]
+
+
+@pytest.mark.parametrize(("backend", "nodes"), [("ray", 1), ("mp", 2), (None, 1)])
+def test_replicas_on_more_than_one_machine_keep_a_copy_each(backend: Any, nodes: int) -> None:
+    # A /dev/shm file is one machine's: ranks elsewhere (or of another executor) would map a
+    # file nobody writes, so they store their own copies instead.
+    class _Parallel:
+        world_size = 2
+        distributed_executor_backend = backend
+        nnodes_within_dp = nodes
+
+    class _KV:
+        kv_tp_replicas = 2
+
+    sharding = host_sharding(_Parallel(), _KV())
+    assert (sharding.replicas, sharding.copies) == (1, 2)
+    assert sharding.writes(0)
+    assert sharding.writes(1)
+    assert sharding.shared_path("e1", 1) is None
 
 
 @pytest.mark.parametrize("bad", [3, 0, True, "2"])
