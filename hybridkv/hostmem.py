@@ -9,11 +9,21 @@ Registration goes in regions of whole slots, at most 64 GiB each (one slot where
 larger), and is rolled back if any region fails; ``region_bytes`` tells the copy planner where
 runs must not be merged across. Host slots are fixed-size chunks of the allocation: slot ``i``
 is bytes ``[i * slot_bytes, (i + 1) * slot_bytes)``.
+
+Shared host memory (``shared_path``): tensor-parallel ranks that hold identical KV (vLLM's
+``kv_tp_replicas``, MLA models) keep one host copy between them. Each rank maps the same file
+(under ``/dev/shm``, a tmpfs: no disk I/O) with ``MAP_SHARED`` and sizes it to exactly
+``num_slots * slot_bytes``; every rank computes the same size, so whichever opens it first
+creates it and the others find it sized (the size is checked). One rank writes the slots, the
+others only read them, in an order the scheduler side fixes (``hybridkv.vllm.ranks``). The
+file is unlinked at ``close``, or when the object is collected or the process exits; mappings
+already taken stay valid.
 """
 
 from __future__ import annotations
 
 import contextlib
+import mmap
 import os
 import weakref
 from enum import Enum
@@ -49,11 +59,19 @@ class HostMemory:
             region boundary in one run.
     """
 
-    def __init__(self, host_bytes: int, slot_bytes: int, pin: PinMode = PinMode.AUTO) -> None:
-        """Allocate (and maybe pin) the slots.
+    def __init__(
+        self,
+        host_bytes: int,
+        slot_bytes: int,
+        pin: PinMode = PinMode.AUTO,
+        *,
+        shared_path: str | None = None,
+    ) -> None:
+        """Allocate (and maybe pin) the slots; with ``shared_path``, map that file instead,
+        shared with every process that maps it (module docstring).
 
         Pre: ``host_bytes`` and ``slot_bytes`` are ints, ``slot_bytes <= host_bytes``, and
-        ``host_bytes`` fits in physical memory.
+        ``host_bytes`` fits in physical memory (and, shared, in the file system's free space).
         Post: ``num_slots >= 1`` slots exist; their bytes are unspecified until written.
         Frame: a refused call (HybridKVConfigError) allocates and registers nothing.
         """
@@ -81,12 +99,20 @@ class HostMemory:
         self.slot_bytes = slot_bytes
         self.num_slots = host_bytes // slot_bytes
         self.region_bytes = max(1, _REGISTER_CHUNK // slot_bytes) * slot_bytes
-        try:
-            self.tensor = torch.empty(self.num_slots * slot_bytes, dtype=torch.uint8)
-        except RuntimeError as exc:
-            raise HybridKVConfigError(
-                "host_bytes", host_bytes, f"cannot be allocated ({exc})", "lower host_bytes"
-            ) from exc
+        self.shared_path = shared_path
+        self._unlink: weakref.finalize[[str], None] | None = None
+        if shared_path is not None:
+            self.tensor = _map_shared(shared_path, self.num_slots * slot_bytes)
+            # Unlinked at close, or when this object is collected or the process exits
+            # (a killed process leaves the file: nothing runs then).
+            self._unlink = weakref.finalize(self, _unlink_file, shared_path)
+        else:
+            try:
+                self.tensor = torch.empty(self.num_slots * slot_bytes, dtype=torch.uint8)
+            except RuntimeError as exc:
+                raise HybridKVConfigError(
+                    "host_bytes", host_bytes, f"cannot be allocated ({exc})", "lower host_bytes"
+                ) from exc
         self.pinned = pin is not PinMode.OFF and torch.cuda.is_available()
         self._unpin: weakref.finalize[[list[int], int, torch.Tensor], HostMemory] | None = None
         if self.pinned:
@@ -111,11 +137,54 @@ class HostMemory:
         return self.tensor[index * self.slot_bytes : (index + 1) * self.slot_bytes]
 
     def close(self) -> None:
-        """Unregister the allocation (if pinned). Idempotent; the memory stays readable."""
+        """Unregister the allocation (if pinned) and unlink a shared file. Idempotent; the
+        memory stays readable."""
         if self._unpin is not None:
             self._unpin()
             self._unpin = None
             self.pinned = False
+        if self._unlink is not None:
+            self._unlink()
+
+
+def _map_shared(path: str, size: int) -> torch.Tensor:
+    """``size`` bytes of file ``path``, mapped shared (created and sized if absent)."""
+    fd = os.open(path, os.O_CREAT | os.O_RDWR, 0o600)
+    try:
+        found = os.fstat(fd).st_size
+        if found not in (0, size):
+            raise HybridKVConfigError(
+                "shared_path",
+                path,
+                f"holds {found} bytes, not the {size} this rank maps (another engine's file?)",
+                "give each engine its own path (the connector names it by engine_id)",
+            )
+        if found == 0:
+            free = _free_bytes(path)
+            if size > free:
+                with contextlib.suppress(FileNotFoundError):  # leave no empty file behind
+                    os.unlink(path)
+                raise HybridKVConfigError(
+                    "host_bytes",
+                    size,
+                    f"exceeds the {free} bytes free where {path} lives",
+                    "lower host_memory_bytes or enlarge /dev/shm (docker: --shm-size)",
+                )
+            os.ftruncate(fd, size)  # every rank asks the same size: idempotent
+        region = mmap.mmap(fd, size, flags=mmap.MAP_SHARED, prot=mmap.PROT_READ | mmap.PROT_WRITE)
+    finally:
+        os.close(fd)  # the mapping keeps the file
+    return torch.frombuffer(region, dtype=torch.uint8)
+
+
+def _unlink_file(path: str) -> None:
+    with contextlib.suppress(FileNotFoundError):  # another rank unlinked it first
+        os.unlink(path)
+
+
+def _free_bytes(path: str) -> int:
+    stats = os.statvfs(os.path.dirname(path) or ".")
+    return stats.f_bavail * stats.f_frsize
 
 
 def _check_size(field: str, value: object) -> None:

@@ -16,7 +16,10 @@ Ordering (why each step is there):
   ``cuMemcpyBatchAsync`` reading the descriptor tensor in place, in chunks, when the driver
   has it, else one ``cudaMemcpyAsync`` (``copy_(non_blocking=True)``) per run. Kernels: two
   index kernels per template run over host memory mapped into the device
-  (:mod:`hybridkv.transfer.cuda_kernels`); they use SMs, DMA does not.
+  (:mod:`hybridkv.transfer.cuda_kernels`); they use SMs, DMA does not. Their GPU scratch
+  (``scratch_bytes``, both directions together) is allocated once, when the engine is built,
+  and is the engine's only device allocation besides its streams and events; ``scratch_bytes``
+  0 allocates none and copies by DMA only.
 - ``submit`` issues under the engine's device (the calling thread's current device may be
   another GPU) and under the engine's lock: the job id, the copies' place in the stream and
   the job's place in the in-flight list are one step, so a ``wait`` on another thread always
@@ -54,7 +57,7 @@ from hybridkv.transfer.cuda_batch import (
     BatchCopier,
     resolve_batch_copier,
 )
-from hybridkv.transfer.cuda_kernels import KernelCopier
+from hybridkv.transfer.cuda_kernels import DEFAULT_SCRATCH_BYTES, KernelCopier
 from hybridkv.transfer.plan import CopyPlanner, check_fits, take
 
 __all__ = ["BatchMode", "CopyMethod", "CudaTransferEngine"]
@@ -118,8 +121,12 @@ class CudaTransferEngine(TransferEngine):
         batch: BatchMode = BatchMode.AUTO,
         fault_hook: FaultHook | None = None,
         method: CopyMethod = CopyMethod.AUTO,
+        *,
+        scratch_bytes: int = DEFAULT_SCRATCH_BYTES,
     ) -> None:
         """Pre: the caches live on a CUDA device; every group's block fits one host slot.
+        ``scratch_bytes``: GPU scratch of the kernel path, both directions together, allocated
+        here (0: none, DMA only; refused with ``CopyMethod.KERNEL``).
         Frame: a refused call creates no stream."""
         if caches.device.type != "cuda" or not torch.cuda.is_available():
             raise HybridKVConfigError(
@@ -150,7 +157,7 @@ class CudaTransferEngine(TransferEngine):
         index = caches.device.index
         self._device_index: int = torch.cuda.current_device() if index is None else index
         self._method = method
-        self._kernels = _kernel_copier(caches, host, self._device_index, method)
+        self._kernels = _kernel_copier(caches, host, self._device_index, method, scratch_bytes)
         self._stream_handles = {
             d: cuda_driver.nonblocking_stream(self._device_index) for d in Direction
         }
@@ -166,6 +173,11 @@ class CudaTransferEngine(TransferEngine):
     def caches(self) -> CanonicalCaches:
         """The canonical caches this engine copies from and to."""
         return self._caches
+
+    @property
+    def scratch_bytes(self) -> int:
+        """GPU bytes the engine allocated as kernel scratch (0 when jobs go by DMA only)."""
+        return 0 if self._kernels is None else self._kernels.scratch_bytes
 
     @property
     def uses_batch(self) -> bool:
@@ -291,16 +303,22 @@ class CudaTransferEngine(TransferEngine):
 
 
 def _kernel_copier(
-    caches: CanonicalCaches, host: HostMemory, device: int, method: CopyMethod
+    caches: CanonicalCaches, host: HostMemory, device: int, method: CopyMethod, scratch: int
 ) -> KernelCopier | None:
-    """The kernel path where the method allows it and the host memory is mapped at its own
-    address; AUTO falls back to DMA without it, KERNEL refuses."""
+    """The kernel path where the method allows it, the host memory is mapped at its own
+    address and scratch is granted; AUTO falls back to DMA without it, KERNEL refuses."""
     if method is CopyMethod.DMA:
+        return None
+    if scratch == 0:
+        if method is CopyMethod.KERNEL:
+            raise HybridKVConfigError(
+                "scratch_bytes", 0, "kernel copies need GPU scratch", "give scratch or use DMA"
+            )
         return None
     try:
         if not host.pinned:
             raise RuntimeError("host memory is not pinned")
-        return KernelCopier(caches, host, device)
+        return KernelCopier(caches, host, device, scratch)
     except (RuntimeError, OSError) as exc:  # CudaDriverError is a RuntimeError
         if method is CopyMethod.KERNEL:
             raise HybridKVConfigError(

@@ -12,6 +12,16 @@ The host memory is viewed as a CUDA tensor through DLPack over its device addres
 allocation is registered with ``CU_MEMHOSTREGISTER_DEVICEMAP``). Each template run gets a pair
 of strided views, (blocks, run) on the device and (slots, run) on the host, in the widest
 integer type that every offset, length and stride is a multiple of.
+
+GPU scratch: a gather lands in scratch before it is scattered. The scratch is allocated once,
+when the copier is built, one buffer per direction (loads and stores run on their own streams,
+so each stream reuses only its own buffer, in stream order), ``scratch_bytes`` in all
+(:data:`DEFAULT_SCRATCH_BYTES`; the connector's ``gpu_scratch_bytes``). A job larger than the
+scratch is copied in chunks of whole rows that fit it; no copy allocates device memory of its
+own size. vLLM sizes its KV cache before the connector registers, so these bytes come out of
+the headroom ``--gpu-memory-utilization`` leaves; a fixed, logged amount, never a per-job one.
+:class:`IndexCopier` is that logic on any device (the CPU tests run it on host tensors);
+:class:`KernelCopier` is it over mapped host memory on a CUDA device.
 """
 
 from __future__ import annotations
@@ -25,15 +35,18 @@ import torch.utils.dlpack
 
 from hybridkv import cuda_driver
 from hybridkv.canonical import CanonicalCaches
+from hybridkv.errors import HybridKVConfigError
 from hybridkv.hostmem import HostMemory
 from hybridkv.transfer.api import Direction
 from hybridkv.transfer.plan import take
 
-__all__ = ["KernelCopier"]
+__all__ = ["DEFAULT_SCRATCH_BYTES", "IndexCopier", "KernelCopier"]
 
-# Bytes of scratch one index copy may use on the device: jobs are copied in chunks of pairs
-# so that a large job never allocates its own size in GPU memory.
-SCRATCH_BYTES = 64 << 20
+# Device bytes of scratch, both directions together (half each). It was 64 MiB per chunk per
+# direction, allocated by each copy through torch's caching allocator; 32 MiB per direction
+# keeps a chunk at 2 launches per 32 MiB of rows (the launch cost, about 5 us, is under 1% of
+# the 0.7 ms such a chunk takes at 46 GB/s).
+DEFAULT_SCRATCH_BYTES = 64 << 20
 _WIDTHS = ((8, torch.int64), (4, torch.int32), (2, torch.int16), (1, torch.int8))
 
 
@@ -45,16 +58,59 @@ class _RunViews(NamedTuple):
     row_bytes: int
 
 
-class KernelCopier:
-    """Queues a job's copies as index kernels on the current stream."""
+class IndexCopier:
+    """Queues a job's copies as index kernels through preallocated scratch, on the current
+    stream of ``host_rows``' device (any device: the CPU path is what CI runs).
 
-    def __init__(self, caches: CanonicalCaches, host: HostMemory, device: int) -> None:
-        self._host_view = _MappedHost(host, device)
-        self._device = torch.device("cuda", device)
+    ``host_tensor``: a uint8 tensor over the host slots' bytes, on the caches' device (on CUDA,
+    the device mapping of pinned host memory; on CPU, the host memory itself).
+    ``scratch_bytes``: device scratch, both directions together; each direction's half must
+    hold one row of the largest template run (refused otherwise, naming the smallest size).
+    """
+
+    def __init__(
+        self,
+        caches: CanonicalCaches,
+        host: HostMemory,
+        host_tensor: torch.Tensor,
+        scratch_bytes: int = DEFAULT_SCRATCH_BYTES,
+    ) -> None:
+        if host_tensor.device.type != caches.device.type:
+            raise HybridKVConfigError(
+                "host_tensor",
+                str(host_tensor.device),
+                f"is not on the caches' device ({caches.device})",
+                "view the host slots on the caches' device",
+            )
+        self._device = host_tensor.device
         self._runs: list[list[_RunViews]] = [
-            _group_views(caches, host, self._host_view.tensor, g)
-            for g in range(len(caches.group_refs))
+            _group_views(caches, host, host_tensor, g) for g in range(len(caches.group_refs))
         ]
+        widest = max((run.row_bytes for runs in self._runs for run in runs), default=1)
+        if isinstance(scratch_bytes, bool) or not isinstance(scratch_bytes, int):
+            scratch_bytes = -1  # refused below, naming what was given
+        per_direction = scratch_bytes // 2
+        if per_direction < widest:
+            raise HybridKVConfigError(
+                "gpu_scratch_bytes",
+                scratch_bytes,
+                f"leaves {max(per_direction, 0)} bytes per direction, less than one row of "
+                f"{widest} bytes (a template run of one block)",
+                f"give at least {2 * widest}, or 0 to copy by DMA only",
+            )
+        # Allocated once: each direction's stream reuses its own buffer, in stream order.
+        self._scratch = {
+            d: torch.empty(per_direction, dtype=torch.uint8, device=self._device) for d in Direction
+        }
+
+    @property
+    def scratch_bytes(self) -> int:
+        """Device bytes this copier holds as scratch (both directions)."""
+        return sum(t.numel() for t in self._scratch.values())
+
+    def rows_per_chunk(self, row_bytes: int) -> int:
+        """Rows of ``row_bytes`` one chunk moves: as many as one direction's scratch holds."""
+        return self._scratch[Direction.LOAD].numel() // row_bytes
 
     def runs_and_launches(self, pairs_per_group: Sequence[int]) -> tuple[int, int]:
         """For a job with these pair counts per group: its uncoalesced runs (each pair times
@@ -63,7 +119,7 @@ class KernelCopier:
         launches = 0
         for g, n in enumerate(pairs_per_group):
             for run in self._runs[g] if n else ():
-                launches += 2 * -(-n // max(1, SCRATCH_BYTES // run.row_bytes))
+                launches += 2 * -(-n // self.rows_per_chunk(run.row_bytes))
         return runs, launches
 
     def copy(self, direction: Direction, table: torch.Tensor) -> object:
@@ -71,6 +127,7 @@ class KernelCopier:
         keep: list[torch.Tensor] = []
         groups = table[:, 0]
         single = int(groups.min()) == int(groups.max()) if groups.numel() else False
+        scratch = self._scratch[direction]
         for g, runs in enumerate(self._runs):
             # Selecting rows costs a few torch calls: a job of one group (the common case)
             # skips it.
@@ -80,20 +137,47 @@ class KernelCopier:
                 rows = take(table, (groups == g).nonzero()[:, 0])
             if rows.shape[0] == 0 or not runs:
                 continue
-            ids = torch.empty((2, rows.shape[0]), dtype=torch.int64, pin_memory=True)
-            ids.copy_(rows[:, 1:].t())
-            on_device = ids.to(self._device, non_blocking=True)
-            keep.append(ids)
-            blocks, slots = on_device[0], on_device[1]
+            blocks, slots = self._indices(rows, keep)
             for run in runs:
-                step = max(1, SCRATCH_BYTES // run.row_bytes)
+                step = self.rows_per_chunk(run.row_bytes)
+                dtype, width = run.host_rows.dtype, run.host_rows.shape[1]
                 for start in range(0, rows.shape[0], step):
                     b, s = blocks[start : start + step], slots[start : start + step]
+                    staged = scratch[: b.shape[0] * run.row_bytes].view(dtype).view(-1, width)
                     if direction is Direction.STORE:
-                        run.host_rows.index_copy_(0, s, run.device_rows.index_select(0, b))
+                        torch.index_select(run.device_rows, 0, b, out=staged)
+                        run.host_rows.index_copy_(0, s, staged)
                     else:
-                        run.device_rows.index_copy_(0, b, run.host_rows.index_select(0, s))
+                        torch.index_select(run.host_rows, 0, s, out=staged)
+                        run.device_rows.index_copy_(0, b, staged)
         return keep
+
+    def _indices(
+        self, rows: torch.Tensor, keep: list[torch.Tensor]
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The rows' block and slot ids on the copier's device (16 bytes per pair)."""
+        if self._device.type != "cuda":
+            ids = rows[:, 1:].t().contiguous()
+            return ids[0], ids[1]
+        ids = torch.empty((2, rows.shape[0]), dtype=torch.int64, pin_memory=True)
+        ids.copy_(rows[:, 1:].t())
+        on_device = ids.to(self._device, non_blocking=True)
+        keep.append(ids)  # the pinned source of an asynchronous copy
+        return on_device[0], on_device[1]
+
+
+class KernelCopier(IndexCopier):
+    """:class:`IndexCopier` over pinned host memory mapped into CUDA device ``device``."""
+
+    def __init__(
+        self,
+        caches: CanonicalCaches,
+        host: HostMemory,
+        device: int,
+        scratch_bytes: int = DEFAULT_SCRATCH_BYTES,
+    ) -> None:
+        self._host_view = _MappedHost(host, device)
+        super().__init__(caches, host, self._host_view.tensor, scratch_bytes)
 
 
 def _group_views(

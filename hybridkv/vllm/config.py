@@ -6,7 +6,9 @@ Every key, its default and what it does (docs/howto/serve.md repeats this table)
 - ``host_memory_bytes`` (int >= 1, default 4 GiB): the host tier's size, all tensor-parallel
   ranks together; it is cut into whole slots of the largest group's block (all its layers, one
   rank's shard), so the store holds ``host_memory_bytes // (slot_bytes * world_size)`` chunks
-  and each rank holds that many slots.
+  and each rank holds that many slots. Ranks holding identical KV (vLLM's ``kv_tp_replicas``,
+  MLA) share one copy: the division is by the distinct shards, ``world_size //
+  kv_tp_replicas`` (:class:`hybridkv.vllm.ranks.HostSharding`).
 - ``chunk_size`` (int or null, default null = the recommendation of
   :func:`hybridkv.vllm.layout.recommended_chunk_size`): the offload chunk in tokens.
 - ``eviction_policy`` (``"lru"`` | ``"arc"``, default ``"lru"``): the host store's policy.
@@ -17,6 +19,11 @@ Every key, its default and what it does (docs/howto/serve.md repeats this table)
   (:mod:`hybridkv.connector.deadlines`).
 - ``offload_decode_state`` (bool, default true): store the units completed by decode steps
   (the continuation a next turn hits), not only the prompt's.
+- ``gpu_scratch_bytes`` (int >= 0, default 64 MiB): GPU memory each worker allocates once, when
+  it registers its caches, as scratch of the CUDA engine's index-kernel copies (half per
+  direction; :mod:`hybridkv.transfer.cuda_kernels`). vLLM has sized its KV cache by then, so
+  it comes out of the headroom ``--gpu-memory-utilization`` leaves; the worker logs it. 0: no
+  scratch, every copy by DMA. Unused on CPU caches.
 - ``sync_load_max_bytes`` (int >= 0, default 0 = every load async): loads up to this many bytes
   would run before the step's forward. Only 0 is accepted: vLLM 0.33 has no way to undo a
   failed sync load on a model with more than one KV cache group. Block ids raise
@@ -67,6 +74,7 @@ DEFAULTS: dict[str, Any] = {
     "eviction_policy": "lru",
     "load_deadline_steps": None,
     "offload_decode_state": True,
+    "gpu_scratch_bytes": 64 << 20,
     "sync_load_max_bytes": 0,
     "remote_url": None,
     "remote_namespace": "hybridkv",
@@ -101,6 +109,7 @@ class HybridKVConfig:
     load_deadline_steps: int | None
     offload_decode_state: bool
     sync_load_max_bytes: int
+    gpu_scratch_bytes: int = 64 << 20
     remote: RemoteSettings | None = None
 
 
@@ -126,6 +135,7 @@ def parse_extra_config(extra: Mapping[str, Any] | None) -> HybridKVConfig:
         load_deadline_steps=_optional_int(values, "load_deadline_steps"),
         offload_decode_state=_bool(values, "offload_decode_state"),
         sync_load_max_bytes=_int(values, "sync_load_max_bytes", low=0),
+        gpu_scratch_bytes=_int(values, "gpu_scratch_bytes", low=0),
         remote=_remote(values),
     )
     _refuse_unimplemented(config)

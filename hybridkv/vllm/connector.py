@@ -13,9 +13,10 @@ metadata (:class:`HybridKVWorkerMeta`, ``KVConnectorOutput.kv_connector_worker_m
 Failures are reported per request (``failed_recving``), never as block ids: vLLM 0.33 raises on
 block-level load errors for models with more than one KV cache group (``scheduler.py:3712``).
 Under tensor parallelism (:mod:`hybridkv.vllm.ranks`) each worker moves its own rank's shard
-through its own host memory (``host_memory_bytes`` is split evenly over the ranks), and the
-scheduler side releases a job result only once every rank reported it, failed if any rank
-failed it. Pipeline and context parallelism are refused at start-up.
+through its own host memory (``host_memory_bytes`` is split evenly over the ranks' distinct
+shards), and the scheduler side releases a job result only once every rank reported it, failed
+if any rank failed it. Ranks holding identical KV (``kv_tp_replicas``, MLA) share one host copy
+that only the first of them writes. Pipeline and context parallelism are refused at start-up.
 Offload keys are read off vLLM's own ``request.block_hashes`` (multimodal inputs, LoRA and the
 cache salt folded in).
 
@@ -38,6 +39,7 @@ writes, runs the fetches into the host slots in ``start_load_kv`` and reports ea
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -54,6 +56,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.metrics import (
     KVConnectorPromMetrics,
     KVConnectorStats,
 )
+from vllm.v1.metrics.cache_hit_source import CacheHitSource
 
 from hybridkv.canonical import build_canonical_caches
 from hybridkv.connector import (
@@ -84,7 +87,15 @@ from hybridkv.vllm.metrics import (
     scheduler_counters,
     store_events_to_vllm,
 )
-from hybridkv.vllm.ranks import JobQuorum, RankReport, merge_reports, refuse_unsupported_parallelism
+from hybridkv.vllm.platform_check import refuse_unsupported_platform
+from hybridkv.vllm.ranks import (
+    JobQuorum,
+    RankReport,
+    ReplicaEngine,
+    host_sharding,
+    merge_reports,
+    refuse_unsupported_parallelism,
+)
 from hybridkv.vllm.reclaim import Answer, ReclaimGuard
 from hybridkv.vllm.remote import (
     FetchReport,
@@ -97,6 +108,8 @@ from hybridkv.vllm.remote import (
 from hybridkv.vllm.views import RequestViews, block_table
 
 __all__ = ["HybridKVConnector", "HybridKVMetadata", "HybridKVStats", "HybridKVWorkerMeta"]
+
+logger = logging.getLogger("vllm.hybridkv")  # under vLLM's logger: its handlers print it
 
 
 @dataclass
@@ -194,13 +207,22 @@ def _tables(block_ids: Any) -> BlockTable:
 class HybridKVConnector(KVConnectorBase_V1, SupportsHMA):
     """hybridkv's offload connector for vLLM 0.33 (module docstring)."""
 
+    # vLLM's hits-by-source metrics (vllm:prompt_tokens_cached_by_source) read this for every
+    # external hit: each one is loaded from host memory (a remote-tier chunk is promoted into
+    # host memory before it is claimed).
+    _cache_hit_source = CacheHitSource.HOST
+
     def __init__(self, vllm_config: Any, role: KVConnectorRole, kv_cache_config: Any) -> None:
         super().__init__(vllm_config, role, kv_cache_config)
         require_hma(vllm_config)
+        refuse_unsupported_platform()
         refuse_unsupported_parallelism(vllm_config.parallel_config)
         # With pipeline and context parallel refused, the workers are the tensor-parallel
         # ranks: the count vLLM's KVOutputAggregator waits for (get_finished_count is None).
         self.world_size = int(vllm_config.parallel_config.world_size)
+        # Ranks with identical KV (MLA) share one host copy, written by one of them.
+        self.sharding = host_sharding(vllm_config.parallel_config, kv_cache_config)
+        self.rank = int(vllm_config.parallel_config.rank)  # the worker's own (vLLM sets it)
         extra = vllm_config.kv_transfer_config.kv_connector_extra_config
         self.hybridkv_config: HybridKVConfig = parse_extra_config(extra)
         check_failure_policy(
@@ -266,13 +288,14 @@ class HybridKVConnector(KVConnectorBase_V1, SupportsHMA):
         return chunk
 
     def _num_chunks(self) -> int:
-        # One slot per rank per chunk: the KV cache config is one rank's (every rank's page is
-        # the same size), and each worker holds its own shard of every chunk.
+        # One slot per shard per chunk: the KV cache config is one rank's (every rank's page
+        # is the same size), and each distinct shard has its own copy of every chunk (ranks
+        # with replicated KV share theirs: hybridkv.vllm.ranks.HostSharding).
         slot = self.layout.slot_bytes
-        ranks = self.world_size
+        ranks = self.sharding.copies
         chunks = self.hybridkv_config.host_memory_bytes // (slot * ranks)
         if chunks < 1:
-            on_ranks = f" on each of {ranks} ranks" if ranks > 1 else ""
+            on_ranks = f" for each of {ranks} shards" if ranks > 1 else ""
             raise HybridKVConfigError(
                 "kv_connector_extra_config.host_memory_bytes",
                 self.hybridkv_config.host_memory_bytes,
@@ -454,19 +477,36 @@ class HybridKVConnector(KVConnectorBase_V1, SupportsHMA):
                 "register the caches vLLM allocated for this KVCacheConfig",
             )
         on_cuda = caches.device.type == "cuda"
+        shared = self.sharding.shared_path(
+            str(self._vllm_config.kv_transfer_config.engine_id), self.rank
+        )
         host = HostMemory(
-            self.num_chunks * measured, measured, PinMode.AUTO if on_cuda else PinMode.OFF
+            self.num_chunks * measured,
+            measured,
+            PinMode.AUTO if on_cuda else PinMode.OFF,
+            shared_path=shared,
         )
         if on_cuda:
             from hybridkv.transfer.cuda_engine import CudaTransferEngine
 
             if copy_fault_hook is not None:
                 raise ValueError("copy_fault_hook: the CUDA engine takes no copy fault hook")
-            engine: Any = CudaTransferEngine(caches, host)
+            scratch = self.hybridkv_config.gpu_scratch_bytes
+            engine: Any = CudaTransferEngine(caches, host, scratch_bytes=scratch)
+            # Allocated after vLLM sized its KV cache: say how much, once per worker.
+            logger.info(
+                "hybridkv: %d bytes of GPU scratch for kernel copies on %s, outside vLLM's KV "
+                "cache (kv_connector_extra_config.gpu_scratch_bytes=%d)",
+                engine.scratch_bytes,
+                caches.device,
+                scratch,
+            )
         else:
             from hybridkv.transfer import CpuTransferEngine
 
             engine = CpuTransferEngine(caches, host, fault_hook=copy_fault_hook)
+        if not self.sharding.writes(self.rank):
+            engine = ReplicaEngine(engine)  # its group's writer stores the shared slots
         if wrap_engine is not None:
             engine = wrap_engine(engine)
         self._host, self._engine = host, engine
@@ -496,7 +536,8 @@ class HybridKVConnector(KVConnectorBase_V1, SupportsHMA):
             self._fetched = (*self._fetched, *self.worker_remote.run(metadata.remote))
         self._slots.show(metadata)
         worker.bind_connector_metadata(metadata.meta)
-        self._meter.bound((*metadata.meta.load_jobs, *metadata.meta.store_jobs))
+        stores = metadata.meta.store_jobs if self.sharding.writes(self.rank) else ()
+        self._meter.bound((*metadata.meta.load_jobs, *stores))  # bytes this rank moves
 
     def wait_for_layer_load(self, layer_name: str) -> None:
         # Step granularity (start_load_kv): an async load's request is not in this forward.

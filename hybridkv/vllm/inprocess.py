@@ -24,6 +24,12 @@ pickles it to each worker); the forward writes and checks every rank's caches, w
 tags; the ranks' ``KVConnectorOutput`` are combined by vLLM's own ``KVOutputAggregator``
 (``world_size`` expected, as ``Executor.init_kv_output_aggregator`` builds it) before
 ``update_from_output``. What is not real: no second process, no collective, no model.
+Each rank's worker gets the engine's ``VllmConfig`` with ``parallel_config.rank`` set to its own
+rank, as vLLM's worker does. ``EngineSettings.replicated_kv`` simulates an MLA model's
+replicated cache on these layouts: every rank's ``KVCacheConfig`` gets ``kv_tp_replicas`` =
+the TP size (what vLLM's planner computes when every layer is MLA,
+``kv_cache_groups_tp_replicas``) and every rank writes the same tags, as replicas hold the same
+KV.
 
 Each step (:meth:`InProcessEngine.step`) mirrors ``EngineCore.step``: ``schedule()``; the
 stand-in runner (``handle_preemptions``, ``bind_connector_metadata``, ``start_load_kv`` before the
@@ -109,6 +115,8 @@ class EngineSettings:
             adapter (:meth:`InProcessEngine.add`); no adapter weights are loaded.
         kv_events: turn vLLM's KV cache events on (``KVEventsConfig``, the null publisher):
             the scheduler then drains the block pool's and the connector's ``take_events``.
+        replicated_kv: under tensor parallel, simulate KV replicated on every rank (module
+            docstring).
     """
 
     num_gpu_blocks: int
@@ -121,6 +129,7 @@ class EngineSettings:
     device: str = "cpu"
     max_loras: int = 0
     kv_events: bool = False
+    replicated_kv: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -425,6 +434,9 @@ class InProcessEngine:
                     lambda: _vllm_config(config_json, settings, kv_transfer_config), 1 << 30
                 )
             )
+        if settings.replicated_kv and world > 1:
+            for config in (kv_cache_config, *rank_configs):
+                config.kv_tp_replicas = world
         self.kv_cache_config = kv_cache_config
         self.block_size, self.hash_block_size = block_size, hash_block_size
         self.adapter: WorkerAdapter = adapters[0]
@@ -455,7 +467,9 @@ class InProcessEngine:
             self.clock = _ConnectorClock(self.scheduler.connector)
             for rank in self.ranks:
                 rank.worker = type(self.scheduler.connector)(
-                    self.vllm_config, KVConnectorRole.WORKER, copy.deepcopy(rank.kv_cache_config)
+                    self._rank_config(rank.rank),
+                    KVConnectorRole.WORKER,
+                    copy.deepcopy(rank.kv_cache_config),
                 )
                 rank.adapter.attach(rank.worker, rank.kv_caches)
             if world > 1:
@@ -475,6 +489,15 @@ class InProcessEngine:
         self.connector_stats: list[dict[str, Any]] = []
 
     # ------------------------------------------------------------ set-up helpers
+    def _rank_config(self, rank: int) -> Any:
+        """The engine's ``VllmConfig`` as worker ``rank`` sees it (its own parallel rank)."""
+        if rank == 0:
+            return self.vllm_config
+        config = copy.copy(self.vllm_config)
+        config.parallel_config = copy.copy(config.parallel_config)
+        config.parallel_config.rank = rank
+        return config
+
     def _layer_tags(self, rank: _Rank) -> list[tuple[int, LayerTags, Any]]:
         """(group, tags, spec) per layer of ``rank``, in model order (vLLM's layer index)."""
         from vllm.v1.kv_cache_interface import MambaSpec
@@ -485,7 +508,8 @@ class InProcessEngine:
             for name in group.layer_names:
                 index = int(name.split("layers.")[1].split(".")[0])
                 mamba = isinstance(spec, MambaSpec)
-                tags = layer_tags(name, index, mamba, rank.kv_caches[name], rank.rank)
+                salt = 0 if self.settings.replicated_kv else rank.rank  # replicas: same KV
+                tags = layer_tags(name, index, mamba, rank.kv_caches[name], salt)
                 found.append((gid, tags, spec))
         return sorted(found, key=lambda item: item[1].index)
 

@@ -20,17 +20,40 @@ reported it, then releases it, failed if any rank failed it. A load that failed 
 thereby fails for all: the core forgets or remembers its keys as a failed load, and vLLM, which
 got the request in ``failed_recving`` from that rank in the same step the last rank finished,
 recomputes it.
+
+Replicated KV (:class:`HostSharding`): where consecutive ranks hold identical KV for every
+layer (vLLM's ``KVCacheConfig.kv_tp_replicas``: an MLA model's latent cache is not split over
+TP ranks, so ``kv_tp_replicas == tensor_parallel_size``), a host copy per rank would hold the
+same bytes ``kv_tp_replicas`` times. Instead each group of replicas shares one host region (a
+file mapped by all of them, :class:`hybridkv.hostmem.HostMemory` ``shared_path``), the group's
+first rank is its only writer, and the others run their store jobs as empty copies
+(:class:`ReplicaEngine`) but still report them, so the quorum still waits for ``world_size``
+reports per job. ``host_memory_bytes`` is divided by the number of distinct shards, not by the
+ranks. Why the reads are safe: a slot becomes loadable only once its store job is released,
+which needs the writer's report, so its copy ended first; a slot is rewritten only after its
+entry was evicted, and an entry being loaded is pinned until every rank reported the load.
+vLLM's native connector does the same for MLA (one writer, one shared region).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from hybridkv.connector import JobResult
 from hybridkv.errors import HybridKVConfigError
+from hybridkv.transfer import Direction, FinishedJob, JobId, TransferEngine, TransferPair
 
-__all__ = ["JobQuorum", "RankReport", "merge_reports", "refuse_unsupported_parallelism"]
+__all__ = [
+    "HostSharding",
+    "JobQuorum",
+    "RankReport",
+    "ReplicaEngine",
+    "host_sharding",
+    "merge_reports",
+    "refuse_unsupported_parallelism",
+]
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,3 +134,85 @@ def refuse_unsupported_parallelism(parallel_config: object) -> None:
                 f"{what} is not supported by hybridkv.vllm (tensor parallel is)",
                 f"set --{name.replace('_', '-')} 1",
             )
+
+
+@dataclass(frozen=True, slots=True)
+class HostSharding:
+    """How ``world_size`` ranks map onto host copies: ``replicas`` consecutive ranks hold
+    identical KV (vLLM's ``kv_tp_replicas``; 1: every rank its own shard)."""
+
+    world_size: int
+    replicas: int
+
+    @property
+    def copies(self) -> int:
+        """Distinct host copies of a chunk: one per shard (``host_memory_bytes`` is split over
+        these, not over the ranks)."""
+        return self.world_size // self.replicas
+
+    def shard(self, rank: int) -> int:
+        """The shard ``rank`` holds (the index of its replica group)."""
+        return rank // self.replicas
+
+    def writes(self, rank: int) -> bool:
+        """Whether ``rank`` writes its shard's host slots: the first rank of each group."""
+        return rank % self.replicas == 0
+
+    def shared_path(self, engine_id: str, rank: int) -> str | None:
+        """The file ``rank``'s group maps as host memory (None: unreplicated, private memory).
+        Named by vLLM's ``engine_id`` (a fresh uuid per engine unless set), so two engines on
+        one machine never share a region."""
+        if self.replicas == 1:
+            return None
+        return f"/dev/shm/hybridkv-{engine_id}-shard{self.shard(rank)}.kv"
+
+
+def host_sharding(parallel_config: Any, kv_cache_config: Any) -> HostSharding:
+    """The sharding of vLLM's configs; refuses a replica count that does not divide the ranks.
+
+    With pipeline and context parallel refused, the ranks are the tensor-parallel ranks. The
+    shared region is a file on one machine, so replicas share it only when every rank runs
+    there as a process of vLLM's ``mp`` executor (vLLM's native connector draws the same
+    line); otherwise each rank keeps its own copy, as if unreplicated (correct, not deduped).
+    """
+    world = int(parallel_config.world_size)
+    replicas = getattr(kv_cache_config, "kv_tp_replicas", 1)
+    is_int = isinstance(replicas, int) and not isinstance(replicas, bool)
+    if not is_int or replicas < 1 or world % replicas:
+        raise HybridKVConfigError(
+            "kv_cache_config.kv_tp_replicas",
+            replicas,
+            f"does not divide the {world} tensor-parallel ranks into groups of identical KV",
+            "report it: vLLM plans kv_tp_replicas as a divisor of tensor_parallel_size",
+        )
+    one_machine = (
+        getattr(parallel_config, "distributed_executor_backend", None) == "mp"
+        and getattr(parallel_config, "nnodes_within_dp", 1) == 1
+    )
+    return HostSharding(world, replicas if one_machine else 1)
+
+
+class ReplicaEngine(TransferEngine):
+    """A replica rank's engine: loads copy, stores move nothing (its group's writer stores the
+    same bytes into the shared slots) yet are real jobs of ``inner``, reported once like any
+    other, so the worker's bookkeeping and the quorum see every job."""
+
+    def __init__(self, inner: TransferEngine) -> None:
+        self.inner = inner
+
+    def submit(self, direction: Direction, pairs: Sequence[TransferPair]) -> JobId:
+        if direction is Direction.STORE:
+            return self.inner.submit(direction, [])  # an empty job finishes successfully
+        return self.inner.submit(direction, pairs)
+
+    def poll(self) -> list[FinishedJob]:
+        return self.inner.poll()
+
+    def wait(self, job_ids: Iterable[JobId]) -> None:
+        self.inner.wait(job_ids)
+
+    def abandon(self, job_ids: Iterable[JobId]) -> None:
+        self.inner.abandon(job_ids)
+
+    def close(self) -> None:
+        self.inner.close()

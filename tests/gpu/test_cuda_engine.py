@@ -331,3 +331,39 @@ def test_auto_picks_kernels_for_many_small_runs_and_dma_for_few_large_ones() -> 
     assert calls == [1]
     host_rows = host.tensor.view(torch.int8).view(2048, 4096)
     assert torch.equal(host_rows[torch.tensor(slots)], cache.cpu())
+
+
+def test_kernel_scratch_is_allocated_once_and_jobs_allocate_no_rows() -> None:
+    # The index kernels gather into scratch the engine allocated when it was built
+    # (scratch_bytes, half per direction); a kernel job larger than the scratch goes in chunks
+    # and allocates nothing of its rows' size (only its ids: 16 bytes per pair).
+    blocks, block = 256, 4096
+    cache, cc = _flat_cuda(blocks, block, seed=9)
+    host = HostMemory(blocks * block, block, PinMode.REQUIRED)
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_allocated()
+    with CudaTransferEngine(cc, host, method=CopyMethod.KERNEL, scratch_bytes=16 * block) as e:
+        assert e.scratch_bytes == 16 * block
+        assert torch.cuda.memory_allocated() - before >= 16 * block
+        built = torch.cuda.memory_allocated()
+        torch.cuda.reset_peak_memory_stats()
+        slots = random.Random(4).sample(range(blocks), blocks)
+        job = e.submit(Direction.STORE, [TransferPair(0, b, slots[b]) for b in range(blocks)])
+        e.wait([job])
+        assert e.poll() == [FinishedJob(job, True)]
+        assert torch.cuda.max_memory_allocated() - built < 8 * block  # 32 chunks of 8 rows
+    host_rows = host.tensor.view(torch.int8).view(blocks, block)
+    assert torch.equal(host_rows[torch.tensor(slots)], cache.cpu())
+
+
+def test_no_scratch_means_dma_only_and_kernel_copies_are_refused() -> None:
+    _cache, cc = _flat_cuda(8, 4096, seed=10)
+    host = HostMemory(8 * 4096, 4096, PinMode.REQUIRED)
+    with CudaTransferEngine(cc, host, scratch_bytes=0) as engine:
+        assert engine.scratch_bytes == 0
+    with pytest.raises(HybridKVConfigError) as caught:
+        CudaTransferEngine(cc, host, method=CopyMethod.KERNEL, scratch_bytes=0)
+    assert caught.value.field == "scratch_bytes"
+    with pytest.raises(HybridKVConfigError) as too_small:
+        CudaTransferEngine(cc, host, method=CopyMethod.KERNEL, scratch_bytes=4096)
+    assert too_small.value.field == "gpu_scratch_bytes"

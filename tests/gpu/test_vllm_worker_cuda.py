@@ -133,6 +133,8 @@ def test_the_worker_on_cuda_caches_moves_the_same_content_as_on_cpu(name: str) -
     print(f"\n{name} CUDA: {cuda}\n{name} CPU:  {cpu}")
     engine = cuda_engine.worker._engine
     assert isinstance(getattr(engine, "inner", engine), CudaTransferEngine)
+    # The kernel path's scratch, allocated at registration: the default gpu_scratch_bytes.
+    assert getattr(engine, "inner", engine).scratch_bytes == 64 << 20
     assert next(iter(cuda_engine.kv_caches.values())).device.type == "cuda"
     # The CUDA run, content-checked on the GPU.
     assert cuda.finished == cuda.requests > 0

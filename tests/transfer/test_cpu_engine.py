@@ -316,3 +316,29 @@ def _write(cc: CanonicalCaches, group: int, b: int, data: bytes) -> None:
                 torch.tensor(list(data[pos : pos + n]), dtype=torch.uint8).view(torch.int8)
             )
             pos += n
+
+
+def test_100000_jobs_through_the_engine_leave_memory_flat() -> None:
+    # Every finished job id used to stay in the engine's book for the engine's life (7.5 MB
+    # per 100,000 jobs, measured on main); now only jobs in flight are kept.
+    import tracemalloc
+
+    cc, host = setup(CASES[0])
+    with CpuTransferEngine(cc, host) as engine:
+
+        def jobs(count: int) -> None:
+            for _ in range(count // 1000):
+                for _ in range(999):
+                    engine.submit(Direction.STORE, [])
+                engine.wait([engine.submit(Direction.STORE, [])])  # one direction: in order
+                assert len(engine.poll()) == 1000
+
+        jobs(2000)  # warm-up
+        tracemalloc.start()
+        try:
+            before = tracemalloc.get_traced_memory()[0]
+            jobs(100_000)
+            grown = tracemalloc.get_traced_memory()[0] - before
+        finally:
+            tracemalloc.stop()
+    assert grown < 1 << 20, f"{grown} bytes kept after 100,000 jobs"

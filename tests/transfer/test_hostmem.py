@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pytest
 import torch
@@ -126,3 +127,42 @@ def test_a_failed_region_unpins_the_others_and_names_host_bytes(
     assert err.value.problem.startswith("pinning failed at byte 1800")
     assert fake.registered == [(0, 900), (900, 900)]
     assert fake.unregistered == [0, 900]
+
+
+def test_shared_host_memory_is_one_region_for_every_mapping(tmp_path: Path) -> None:
+    # Replicated ranks map one file: a slot one writes, the other reads; each maps exactly
+    # num_slots * slot_bytes; close unlinks the file and leaves the mapping readable.
+    path = os.path.join(str(tmp_path), "shard0.kv")
+    writer = HostMemory(10_000, 3_000, PinMode.OFF, shared_path=path)
+    reader = HostMemory(10_000, 3_000, PinMode.OFF, shared_path=path)
+    assert os.path.getsize(path) == writer.nbytes == reader.nbytes == 9000
+    assert writer.tensor.data_ptr() != reader.tensor.data_ptr()  # two mappings, one file
+    writer.slot(1).fill_(9)
+    assert reader.slot(1).eq(9).all()
+    writer.close()
+    assert not os.path.exists(path)
+    reader.close()  # the file is gone already: closing again is fine
+    assert reader.slot(1).eq(9).all()
+
+
+def test_a_shared_file_of_another_size_is_refused(tmp_path: Path) -> None:
+    path = os.path.join(str(tmp_path), "other.kv")
+    with open(path, "wb") as f:
+        f.write(b"\0" * 4096)
+    with pytest.raises(HybridKVConfigError) as caught:
+        HostMemory(10_000, 3_000, PinMode.OFF, shared_path=path)
+    assert caught.value.field == "shared_path"
+    assert "4096" in str(caught.value)
+    assert os.path.getsize(path) == 4096  # untouched
+
+
+def test_a_shared_region_larger_than_the_free_space_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    path = os.path.join(str(tmp_path), "big.kv")
+    monkeypatch.setattr(hostmem, "_free_bytes", lambda _: 8192)
+    with pytest.raises(HybridKVConfigError) as caught:
+        HostMemory(10_000, 3_000, PinMode.OFF, shared_path=path)
+    assert caught.value.field == "host_bytes"
+    assert "shm-size" in str(caught.value)
+    assert not os.path.exists(path)  # nothing left behind

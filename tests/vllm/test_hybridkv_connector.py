@@ -25,12 +25,14 @@ pytest.importorskip(
 )
 
 import torch
+import vllm.platforms
 from _inprocess import plan_kv_caches
 from diffharness.layouts import RECIPES, Layout
 from diffharness.vllm_side import _config_dir, _process_setup
 from vllm.config import CacheConfig, KVTransferConfig, ModelConfig, SchedulerConfig, VllmConfig
 from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory
 from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
+from vllm.platforms.interface import Platform, PlatformEnum
 from vllm.sampling_params import SamplingParams
 from vllm.v1.core.sched.scheduler import Scheduler
 from vllm.v1.outputs import KVConnectorOutput, ModelRunnerOutput
@@ -132,6 +134,8 @@ BAD_VALUES = [
     ("load_deadline_steps", True),
     ("load_deadline_steps", "8"),
     ("offload_decode_state", "yes"),
+    ("gpu_scratch_bytes", -1),
+    ("gpu_scratch_bytes", "64MiB"),
     ("sync_load_max_bytes", -1),
     ("sync_load_max_bytes", 4096),  # refused: test_sync_load_failures_vs_vllm.py says why
     ("no_such_key", 1),
@@ -184,6 +188,57 @@ def test_a_hybrid_model_with_the_hybrid_manager_off_is_refused_at_construction()
         HybridKVConnector(off, KVConnectorRole.SCHEDULER, kv_cache_config)
     assert caught.value.field == "disable_hybrid_kv_cache_manager"
     assert "\n" not in str(caught.value)
+
+
+class _Rocm(Platform):
+    """vLLM's ``Platform`` interface as ROCm reports itself (``vllm.platforms.rocm`` cannot be
+    imported without a ROCm build: it loads amdsmi and vLLM's ROCm kernels)."""
+
+    _enum = PlatformEnum.ROCM
+    device_name = "rocm"
+    device_type = "cuda"
+
+
+class _Xpu(Platform):
+    _enum = PlatformEnum.XPU
+    device_name = "xpu"
+    device_type = "xpu"
+
+
+@pytest.mark.parametrize("detected", ["current_platform", "torch.version.hip"])
+def test_rocm_is_refused_at_construction_naming_the_platform(
+    detected: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    config = _vllm_config(_recipe_json())
+    kv_cache_config, _, _ = plan_kv_caches(config, 1 << 30)
+    if detected == "current_platform":
+        monkeypatch.setattr(vllm.platforms, "_current_platform", _Rocm())
+    else:
+        monkeypatch.setattr(torch.version, "hip", "6.4.43482")
+    for role in (KVConnectorRole.SCHEDULER, KVConnectorRole.WORKER):
+        with pytest.raises(HybridKVConfigError) as caught:
+            KVConnectorFactory.create_connector(config, role, kv_cache_config)
+        message = str(caught.value)
+        assert caught.value.field == "platform"
+        assert "\n" not in message
+        assert "ROCm" in message
+        assert str(caught.value.value).startswith("rocm")
+        if detected == "torch.version.hip":
+            assert "6.4.43482" in message
+
+
+def test_an_accelerator_without_a_hybridkv_engine_is_refused_and_cpu_is_not(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    config = _vllm_config(_recipe_json())
+    kv_cache_config, _, _ = plan_kv_caches(config, 1 << 30)
+    # This session's own platform (CPU) builds both roles.
+    assert vllm.platforms.current_platform.is_cpu()
+    HybridKVConnector(config, KVConnectorRole.SCHEDULER, kv_cache_config)
+    monkeypatch.setattr(vllm.platforms, "_current_platform", _Xpu())
+    with pytest.raises(HybridKVConfigError) as caught:
+        HybridKVConnector(config, KVConnectorRole.WORKER, kv_cache_config)
+    assert (caught.value.field, caught.value.value) == ("platform", "xpu")
 
 
 # ------------------------------------------------------------------ end to end

@@ -41,6 +41,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.metrics import (  # noqa: E402
     KVConnectorLogging,
     KVConnectorProm,
 )
+from vllm.v1.metrics.cache_hit_source import CacheHitSource  # noqa: E402
 from vllm.v1.outputs import KVConnectorOutput, ModelRunnerOutput  # noqa: E402
 
 from hybridkv.connector import TransferKind  # noqa: E402
@@ -340,6 +341,36 @@ def test_failure_free_hit_tokens_are_vllms_external_hits() -> None:
     assert t["transfer_failures"] == t["load_jobs_failed"] == t["store_jobs_failed"] == 0
     assert t["load_jobs"] == t["loads_done"]
     assert t["store_jobs"] == t["stores_done"]
+
+
+def test_vllm_counts_every_host_tier_hit_under_the_host_source() -> None:
+    """vLLM 0.33's scheduler splits external hits by tier (``get_external_cache_hit_sources``,
+    read at admission) into ``SchedulerStats.connector_prefix_cache_stats.hits_by_source``,
+    which its Prometheus logger exports as ``vllm:prompt_tokens_cached_by_source``. Every
+    token the host tier supplied is counted as ``host``, none as ``external_unspecified``."""
+    settings_ = EngineSettings(
+        num_gpu_blocks=16, max_model_len=2560, max_num_seqs=2, max_num_batched_tokens=1280
+    )
+    trace = ChatTrace(convs=3, turns=3, system_len=700, user_min=150, user_max=300)
+    engine = InProcessEngine(
+        RECIPES[Layout.MAMBA_FULL].config_json(),
+        settings_,
+        _transfer(640, 64 << 20),
+        HybridKVOnCPU(delay=1),
+    )
+    by_source: Counter[CacheHitSource] = Counter()
+    real_make_stats = engine.scheduler.make_stats
+
+    def make_stats(*args: Any, **kwargs: Any) -> Any:
+        stats = real_make_stats(*args, **kwargs)
+        if stats is not None and stats.connector_prefix_cache_stats is not None:
+            by_source.update(stats.connector_prefix_cache_stats.hits_by_source)
+        return stats
+
+    engine.scheduler.make_stats = make_stats  # type: ignore[method-assign]
+    report = run_trace(engine, trace)
+    assert report.external_hits > 0
+    assert dict(by_source) == {CacheHitSource.HOST: report.external_hits}
 
 
 def _runner_output(stats: HybridKVStats | None) -> ModelRunnerOutput:

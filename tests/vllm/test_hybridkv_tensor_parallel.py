@@ -24,6 +24,11 @@ the content-tag stand-in, on every rank with rank-salted tags.
 - The fold itself against vLLM's ``KVOutputAggregator``: a job one rank finished and the other
   failed a step later is released once, failed, in the step vLLM emits the request as finished
   and failed.
+- Replicated KV (``EngineSettings.replicated_kv``: vLLM's ``kv_tp_replicas`` = 2, as it plans
+  an all-MLA model, and the same content on both ranks): the host tier is not divided over the
+  ranks, rank 0 alone copies stores into one shared host region, both ranks load from it with
+  correct content; the random traces run replicated too. The sharding and the replica rank's
+  engine on their own.
 - Pipeline and context parallel are refused at construction, naming the setting.
 """
 
@@ -58,7 +63,13 @@ from hybridkv.vllm.inprocess import (  # noqa: E402
     WedgedError,
     run_trace,
 )
-from hybridkv.vllm.ranks import JobQuorum, RankReport  # noqa: E402
+from hybridkv.vllm.metrics import HybridKVStats  # noqa: E402
+from hybridkv.vllm.ranks import (  # noqa: E402
+    JobQuorum,
+    RankReport,
+    ReplicaEngine,
+    host_sharding,
+)
 
 TP = 2
 HOST_BYTES = 64 << 20
@@ -191,6 +202,154 @@ def test_a_load_fault_on_one_rank_fails_the_load_for_both_and_vllm_recomputes() 
     _quiescent(engine)
 
 
+# ------------------------------------------------------------------ replicated KV (MLA)
+
+
+def test_vllm_marks_an_all_mla_model_replicated_on_every_rank() -> None:
+    # What replicated_kv simulates: vLLM's planner gives MLA layers (max_tp_shards=1)
+    # kv_tp_replicas = the TP size, and any non-MLA layer (a mamba group) brings it back to 1.
+    import torch
+    from vllm.v1.core.kv_cache_planning import kv_cache_groups_tp_replicas
+    from vllm.v1.kv_cache_interface import KVCacheGroupSpec, MambaSpec, MLAAttentionSpec
+
+    mla = MLAAttentionSpec(
+        block_size=16, num_kv_heads=1, head_size=576, dtype=torch.bfloat16, max_tp_shards=1
+    )
+    assert kv_cache_groups_tp_replicas([KVCacheGroupSpec(["l0"], mla)], TP) == TP
+    mamba = MambaSpec(block_size=16, shapes=((4, 8),), dtypes=(torch.float32,))
+    both = [KVCacheGroupSpec(["l0"], mla), KVCacheGroupSpec(["l1"], mamba)]
+    assert kv_cache_groups_tp_replicas(both, TP) == 1
+
+
+def test_a_replica_ranks_engine_stores_nothing_and_loads_everything() -> None:
+    # A rank whose group's writer stores the shared slots runs its store jobs empty (still
+    # reported, successful), and its loads in full.
+    import torch
+
+    from hybridkv.cache_layouts import all_layout_cases
+    from hybridkv.canonical import build_canonical_caches
+    from hybridkv.hostmem import HostMemory, PinMode
+    from hybridkv.transfer import CpuTransferEngine, Direction, FinishedJob, TransferPair
+
+    case = all_layout_cases(4)[0]
+    cc = build_canonical_caches(case.kv_caches, case.groups, case.num_blocks)
+    slot = cc.group_bytes(0)
+    host = HostMemory(4 * slot, slot, PinMode.OFF)
+    host.tensor.fill_(5)
+    with ReplicaEngine(CpuTransferEngine(cc, host)) as engine:
+        store = engine.submit(Direction.STORE, [TransferPair(0, 1, 2), TransferPair(0, 3, 1)])
+        engine.wait([store])
+        assert engine.poll() == [FinishedJob(store, True)]
+        assert host.tensor.eq(5).all()  # no byte stored
+        load = engine.submit(Direction.LOAD, [TransferPair(0, 0, 2)])
+        engine.wait([load])
+        assert engine.poll() == [FinishedJob(load, True)]
+    for ref in cc.group_refs[0]:  # every byte of block 0 came from the slot
+        row = cc.tensors[ref.tensor_index].view[0].view(torch.uint8)
+        for offset, length in ref.runs:
+            assert row[offset : offset + length].eq(5).all()
+
+
+@pytest.mark.parametrize(
+    ("replicas", "world", "copies"), [(1, 2, 2), (2, 2, 1), (2, 4, 2), (4, 4, 1)]
+)
+def test_host_sharding_writers_paths_and_copies(replicas: int, world: int, copies: int) -> None:
+    class _Parallel:
+        world_size = world
+        distributed_executor_backend = "mp"
+        nnodes_within_dp = 1
+
+    class _KV:
+        kv_tp_replicas = replicas
+
+    sharding = host_sharding(_Parallel(), _KV())
+    assert sharding.copies == copies
+    writers = [r for r in range(world) if sharding.writes(r)]
+    assert writers == list(range(0, world, replicas))
+    paths = [sharding.shared_path("e1", r) for r in range(world)]
+    if replicas == 1:
+        assert paths == [None] * world
+    else:  # one file per group of replicas, named by engine
+        assert len(set(paths)) == copies
+        assert all(p is not None and "e1" in p for p in paths)
+        assert paths[0] == paths[replicas - 1]
+
+
+@pytest.mark.parametrize(("backend", "nodes"), [("ray", 1), ("mp", 2), (None, 1)])
+def test_replicas_on_more_than_one_machine_keep_a_copy_each(backend: Any, nodes: int) -> None:
+    # A /dev/shm file is one machine's: ranks elsewhere (or of another executor) would map a
+    # file nobody writes, so they store their own copies instead.
+    class _Parallel:
+        world_size = 2
+        distributed_executor_backend = backend
+        nnodes_within_dp = nodes
+
+    class _KV:
+        kv_tp_replicas = 2
+
+    sharding = host_sharding(_Parallel(), _KV())
+    assert (sharding.replicas, sharding.copies) == (1, 2)
+    assert sharding.writes(0)
+    assert sharding.writes(1)
+    assert sharding.shared_path("e1", 1) is None
+
+
+@pytest.mark.parametrize("bad", [3, 0, True, "2"])
+def test_a_replica_count_that_does_not_divide_the_ranks_is_refused(bad: object) -> None:
+    class _Parallel:
+        world_size = 4
+
+    class _KV:
+        kv_tp_replicas = bad
+
+    with pytest.raises(HybridKVConfigError) as caught:
+        host_sharding(_Parallel(), _KV())
+    assert caught.value.field == "kv_cache_config.kv_tp_replicas"
+
+
+@pytest.mark.parametrize("layout", list(CHAT), ids=lambda lay: lay.value)
+def test_replicated_kv_one_rank_writes_a_shared_host_copy_the_size_of_the_whole_tier(
+    layout: Layout,
+) -> None:
+    settings, trace, chunk = CHAT[layout]
+    replicated = EngineSettings(**{**_fields(settings), "replicated_kv": True})
+    # Every store rank 1 copies would fail inside its copy (run 1 of each store raises): rank 1
+    # must copy no store at all, and load the bytes rank 0 stored into the shared slots.
+    reader = HybridKVOnCPU(faults=FaultPlan(seed=3, store_rate=1.0, mid_copy=1.0), delay=2)
+    writer = HybridKVOnCPU(delay=1)
+    engine = InProcessEngine(
+        RECIPES[layout].config_json(), replicated, _transfer(chunk), [writer, reader]
+    )
+    scheduler = engine.scheduler.connector
+    # The host tier is not divided over the ranks: one copy serves both.
+    assert scheduler.num_chunks == HOST_BYTES // scheduler.layout.slot_bytes
+    assert scheduler.sharding.copies == 1
+    assert [r.worker.sharding.writes(r.worker.rank) for r in engine.ranks] == [True, False]
+    report = run_trace(engine, trace)
+    print(f"\n{layout.value} TP={TP} replicated: {report}")
+    assert report.finished == report.requests > 0
+    assert report.slots_checked > 0
+    assert report.wrong_reads == 0  # rank 1 read what rank 0 wrote: one shared region
+    assert report.external_loaded > 0
+    assert report.external_hits == report.external_loaded
+    assert report.failed_loads == 0
+    core = scheduler.core.stats()
+    assert core.store_jobs > 0
+    assert core.store_jobs_failed == 0
+    assert reader.stats().get("store_faults", 0) == 0  # no store copy ran on rank 1
+    loaded = [a.stats()["bytes_loaded"] for a in (writer, reader)]
+    assert loaded[0] == loaded[1] > 0  # both ranks load into their own caches
+    stats = HybridKVStats()
+    for payload in engine.connector_stats:
+        stats.aggregate(HybridKVStats(dict(payload)))
+    totals = stats.reduce()
+    # Worker metrics count the bytes copied: the stores once (rank 0), the loads per rank.
+    assert totals["store_bytes"] == writer.stats()["bytes_stored"] > 0
+    assert totals["load_bytes"] == 2 * loaded[0]
+    _quiescent(engine)
+    engine.close()  # unlinks the shared file
+
+
 # ------------------------------------------------------------------ random traces
 
 # layout -> (budget, chunk, longest prompt, max_num_seqs): test_hybridkv_inprocess.py's shapes.
@@ -202,8 +361,11 @@ SHAPES = {
 TRACES_PER_LAYOUT = max(4, hypothesis_settings.default.max_examples // 20)
 
 
-def _random_engine(layout: Layout, rng: random.Random, seed: int) -> tuple[InProcessEngine, int]:
-    """A TP=2 engine on a tight pool, faults on one rank (returned), delays per rank."""
+def _random_engine(
+    layout: Layout, rng: random.Random, seed: int, replicated: bool = False
+) -> tuple[InProcessEngine, int]:
+    """A TP=2 engine on a tight pool, faults on one rank (returned), delays per rank;
+    ``replicated``: the ranks hold replicated KV (one writer, one shared host copy)."""
     budget, chunk, _, seqs = SHAPES[layout]
     recipe = RECIPES[layout]
     settings = EngineSettings(
@@ -214,6 +376,7 @@ def _random_engine(layout: Layout, rng: random.Random, seed: int) -> tuple[InPro
         max_num_batched_tokens=budget,
         max_steps=600,
         tensor_parallel_size=TP,
+        replicated_kv=replicated,
     )
     faulty = rng.randrange(TP)
     plan = FaultPlan(seed, load_rate=rng.choice((0.3, 0.6)), store_rate=rng.choice((0.0, 0.3)))
@@ -241,59 +404,68 @@ def _random_arrivals(layout: Layout, rng: random.Random) -> list[tuple[int, str,
     return sorted(arrivals, key=lambda a: (a[0], a[1]))
 
 
-def _play(layout: Layout, seed: int) -> Counter[str]:
+def _play(layout: Layout, seed: int, replicated: bool = False) -> Counter[str]:
     rng = random.Random(seed)
-    engine, faulty = _random_engine(layout, rng, seed)
-    arrivals = _random_arrivals(layout, rng)
-    aborted_loading = 0
-    step = 0
-    while arrivals or engine.busy():
-        while arrivals and arrivals[0][0] <= step:
-            _, rid, prompt, max_tokens = arrivals.pop(0)
-            engine.add(rid, prompt, max_tokens)
-        step += 1
-        if not engine.busy():
-            continue
-        if engine.tally.steps >= engine.settings.max_steps:
-            live = {r: engine.status(r) for r, q in engine.requests.items() if not q.is_finished()}
-            raise WedgedError(f"{layout.value} seed {seed}: {live}")
-        for rid, request in engine.requests.items():
-            if request.is_finished():
+    engine, faulty = _random_engine(layout, rng, seed, replicated)
+    try:
+        arrivals = _random_arrivals(layout, rng)
+        aborted_loading = 0
+        step = 0
+        while arrivals or engine.busy():
+            while arrivals and arrivals[0][0] <= step:
+                _, rid, prompt, max_tokens = arrivals.pop(0)
+                engine.add(rid, prompt, max_tokens)
+            step += 1
+            if not engine.busy():
                 continue
-            loading = engine.status(rid) == "WAITING_FOR_REMOTE_KVS"
-            if rng.random() < (0.25 if loading else 0.01) and engine.abort(rid):
-                aborted_loading += loading
-        engine.step()
-    report = engine.report(sum(r.is_finished() for r in engine.requests.values()))
-    assert report.finished == report.requests, f"seed {seed}: unfinished requests"
-    assert report.wrong_reads == 0, f"seed {seed}: {report}"
-    _quiescent(engine)
-    injected = [rank.adapter.stats() for rank in engine.ranks]
-    clean = [f for r, f in enumerate(injected) if r != faulty]
-    assert all(f.get("load_faults", 0) == f.get("store_faults", 0) == 0 for f in clean)
-    core = engine.scheduler.connector.core.stats()
-    # A job fails for all ranks exactly when it failed on the faulty one.
-    assert core.load_jobs_failed == injected[faulty].get("load_faults", 0), seed
-    assert core.store_jobs_failed == injected[faulty].get("store_faults", 0), seed
-    return Counter(
-        traces=1,
-        slots_checked=report.slots_checked,
-        wrong_reads=report.wrong_reads,
-        host_loaded=report.external_loaded,
-        load_faults=injected[faulty].get("load_faults", 0),
-        store_faults=injected[faulty].get("store_faults", 0),
-        failed_loads=report.failed_loads,
-        preemptions=report.preemptions,
-        aborted_loading=aborted_loading,
-    )
+            if engine.tally.steps >= engine.settings.max_steps:
+                requests = engine.requests.items()
+                live = {r: engine.status(r) for r, q in requests if not q.is_finished()}
+                raise WedgedError(f"{layout.value} seed {seed}: {live}")
+            for rid, request in engine.requests.items():
+                if request.is_finished():
+                    continue
+                loading = engine.status(rid) == "WAITING_FOR_REMOTE_KVS"
+                if rng.random() < (0.25 if loading else 0.01) and engine.abort(rid):
+                    aborted_loading += loading
+            engine.step()
+        report = engine.report(sum(r.is_finished() for r in engine.requests.values()))
+        assert report.finished == report.requests, f"seed {seed}: unfinished requests"
+        assert report.wrong_reads == 0, f"seed {seed}: {report}"
+        _quiescent(engine)
+        injected = [rank.adapter.stats() for rank in engine.ranks]
+        clean = [f for r, f in enumerate(injected) if r != faulty]
+        assert all(f.get("load_faults", 0) == f.get("store_faults", 0) == 0 for f in clean)
+        core = engine.scheduler.connector.core.stats()
+        # A job fails for all ranks exactly when it failed on the faulty one.
+        assert core.load_jobs_failed == injected[faulty].get("load_faults", 0), seed
+        assert core.store_jobs_failed == injected[faulty].get("store_faults", 0), seed
+        return Counter(
+            traces=1,
+            slots_checked=report.slots_checked,
+            wrong_reads=report.wrong_reads,
+            host_loaded=report.external_loaded,
+            load_faults=injected[faulty].get("load_faults", 0),
+            store_faults=injected[faulty].get("store_faults", 0),
+            failed_loads=report.failed_loads,
+            preemptions=report.preemptions,
+            aborted_loading=aborted_loading,
+        )
+    finally:
+        engine.close()  # a replicated run's shared host file goes with it
 
 
+@pytest.mark.parametrize("replicated", [False, True], ids=["sharded", "replicated"])
 @pytest.mark.parametrize("layout", list(SHAPES), ids=lambda lay: lay.value)
-def test_tp2_random_traces_with_faults_on_one_rank_preemptions_and_aborts(layout: Layout) -> None:
+def test_tp2_random_traces_with_faults_on_one_rank_preemptions_and_aborts(
+    layout: Layout, replicated: bool
+) -> None:
+    # Replicated: a store fault inside the copy can fire only on the writer (rank 0): the
+    # reader's store jobs copy nothing; the identities below hold either way.
     total: Counter[str] = Counter()
     for seed in range(TRACES_PER_LAYOUT):
-        total.update(_play(layout, seed))
-    print(f"\n{layout.value} TP={TP}: {dict(total)}")
+        total.update(_play(layout, seed, replicated))
+    print(f"\n{layout.value} TP={TP} replicated={replicated}: {dict(total)}")
     assert total["wrong_reads"] == 0
     for name in ("slots_checked", "host_loaded", "load_faults", "failed_loads"):
         assert total[name] > 0, (name, dict(total))
