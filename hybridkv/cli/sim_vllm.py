@@ -52,7 +52,7 @@ DEFAULT_REQUESTS = 48
 multi-turn trace (the spec engine serves 32). In a pool of three longest sequences they push
 each other's prefixes out, so most of a returning turn is loaded from the host tier; and they
 issue about 190 transfer jobs, so ``--faults 0.1`` fails about 19 (32 requests issue about 125
-and fail 8 with seed 0). On 2 cores the run takes about 12 s after the engine is built."""
+and fail 8 with seed 0). On 2 cores the engine steps take 12 to 30 s, by the machine's load."""
 PLATFORM = "cpu"  # vLLM's CpuPlatform: the geometry the in-process engine gets
 
 

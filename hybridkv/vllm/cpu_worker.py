@@ -13,9 +13,10 @@ a run is reproducible:
   overwrite before anything reads them); a job of one run moves its bytes and reports failed.
 
 The first draw is made per job at the job hook, the second per submitted copy at the conditional
-rate that makes the two together fail the plan's rate of the jobs: most jobs of a hybrid layout
-are one run (a chunk's full-attention block alone), and a fault that only fired at a second run
-used to miss them (``hybridkv simulate --engine vllm --faults 0.1`` injected 4 of 124 jobs).
+rate that makes the two together fail the plan's rate of the jobs: most loads of a mamba + full
+layout are one run (a chunk's full-attention block alone), and a fault that only fired at a
+second run used to miss them (``hybridkv simulate --engine vllm --requests 32 --faults 0.1``
+injected 4 of 124 jobs; now 8 of 126).
 
 Timing: the engine sits under :class:`~hybridkv.vllm.delayed.DelayedCompletion`, the report rule
 of :class:`hybridkv.vllm.native_cpu.HostCopyWorker`: a job reports once it has been polled
