@@ -11,7 +11,8 @@ The model: vLLM on CPU allocates every layer's cache for real, so a preset becom
 :func:`spec.presets.tiny_config` (one period of its layer pattern per simulated layer per group:
 the same groups, block sizes and pages, fewer layers), and a multimodal config its text model
 (vLLM builds no vision processor without a tokenizer); the report's header says so. The GPU pool
-defaults to three of the trace's longest sequences, as the spec engine's, in the geometry
+defaults to three of the trace's longest sequences, as the spec engine's, so prefixes are evicted
+and loaded back (:data:`DEFAULT_REQUESTS` for the workload), in the geometry
 :func:`spec.layout.derive_layout` derives for vLLM's CPU platform (``nox -s vllm`` checks the two
 agree).
 """
@@ -26,6 +27,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from hybridkv.cli.model_config import load_model_config
+from hybridkv.cli.sim_recovery import RecoveryWatch
 from hybridkv.cli.sim_run import SimOptions
 from hybridkv.cli.sim_setup import SimSetup, derive_setup
 from hybridkv.cli.sim_threads import one_intra_op_thread
@@ -45,10 +47,12 @@ VLLM_INSTALL = (
     "pip install -r tests/vllm/requirements-vllm.txt && "
     "pip install --no-deps vllm==0.33.0 xgrammar==0.2.8"
 )
-DEFAULT_REQUESTS = 8
-"""A built-in workload's requests when ``--requests`` is not given: the first two of the
-spec engine's conversations (its default is 32; vLLM's in-process engine checks every slot a
-step reads, so 32 take a few minutes on CPU)."""
+DEFAULT_REQUESTS = 48
+"""A built-in workload's requests when ``--requests`` is not given: 12 conversations of the
+multi-turn trace (the spec engine serves 32). In a pool of three longest sequences they push
+each other's prefixes out, so most of a returning turn is loaded from the host tier; and they
+issue about 190 transfer jobs, so ``--faults 0.1`` fails about 19 (32 requests issue about 125
+and fail 8 with seed 0). On 2 cores the engine steps take 12 to 30 s, by the machine's load."""
 PLATFORM = "cpu"  # vLLM's CpuPlatform: the geometry the in-process engine gets
 
 
@@ -163,6 +167,20 @@ def _setup(options: SimOptions, cfg: Mapping[str, Any], max_model_len: int) -> S
     )
 
 
+def _recovery(watch: RecoveryWatch, observed: Mapping[str, Any]) -> dict[str, int]:
+    """What ``watch`` saw recover, as the spec engine counts it: wrong reads per request, and
+    vLLM's aborted and errored requests as ended by design."""
+    wrong, ended = observed["wrong_reads_by_request"], observed["ended_requests"]
+    outcome = watch.outcome(lambda rid: wrong.get(rid, 0), lambda rid: rid in ended)
+    return {
+        "watched_failed_loads": outcome.failed_loads,
+        "watched_failed_stores": outcome.failed_stores,
+        "recovered_loads": outcome.recovered_loads,
+        "recovered_stores": outcome.recovered_stores,
+        "failures_ended": outcome.ended,
+    }
+
+
 @one_intra_op_thread  # as the spec engine: the forward's tensor ops, not thread barriers
 def simulate_vllm(options: SimOptions, plot: str | None = None) -> dict[str, Any]:
     """Run ``options`` through vLLM's Scheduler and return the report (same schema as the
@@ -197,12 +215,15 @@ def simulate_vllm(options: SimOptions, plot: str | None = None) -> dict[str, Any
         )
     needed = _blocks_for(_setup(options, cfg, longest), longest)
     gpu_blocks = options.gpu_blocks or 3 * needed
-    if gpu_blocks < needed:
+    if gpu_blocks < needed + 1:
+        # vLLM's pool keeps block 0 as its null block: ``needed`` blocks leave it short, and
+        # vLLM refuses the max-model-len with a traceback instead of this line.
         raise HybridKVConfigError(
             "--gpu-blocks",
             gpu_blocks,
-            f"cannot hold the trace's longest sequence ({longest} tokens needs {needed} blocks)",
-            f"pass --gpu-blocks {needed} or more",
+            f"cannot hold the trace's longest sequence ({longest} tokens needs {needed} blocks "
+            "besides vLLM's null block)",
+            f"pass --gpu-blocks {needed + 1} or more",
         )
     options = dataclasses.replace(options, gpu_blocks=gpu_blocks)
     setup = _setup(options, cfg, longest)
@@ -223,10 +244,12 @@ def simulate_vllm(options: SimOptions, plot: str | None = None) -> dict[str, Any
         seed=options.seed,
     ).build(cfg)
     built = time.perf_counter()
-    run = workload.play_workload(engine, trace, max_ticks=max_ticks)
+    watch = RecoveryWatch()
+    run = workload.play_workload(engine, trace, max_ticks=max_ticks, watch=watch)
     from hybridkv.cli.sim_vllm_report import build_report
 
     observed = workload.end_state(engine)
+    observed = {**observed, **_recovery(watch, observed)}
     return build_report(
         options,
         {

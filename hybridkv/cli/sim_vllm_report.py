@@ -10,6 +10,11 @@ lets the figure be observed, ``None`` (shown as "not observed under vLLM") where
   first-admission stats do not describe what was served, and the row says so.
 - Content: every KV slot and mamba state the stand-in forward reads is checked (loaded ones
   included), so wrong loads show up as wrong reads; a separate wrong-load count is not observed.
+- Failures: the failed jobs are those vLLM handed back to the scheduler side
+  (``kv_connector_worker_meta``), checked against the core's own counts; each is followed to
+  its recovery by the spec engine's :class:`~hybridkv.cli.sim_recovery.RecoveryWatch` (a load's
+  positions served again by a forward with no wrong read of its request since; a store's keys
+  never loaded and gone from the host), so ``failures_recovered`` counts as the spec engine's.
 """
 
 from __future__ import annotations
@@ -43,14 +48,29 @@ def _stats_agree(run: Any, observed: Mapping[str, Any]) -> bool | None:
     )
 
 
+def _failed_jobs_agree(observed: Mapping[str, Any]) -> bool:
+    """The failed jobs vLLM handed the scheduler (the watch's) are the ones the core counted."""
+    return bool(
+        observed["watched_failed_loads"] == observed["load_jobs_failed"]
+        and observed["watched_failed_stores"] == observed["store_jobs_failed"]
+    )
+
+
 def _verdict(report: Mapping[str, Any]) -> str:
     """pass: 0 wrong reads, every read served by an observed event, the identity holds, every
-    request finished, nothing leaked or left in flight, every request whose load failed
-    finished after recompute, and vLLM's own counters agree where comparable."""
+    request finished, nothing leaked or left in flight, every failed job observed to recover
+    (as the spec engine counts it) and every injected fault among them, every request whose
+    load failed finished after recompute, and vLLM's own counters agree where comparable."""
     r, v = report, report["vllm"]
     finished = r["finished"].get("finished_length_capped", 0) == r["requests"]
     quiet = v["leaked_blocks"] == 0 and v["jobs_in_flight"] == 0 and v["held_blocks"] == 0
-    recovered = r["failed_load_requests_finished"] == r["failed_load_requests"]
+    failed = r["failed_loads"] + r["failed_stores"]
+    healed = r["failures_recovered"] + r["failures_ended"] == failed >= r["failures_injected"]
+    recovered = (
+        healed
+        and v["failed_jobs_agree"]
+        and r["failed_load_requests_finished"] == r["failed_load_requests"]
+    )
     clean = r["wrong_content_reads"] == 0 and r["unaccounted_reads"] == 0
     agree = v["prefill_stats_agree"] is not False
     passed = clean and r["identity_holds"] and finished and quiet and recovered and agree
@@ -109,12 +129,12 @@ def build_report(
         "load_gbps": None,
         "store_gbps": None,
         "failures_injected": observed["load_faults"] + observed["store_faults"],
-        "failed_loads": observed["load_jobs_failed"],
-        "failed_stores": observed["store_jobs_failed"],
-        "failures_recovered": None,  # per request instead: failed_load_requests(_finished)
-        "recovered_loads": None,
-        "recovered_stores": None,
-        "failures_ended": None,
+        "failed_loads": observed["watched_failed_loads"],
+        "failed_stores": observed["watched_failed_stores"],
+        "failures_recovered": observed["recovered_loads"] + observed["recovered_stores"],
+        "recovered_loads": observed["recovered_loads"],
+        "recovered_stores": observed["recovered_stores"],
+        "failures_ended": observed["failures_ended"],
         "failed_load_requests": run.failed_load_requests,
         "failed_load_requests_finished": run.failed_load_requests_finished,
         "tokens_discarded_by_recovery": run.tokens_discarded_by_recovery,
@@ -132,6 +152,7 @@ def build_report(
             "prefill_stats_external": run.vllm_external_hits,
             "external_tokens_handed": run.external_tokens_handed,
             "prefill_stats_agree": _stats_agree(run, observed),
+            "failed_jobs_agree": _failed_jobs_agree(observed),
             "leaked_blocks": observed["leaked_blocks"],
             "jobs_in_flight": observed["jobs_in_flight"],
             "held_blocks": observed["held_blocks"],
@@ -198,8 +219,10 @@ def rows(report: Mapping[str, Any]) -> list[tuple[str, str]]:
         ("loaded (host -> GPU)", f"{_bytes(r['bytes_loaded'])} in {r['load_jobs']} jobs"),
         ("stored (GPU -> host)", f"{_bytes(r['bytes_stored'])} in {r['store_jobs']} jobs"),
         ("copy bandwidth", NOT_OBSERVED + " (copies report one poll after submission)"),
-        ("failures injected", str(r["failures_injected"])),
+        ("failures injected / recovered", f"{r['failures_injected']} / {r['failures_recovered']}"),
         ("failed jobs reported: loads / stores", f"{r['failed_loads']} / {r['failed_stores']}"),
+        ("recovered: loads / stores", f"{r['recovered_loads']} / {r['recovered_stores']}"),
+        ("failures ended with their request", str(r["failures_ended"])),
         (
             "requests whose load failed / finished after recompute",
             f"{r['failed_load_requests']} / {r['failed_load_requests_finished']}",

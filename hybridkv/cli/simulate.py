@@ -81,7 +81,11 @@ def add_parser(sub: Any) -> None:
         default="multi-turn",
         help="multi-turn (default), shared-prefix, or a FILE.jsonl trace",
     )
-    p.add_argument("--requests", type=int, help="requests to serve (default 32; a file: all)")
+    p.add_argument(
+        "--requests",
+        type=int,
+        help="requests to serve (default 32, 48 with --engine vllm; a file: all)",
+    )
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="where the KV lives")
     p.add_argument("--host-bytes", default="1GiB", help="host store size (default 1GiB)")
     p.add_argument("--policy", choices=["lru", "arc"], default="lru", help="host eviction policy")

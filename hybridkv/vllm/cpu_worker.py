@@ -3,12 +3,20 @@ with seeded fault injection (:class:`FaultPlan`), a simulated copy delay and an 
 
 The connector's worker side runs unchanged on the CPU caches vLLM's ``allocate_kv_cache`` built
 (canonical caches, the CPU transfer engine on its copy thread, the core's transfer worker). A
-:class:`FaultPlan` fails jobs in two places, both seeded so a run is reproducible:
+:class:`FaultPlan` fails each job with its direction's rate, in one of two places, both seeded so
+a run is reproducible:
 
 - before submission (the transfer worker's job hook): the job reports failed and no byte moves;
-- inside the copy (the CPU engine's per-run hook, on the copy thread): the job's first run has
-  moved when the second raises, so a failed load leaves its blocks half written, which vLLM's
-  recompute must overwrite before anything reads them.
+- inside the copy (:class:`_CopyFaults`, between the delay and the CPU engine, and the engine's
+  per-run hook on the copy thread): a job of two or more copy runs raises at its second run, so
+  its first has moved (a failed load leaves its blocks half written, which vLLM's recompute must
+  overwrite before anything reads them); a job of one run moves its bytes and reports failed.
+
+The first draw is made per job at the job hook, the second per submitted copy at the conditional
+rate that makes the two together fail the plan's rate of the jobs: most loads of a mamba + full
+layout are one run (a chunk's full-attention block alone), and a fault that only fired at a
+second run used to miss them (``hybridkv simulate --engine vllm --requests 32 --faults 0.1``
+injected 4 of 124 jobs; now 8 of 126).
 
 Timing: the engine sits under :class:`~hybridkv.vllm.delayed.DelayedCompletion`, the report rule
 of :class:`hybridkv.vllm.native_cpu.HostCopyWorker`: a job reports once it has been polled
@@ -19,8 +27,8 @@ latency. A job failed before submission never reaches the engine: it reports at 
 A load lands when it is due, so with a ``load_deadline_steps`` below ``delay`` the connector
 abandons it first and it is cancelled, no byte moved (``loads_cancelled`` in :meth:`stats`).
 
-Only failures that actually fired are counted (a mid-copy fault planned for a one-run job does
-not fire). Faults and delay are not reachable from ``kv_connector_extra_config``;
+Only failures that fired are counted (a copy drawn to fail that was cancelled first is not).
+Faults and delay are not reachable from ``kv_connector_extra_config``;
 ``host_bytes`` only writes its ``host_memory_bytes`` (the benchmark sizes both connectors' host
 tiers alike this way).
 """
@@ -29,13 +37,14 @@ from __future__ import annotations
 
 import random
 import threading
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from hybridkv.connector.api import TransferJob, TransferKind
-from hybridkv.transfer.api import Direction, JobId
+from hybridkv.transfer.api import Direction, FinishedJob, JobId, TransferEngine, TransferPair
 from hybridkv.vllm.delayed import DelayedCompletion
 from hybridkv.vllm.layout import read_layout
 
@@ -64,40 +73,100 @@ class FaultPlan:
 
 
 class _Injector:
-    """Draws the plan's faults (main thread: job hook; copy thread: copy hook)."""
+    """Draws the plan's faults, all on the main thread in submission order (so a seed fixes
+    them); the copy thread only raises where a draw said so."""
 
     def __init__(self, plan: FaultPlan) -> None:
         self.plan = plan
         self._job_rng = random.Random(plan.seed)
         self._copy_rng = random.Random(plan.seed ^ 0x5EED)
-        self._doomed: dict[JobId, bool] = {}
+        self._doomed: set[JobId] = set()  # engine jobs to fail inside the copy
         self._lock = threading.Lock()
         self.counts = {"load_faults": 0, "store_faults": 0}
 
     def _rate(self, load: bool) -> float:
         return self.plan.load_rate if load else self.plan.store_rate
 
+    def _fired(self, load: bool) -> None:
+        with self._lock:
+            self.counts["load_faults" if load else "store_faults"] += 1
+
     def job_hook(self, job: TransferJob) -> bool:
-        """Fail ``job`` before submission?"""
+        """Fail ``job`` before submission? (the plan's rate times ``1 - mid_copy``)"""
         load = job.kind is TransferKind.LOAD
         if self._job_rng.random() >= self._rate(load) * (1.0 - self.plan.mid_copy):
             return False
-        with self._lock:
-            self.counts["load_faults" if load else "store_faults"] += 1
+        self._fired(load)
         return True
 
+    def copy_rate(self, load: bool) -> float:
+        """The rate at which a job that passed :meth:`job_hook` fails inside its copy, so that
+        ``before + (1 - before) * inside`` is the plan's rate."""
+        rate = self._rate(load)
+        before = rate * (1.0 - self.plan.mid_copy)
+        return 0.0 if before >= 1.0 else rate * self.plan.mid_copy / (1.0 - before)
+
+    def submitted(self, submit: Callable[[], JobId], load: bool) -> JobId:
+        """Run ``submit`` (the engine's) and draw whether that copy fails; under the lock, so
+        the copy thread cannot reach the job's second run before the draw is recorded."""
+        with self._lock:
+            job = submit()
+            if self._copy_rng.random() < self.copy_rate(load):
+                self._doomed.add(job)
+        return job
+
     def copy_hook(self, job: JobId, direction: Direction, run: int) -> None:
-        """Raise inside run 1 of a job drawn to fail mid-copy (run 0 has moved by then)."""
-        if run == 0:
-            load = direction is Direction.LOAD
-            rate = self._rate(load) * self.plan.mid_copy
-            self._doomed[job] = self._copy_rng.random() < rate
+        """Raise inside run 1 of a job drawn to fail in its copy (run 0 has moved by then)."""
+        if run != 1:
             return
-        if run == 1 and self._doomed.pop(job, False):
-            with self._lock:
-                key = "load_faults" if direction is Direction.LOAD else "store_faults"
-                self.counts[key] += 1
+        with self._lock:
+            doomed = job in self._doomed
+            self._doomed.discard(job)
+        if doomed:
+            self._fired(direction is Direction.LOAD)
             raise InjectedFault(f"injected copy fault in engine job {job} ({direction.value})")
+
+    def finished(self, done: FinishedJob, direction: Direction) -> FinishedJob:
+        """A doomed job that finished without a run 1 (one run: its bytes moved) fails now;
+        one that failed anyway (cancelled before it started) is not counted."""
+        with self._lock:
+            doomed = done.job_id in self._doomed
+            self._doomed.discard(done.job_id)
+        if not doomed or not done.success:
+            return done
+        self._fired(direction is Direction.LOAD)
+        return FinishedJob(done.job_id, False)
+
+
+class _CopyFaults(TransferEngine):
+    """The CPU engine with :class:`_Injector`'s copy faults: draws at each submission, and
+    reports a one-run job drawn to fail as failed (module docstring)."""
+
+    def __init__(self, inner: TransferEngine, injector: _Injector) -> None:
+        self.inner = inner
+        self._injector = injector
+        self._direction: dict[JobId, Direction] = {}
+
+    def submit(self, direction: Direction, pairs: Sequence[TransferPair]) -> JobId:
+        load = direction is Direction.LOAD
+        job = self._injector.submitted(lambda: self.inner.submit(direction, pairs), load)
+        self._direction[job] = direction
+        return job
+
+    def poll(self) -> list[FinishedJob]:
+        return [
+            self._injector.finished(done, self._direction.pop(done.job_id))
+            for done in self.inner.poll()
+        ]
+
+    def wait(self, job_ids: Iterable[JobId]) -> None:
+        self.inner.wait(job_ids)
+
+    def abandon(self, job_ids: Iterable[JobId]) -> None:
+        self.inner.abandon(job_ids)
+
+    def close(self) -> None:
+        self.inner.close()
 
 
 class HybridKVOnCPU:
@@ -142,6 +211,8 @@ class HybridKVOnCPU:
         self.connector = connector
 
     def _delayed(self, engine: Any) -> DelayedCompletion:
+        if self._injector is not None:
+            engine = _CopyFaults(engine, self._injector)
         self.engine = DelayedCompletion(engine, self.delay)
         return self.engine
 

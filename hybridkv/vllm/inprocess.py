@@ -385,6 +385,7 @@ class _Tally:
     preemptions: int = 0
     checked: int = 0
     wrong: int = 0
+    wrong_by: dict[str, int] = field(default_factory=dict)  # per request, where any
     schedule_s: float = 0.0
     connector_s: float = 0.0
     schedule_cpu_s: float = 0.0
@@ -740,7 +741,7 @@ class InProcessEngine:
         slot = torch.zeros(1, dtype=torch.long)
         hashes = self._hashes[rid]
         if c0 > 0:
-            self._count(tags.check(block, slot, tags.expected(hashes, range(c0 - 1, c0))))
+            self._count(rid, tags.check(block, slot, tags.expected(hashes, range(c0 - 1, c0))))
         tags.write(block, slot, tags.expected(hashes, range(c1 - 1, c1)))
 
     def _attention_layer(
@@ -757,12 +758,14 @@ class InProcessEngine:
         if lo < c0:
             old = torch.arange(lo, c0)
             self._count(
-                tags.check(ids[old // size], old % size, tags.expected(hashes, range(lo, c0)))
+                rid, tags.check(ids[old // size], old % size, tags.expected(hashes, range(lo, c0)))
             )
 
-    def _count(self, counts: Any) -> None:
+    def _count(self, rid: str, counts: Any) -> None:
         self.tally.checked += counts.checked
         self.tally.wrong += counts.wrong
+        if counts.wrong:
+            self.tally.wrong_by[rid] = self.tally.wrong_by.get(rid, 0) + counts.wrong
 
     # ------------------------------------------------------------ end of run
     def close(self) -> None:

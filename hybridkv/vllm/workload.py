@@ -25,19 +25,39 @@ a second admission before any forward); the difference from the largest claim is
 recovery discarded. Positions served before (after
 a preemption or a failure) count again, apart, by the cause that took them back. Positions a
 forward reads that no admission or forward served are counted as unaccounted reads.
+
+Failed jobs are followed to their recovery by a :class:`JobWatch` (the command line passes the
+spec engine's ``RecoveryWatch``, so both engines count recovery alike): each step's jobs are read
+from the connector metadata vLLM hands the worker, their results from the worker metadata vLLM
+hands back to the scheduler (``kv_connector_worker_meta``), the host store's keys from the
+scheduler-side core after ``update_from_output``. The jobs of one admission's load tile
+``[local, local + external)`` in job-id order, as the spec engine reads them; a failed load owes
+its positions until a forward of its request serves them again.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
-from typing import Any
+from typing import Any, Protocol
 
 from hybridkv.sim.trace import TraceRequest
+from hybridkv.store.values import LookupResult
 from hybridkv.vllm.inprocess import InProcessEngine, WedgedError
 
-__all__ = ["Cause", "Source", "WorkloadEngine", "WorkloadRun", "end_state", "play_workload"]
+__all__ = [
+    "Cause",
+    "JobWatch",
+    "Source",
+    "WorkloadEngine",
+    "WorkloadRun",
+    "end_state",
+    "play_workload",
+]
+
+
+_MISS = LookupResult.MISS
 
 
 class Source(Enum):
@@ -56,6 +76,56 @@ class Cause(Enum):
     REPLAY = "replay"  # served again with neither cause observed
 
 
+class JobWatch(Protocol):
+    """Follows failed jobs until their recovery is observed (the calls, in a step's order:
+    jobs issued, positions served, jobs reported, then the host store's keys)."""
+
+    def load_issued(self, keys: Iterable[bytes]) -> None: ...
+
+    def store_issued(self, job_id: int, keys: Iterable[bytes]) -> None: ...
+
+    def served(self, rid: Any, lo: int, hi: int) -> None: ...
+
+    def store_reported(self, job_id: int, *, success: bool) -> None: ...
+
+    def load_failed(self, rid: Any, lo: int, missing: bytes, wrong_before: int) -> None: ...
+
+    def check_gone(self, holds: Callable[[bytes], bool]) -> None: ...
+
+
+class _NoWatch:
+    """A :class:`JobWatch` that follows nothing (a run without a watch)."""
+
+    def load_issued(self, keys: Iterable[bytes]) -> None:
+        """Nothing followed."""
+
+    def store_issued(self, job_id: int, keys: Iterable[bytes]) -> None:
+        """Nothing followed."""
+
+    def served(self, rid: Any, lo: int, hi: int) -> None:
+        """Nothing followed."""
+
+    def store_reported(self, job_id: int, *, success: bool) -> None:
+        """Nothing followed."""
+
+    def load_failed(self, rid: Any, lo: int, missing: bytes, wrong_before: int) -> None:
+        """Nothing followed."""
+
+    def check_gone(self, holds: Callable[[bytes], bool]) -> None:
+        """Nothing followed."""
+
+
+@dataclass(frozen=True, slots=True)
+class _LoadJob:
+    """A load job in flight: its request, the positions ``[lo, hi)`` it brings, and the
+    request's wrong reads when it was issued."""
+
+    rid: str
+    lo: int
+    hi: int
+    wrong_before: int
+
+
 @dataclass(slots=True)
 class _Request:
     prompt_len: int
@@ -67,6 +137,7 @@ class _Request:
     admission: tuple[int, int, int] | None = None
     cause: Cause = Cause.REPLAY
     cache_first: list[tuple[int, int]] = field(default_factory=list)  # first served by a cache
+    load: tuple[int, int] = (0, 0)  # the last admission's load: next job's start, its end
 
 
 @dataclass(slots=True)
@@ -99,12 +170,14 @@ class WorkloadRun:
 class _Ledger:
     """First-time and served-again counts per prompt position (module docstring)."""
 
-    def __init__(self, run: WorkloadRun) -> None:
+    def __init__(self, run: WorkloadRun, watch: JobWatch) -> None:
         self.run = run
+        self.watch = watch
         self.requests: dict[str, _Request] = {}
 
     def admitted(self, rid: str, local: int, external: int) -> None:
         r = self.requests[rid]
+        r.load = (local, local + external)
         promised = local + external
         if r.admission is not None:  # the earlier admission's load was dropped before a forward
             promised = max(promised, r.admission[2])
@@ -122,25 +195,35 @@ class _Ledger:
             if c0 < promised:  # vLLM dropped (part of) a load: recompute
                 self.run.tokens_discarded_by_recovery += promised - c0
                 r.cause = Cause.FAILURE
-            self._cache(r, min(c0, p), local)
+            self._cache(rid, r, min(c0, p), local)
         elif c0 > r.served:
             self.run.unaccounted_reads += min(c0, p) - r.served
         lo, hi = c0, min(c1, p)
         if hi > lo:
-            self._count(r, lo, hi, Source.COMPUTED)
+            self._count(rid, r, lo, hi, Source.COMPUTED)
             r.served = max(r.served, hi)
 
-    def _cache(self, r: _Request, end: int, local: int) -> None:
+    def load_job(self, rid: str, end_tokens: Iterable[int]) -> tuple[int, int]:
+        """``[lo, hi)`` of the next job of ``rid``'s load: from where the previous one ended
+        to its furthest item, within the admission's load."""
+        r = self.requests[rid]
+        lo, end = r.load
+        hi = max(lo, min(end, max(end_tokens, default=lo)))
+        r.load = (hi, end)
+        return lo, hi
+
+    def _cache(self, rid: str, r: _Request, end: int, local: int) -> None:
         """``[0, end)`` was in place at the forward: ``[0, local)`` a GPU hit, the rest loaded."""
         for lo, hi, source in ((0, min(local, end), Source.HIT), (local, end, Source.LOADED)):
             if hi > lo:
                 first_lo = max(lo, r.served)
                 if hi > first_lo:
                     r.cache_first.append((first_lo, hi))
-                self._count(r, lo, hi, source)
+                self._count(rid, r, lo, hi, source)
         r.served = max(r.served, end)
 
-    def _count(self, r: _Request, lo: int, hi: int, source: Source) -> None:
+    def _count(self, rid: str, r: _Request, lo: int, hi: int, source: Source) -> None:
+        self.watch.served(rid, lo, hi)
         first = max(0, hi - max(lo, r.served))
         again = (hi - lo) - first
         self.run.first[source] += first
@@ -165,7 +248,8 @@ class _Ledger:
 
 
 def _observe(engine: InProcessEngine, ledger: _Ledger, failed: set[str]) -> None:
-    """Watch vLLM's admissions, each step's spans and the worker's failed loads."""
+    """Watch vLLM's admissions, each step's spans and jobs, the worker's failed loads and the
+    job results vLLM hands the scheduler."""
     manager = engine.scheduler.kv_cache_manager
     allocate = manager.allocate_slots
 
@@ -180,7 +264,9 @@ def _observe(engine: InProcessEngine, ledger: _Ledger, failed: set[str]) -> None
         return blocks
 
     manager.allocate_slots = allocate_slots
-    schedule = engine.scheduler.schedule
+    scheduler = engine.scheduler
+    schedule, update = scheduler.schedule, scheduler.update_from_output
+    jobs = _Jobs(engine, ledger)
 
     def scheduled() -> Any:
         output = schedule()
@@ -189,9 +275,16 @@ def _observe(engine: InProcessEngine, ledger: _Ledger, failed: set[str]) -> None
         for rid, n in output.num_scheduled_tokens.items():
             c1 = engine.requests[rid].num_computed_tokens
             ledger.forward(rid, c1 - n, c1)
+        jobs.issued(getattr(output.kv_connector_metadata, "meta", None))
         return output
 
-    engine.scheduler.schedule = scheduled
+    def updated(output: Any, runner_output: Any) -> Any:
+        found = update(output, runner_output)
+        kv_output = runner_output.kv_connector_output
+        jobs.reported(getattr(kv_output, "kv_connector_worker_meta", None))
+        return found
+
+    scheduler.schedule, scheduler.update_from_output = scheduled, updated
     worker = engine.worker
     results = worker.get_transfer_results
 
@@ -203,16 +296,59 @@ def _observe(engine: InProcessEngine, ledger: _Ledger, failed: set[str]) -> None
     worker.get_transfer_results = transfer_results
 
 
+class _Jobs:
+    """The connector's jobs between their metadata and their reports (module docstring)."""
+
+    def __init__(self, engine: InProcessEngine, ledger: _Ledger) -> None:
+        self.engine, self.ledger, self.watch = engine, ledger, ledger.watch
+        self.loads: dict[int, _LoadJob] = {}
+        self.stores: set[int] = set()
+
+    def issued(self, meta: Any) -> None:
+        """A step's ``ConnectorMeta`` (None: no jobs)."""
+        if meta is None:
+            return
+        wrong = self.engine.tally.wrong_by
+        for job in sorted(meta.load_jobs, key=lambda j: j.job_id):
+            rid = job.request_id
+            lo, hi = self.ledger.load_job(rid, (item.end_token for item in job.items))
+            self.loads[job.job_id] = _LoadJob(rid, lo, hi, wrong.get(rid, 0))
+            self.watch.load_issued(item.key for item in job.items)
+        for job in meta.store_jobs:
+            self.stores.add(job.job_id)
+            self.watch.store_issued(job.job_id, (item.key for item in job.items))
+
+    def reported(self, worker_meta: Any) -> None:
+        """The job results the scheduler side just folded; then which keys the host holds."""
+        for report in getattr(worker_meta, "reports", ()):
+            if report.job_id in self.stores:
+                self.stores.discard(report.job_id)
+                self.watch.store_reported(report.job_id, success=report.success)
+                continue
+            load = self.loads.pop(report.job_id, None)
+            if load is not None and not report.success:
+                # vLLM drops a failed load whole (recompute): none of its positions is in place.
+                owed = b"\x01" * (load.hi - load.lo)
+                self.watch.load_failed(load.rid, load.lo, owed, load.wrong_before)
+        store = self.engine.scheduler.connector.core.store
+        self.watch.check_gone(lambda key: store.status(key) is not _MISS)
+
+
 def play_workload(
-    engine: InProcessEngine, trace: Sequence[TraceRequest], *, max_ticks: int
+    engine: InProcessEngine,
+    trace: Sequence[TraceRequest],
+    *,
+    max_ticks: int,
+    watch: JobWatch | None = None,
 ) -> WorkloadRun:
-    """Play ``trace`` on ``engine`` until every request finished and nothing is in flight.
+    """Play ``trace`` on ``engine`` until every request finished and nothing is in flight;
+    ``watch`` follows failed jobs (module docstring).
 
     Refusal: :class:`~hybridkv.vllm.inprocess.WedgedError` past ``max_ticks`` clock ticks or
     ``engine.settings.max_steps`` engine steps, or with transfer jobs in flight at the end.
     """
     run = WorkloadRun(requests=len(trace))
-    ledger = _Ledger(run)
+    ledger = _Ledger(run, _NoWatch() if watch is None else watch)
     failed: set[str] = set()
     _observe(engine, ledger, failed)
     pending = list(range(len(trace)))
@@ -363,6 +499,12 @@ def end_state(engine: InProcessEngine) -> dict[str, Any]:
         "store_faults": transfers.get("store_faults", 0),
         "slots_checked": report.slots_checked,
         "wrong_reads": report.wrong_reads,
+        "wrong_reads_by_request": dict(engine.tally.wrong_by),
+        "ended_requests": sorted(
+            rid
+            for rid, request in engine.requests.items()
+            if request.status.name in ("FINISHED_ABORTED", "FINISHED_ERROR")
+        ),
         "leaked_blocks": report.leaked_blocks,
         "schedule_us": round(report.schedule_us, 1),
         "connector_us": round(report.connector_us, 1),

@@ -112,7 +112,8 @@ def test_pool_and_length_are_checked_before_vllm_is_needed(
     _without(monkeypatch, "vllm")
     err = _error(capsys, ["simulate", "--engine", "vllm", "--gpu-blocks", "3"])
     assert "--gpu-blocks=3: cannot hold the trace's longest sequence" in err
-    assert "(4694 tokens needs 12 blocks)" in err  # 3 mamba groups x 2 states + 6 full of 896
+    assert "(5389 tokens needs 13 blocks besides vLLM's null block)" in err  # 3 x 2 + 7 of 896
+    assert "pass --gpu-blocks 14 or more" in err
     err = _error(capsys, ["simulate", "--engine", "vllm", "--gpu-blocks", "1000000000"])
     assert "--gpu-blocks=1000000000: the run would allocate" in err
     err = _error(capsys, ["simulate", "--engine", "vllm", "--max-model-len", "1000"])
@@ -200,9 +201,27 @@ _OBSERVED = {
     "store_faults": 0,
     "slots_checked": 12345,
     "wrong_reads": 0,
+    "wrong_reads_by_request": {},
+    "ended_requests": [],
+    "watched_failed_loads": 0,
+    "watched_failed_stores": 0,
+    "recovered_loads": 0,
+    "recovered_stores": 0,
+    "failures_ended": 0,
     "leaked_blocks": 0,
     "schedule_us": 900.0,
     "connector_us": 250.0,
+}
+# Two loads and a store failed (all injected), each seen to recover.
+_FAILED = {
+    "load_faults": 2,
+    "store_faults": 1,
+    "load_jobs_failed": 2,
+    "store_jobs_failed": 1,
+    "watched_failed_loads": 2,
+    "watched_failed_stores": 1,
+    "recovered_loads": 2,
+    "recovered_stores": 1,
 }
 _SETUP = {
     "model": "preset:qwen3.5-27b",
@@ -252,10 +271,25 @@ def test_report_identity_stats_and_verdict() -> None:
         (_run(), {"jobs_in_flight": 1}),
         (_run(failed_load_requests=1), {}),  # its request did not finish after recompute
         (_run(finished={"finished_aborted": 2}), {}),
+        (_run(), {**_FAILED, "recovered_loads": 1}),  # a failed load not seen to recover
+        (_run(), {**_FAILED, "recovered_stores": 0}),  # a failed store not seen to recover
+        (_run(), {**_FAILED, "load_jobs_failed": 1}),  # vLLM's reports and the core disagree
+        (_run(), {**_FAILED, "store_faults": 2}),  # an injected fault no report showed
     ],
 )
 def test_report_fails_on_each_broken_check(run: Any, observed: dict[str, Any]) -> None:
     assert _report(run, **observed)["verdict"] == "fail"
+
+
+def test_failures_recovered_are_counted_and_shown() -> None:
+    report = _report(_run(), **_FAILED)
+    assert report["verdict"] == "pass"
+    assert (report["failures_injected"], report["failures_recovered"]) == (3, 3)
+    table = dict(rows(report))
+    assert table["failures injected / recovered"] == "3 / 3"
+    assert table["failed jobs reported: loads / stores"] == "2 / 1"
+    assert table["recovered: loads / stores"] == "2 / 1"
+    assert table["failures ended with their request"] == "0"
 
 
 def test_tokens_served_again_in_place_get_their_own_row() -> None:
@@ -289,7 +323,7 @@ def test_the_flags_reach_vllms_engine_and_its_observations_the_report(
             seen["cfg"] = cfg
             return "engine"
 
-    def play_workload(engine: str, trace: Any, *, max_ticks: int) -> Any:
+    def play_workload(engine: str, trace: Any, *, max_ticks: int, watch: Any) -> Any:
         seen["played"] = (engine, len(trace), max_ticks)
         return _run(requests=len(trace))
 
@@ -308,8 +342,8 @@ def test_the_flags_reach_vllms_engine_and_its_observations_the_report(
     options = SimOptions(engine="vllm", policy="arc", faults=0.25, seed=7, host_bytes=1 << 28)
     report = sim_vllm.simulate_vllm(options)
     assert seen["engine"] == {
-        "num_gpu_blocks": 36,  # three of the longest sequence's 12 blocks
-        "max_model_len": 4694,
+        "num_gpu_blocks": 39,  # three of the longest sequence's 13 blocks
+        "max_model_len": 5389,
         "max_num_seqs": 8,
         "max_num_batched_tokens": 2048,
         "host_bytes": 1 << 28,
@@ -318,16 +352,18 @@ def test_the_flags_reach_vllms_engine_and_its_observations_the_report(
         "seed": 7,
     }
     assert seen["cfg"]["architectures"] == ["Qwen3_5ForCausalLM"]
-    assert seen["played"] == ("engine", 8, 1_000_000 + max(r.arrival_step for r in _trace8()))
-    assert report["setup"]["gpu_blocks"] == 36
+    trace = _default_trace()
+    assert seen["played"] == ("engine", 48, 1_000_000 + max(r.arrival_step for r in trace))
+    assert report["setup"]["gpu_blocks"] == 39
     assert report["setup"]["groups"] == ["mamba", "mamba", "mamba", "full"]
-    assert report["requests"] == 8
+    assert report["requests"] == 48
+    assert report["failures_recovered"] == 0  # the watch saw no failed job
 
 
-def _trace8() -> Any:
+def _default_trace() -> Any:
     from hybridkv.sim.workloads import builtin_workload
 
-    return builtin_workload("multi-turn", 8)
+    return builtin_workload("multi-turn", sim_vllm.DEFAULT_REQUESTS)
 
 
 @pytest.mark.parametrize("as_json", [False, True], ids=["table", "json"])

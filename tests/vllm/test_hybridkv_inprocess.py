@@ -128,6 +128,31 @@ def test_hybridkv_hits_the_host_tier_with_correct_content(layout: Layout, sized:
     _quiescent(engine)
 
 
+def test_every_load_drawn_to_fail_in_its_copy_fails_one_run_copies_included() -> None:
+    """``load_rate=1.0, mid_copy=1.0``: every load fails inside its copy. Most loads of mamba +
+    full carry one full-attention block, one copy run: with no second run to raise in, such a
+    load moves its bytes and reports failed (it used to succeed, so ``--faults`` fell short of
+    its rate); vLLM recomputes every request whose load failed, and no read is wrong. A system
+    prompt of two chunks makes a load of two jobs: the first chunk's full block alone, then the
+    second's with the mamba states."""
+    settings_, _, chunk = CHAT[Layout.MAMBA_FULL]
+    trace = ChatTrace(convs=3, turns=3, system_len=1400, user_min=150, user_max=300)
+    adapter = HybridKVOnCPU(faults=FaultPlan(3, load_rate=1.0, mid_copy=1.0))
+    engine = InProcessEngine(
+        RECIPES[Layout.MAMBA_FULL].config_json(), settings_, _transfer(chunk), adapter
+    )
+    report = run_trace(engine, trace)
+    core = engine.scheduler.connector.core.stats()
+    assert report.finished == report.requests > 0
+    assert report.wrong_reads == 0
+    assert core.load_jobs > 0
+    assert adapter.stats()["load_faults"] == core.load_jobs_failed == core.load_jobs
+    assert adapter.stats().get("store_faults", 0) == core.store_jobs_failed == 0
+    assert report.failed_loads > 0
+    assert report.transfers["faults_injected"] == 0  # none failed before submission
+    _quiescent(engine)
+
+
 # ------------------------------------------------------------------ random traces
 
 

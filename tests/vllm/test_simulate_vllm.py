@@ -1,9 +1,12 @@
 """``hybridkv simulate --engine vllm``: the default job driven by vLLM 0.33's real Scheduler.
 
-- The default run (Qwen3.5-27B's 4-layer tiny config, the multi-turn trace's first 8 requests):
-  content verified (0 wrong reads over millions of checked slots), the token identity holds with
-  every term non-zero, and the ledger agrees with vLLM's own ``PrefillStats`` and with the
-  external tokens vLLM handed the connector; nothing leaked or in flight at the end.
+- The default run (Qwen3.5-27B's 4-layer tiny config, the multi-turn trace's first 48 requests,
+  a GPU pool of three longest sequences): content verified (0 wrong reads over millions of
+  checked slots), the token identity holds with every term non-zero and at least 30% of the
+  prompt loaded from the host tier, and the ledger agrees with vLLM's own ``PrefillStats`` and
+  with the external tokens vLLM handed the connector; nothing leaked or in flight at the end.
+- The default run with ``--faults 0.1``: faults injected at about the rate asked for (at least
+  10), every failed job observed to recover as the spec engine counts it.
 - With load and store faults and a GPU pool of the trace's longest sequence only (preemptions):
   failures injected, loads failed and their requests finished after recompute, tokens served
   again counted apart, and the identity still holds over first-time service.
@@ -54,13 +57,15 @@ def test_default_job_under_vllm_is_content_verified_and_accounted(
     assert report["verdict"] == "pass"
     assert report["engine"] == "vllm"
     assert report["setup"]["groups"] == ["mamba", "mamba", "mamba", "full"]
-    assert report["requests"] == 8
-    assert report["finished"] == {"finished_length_capped": 8}
+    assert report["requests"] == 48
+    assert report["finished"] == {"finished_length_capped": 48}
     assert report["slots_verified"] > 1_000_000
     assert report["wrong_content_reads"] == 0
     assert report["unaccounted_reads"] == 0
     computed, loaded, hit = _terms(report)
     assert min(computed, loaded, hit) > 0  # every term of the identity is exercised
+    # The pool is small enough that prefixes are evicted and loaded back from the host tier.
+    assert loaded >= 0.3 * report["prompt_tokens"]
     assert computed + loaded + hit == report["prompt_tokens"]
     assert report["identity_holds"]
     v = report["vllm"]
@@ -76,18 +81,49 @@ def test_default_job_under_vllm_is_content_verified_and_accounted(
         assert section == {"computed": 0, "loaded": 0, "hit": 0}
 
 
+def test_default_job_with_faults_injects_at_the_rate_and_every_failure_recovers(
+    capsys: pytest.CaptureFixture[str],
+    monkeypatch: pytest.MonkeyPatch,
+    vllm_subprocess_env: dict[str, str],
+) -> None:
+    code, report = _run(capsys, monkeypatch, vllm_subprocess_env, "--faults", "0.1")
+    print(json.dumps(report, indent=1))
+    assert code == 0, report
+    assert report["verdict"] == "pass"
+    assert report["wrong_content_reads"] == 0
+    computed, loaded, hit = _terms(report)
+    assert min(computed, loaded, hit) > 0
+    assert computed + loaded + hit == report["prompt_tokens"]
+    injected = report["failures_injected"]
+    assert injected >= 10
+    # Each job fails with the rate asked for (before submission or inside its copy, one-run
+    # copies included): about 0.1 of the jobs, not a third of it.
+    assert 0.05 <= injected / (report["load_jobs"] + report["store_jobs"]) <= 0.2
+    failed = report["failed_loads"] + report["failed_stores"]
+    assert failed >= injected  # every injected fault is a failed job vLLM reported
+    assert report["failures_recovered"] == failed  # each observed to recover, as the spec counts
+    assert report["recovered_loads"] == report["failed_loads"] > 0
+    assert report["recovered_stores"] == report["failed_stores"]
+    assert report["failures_ended"] == 0
+    assert report["failed_load_requests_finished"] == report["failed_load_requests"] > 0
+    assert report["vllm"]["failed_jobs_agree"] is True
+    assert (report["vllm"]["leaked_blocks"], report["vllm"]["jobs_in_flight"]) == (0, 0)
+
+
 def test_faults_and_preemptions_recover_with_correct_content(
     capsys: pytest.CaptureFixture[str],
     monkeypatch: pytest.MonkeyPatch,
     vllm_subprocess_env: dict[str, str],
 ) -> None:
-    """Pool = one longest sequence and a block (12 + 1: 3 mamba groups x 2 states + 6 full
-    blocks of 896): requests preempt each other; half the jobs fail (before submission or
-    inside the copy)."""
+    """The first 8 requests, pool = one longest sequence and vLLM's null block (12 + 1: 3 mamba
+    groups x 2 states + 6 full blocks of 896): requests preempt each other; half the jobs fail
+    (before submission or inside the copy)."""
     code, report = _run(
         capsys,
         monkeypatch,
         vllm_subprocess_env,
+        "--requests",
+        "8",
         "--faults",
         "0.5",
         "--seed",
@@ -104,6 +140,7 @@ def test_faults_and_preemptions_recover_with_correct_content(
     assert report["unaccounted_reads"] == 0
     assert report["failures_injected"] > 0
     assert report["failed_loads"] + report["failed_stores"] > 0
+    assert report["failures_recovered"] == report["failed_loads"] + report["failed_stores"]
     assert report["failed_load_requests_finished"] == report["failed_load_requests"]
     assert report["identity_holds"]
     assert sum(_terms(report)) == report["prompt_tokens"]
