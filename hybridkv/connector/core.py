@@ -410,6 +410,11 @@ class ConnectorCore:
         """Whether a load or store job of the request is in flight (or built, not yet sent)."""
         return bool(self._jobs_of.get(request_id))
 
+    def delayed_requests(self) -> frozenset[RequestId]:
+        """The finished requests whose block free waits for their stores (delayed by
+        :meth:`request_finished_all_groups`, until their last store reports)."""
+        return frozenset(self._delayed)
+
     def busy_blocks(self) -> frozenset[int]:
         """Blocks an in-flight job reads (store) or writes (load)."""
         return frozenset(item.block_id for job, _ in self._jobs.values() for item in job.items)

@@ -300,7 +300,8 @@ class HybridKVConnector(KVConnectorBase_V1, SupportsHMA):
         """Store sources are pinned in vLLM's pool from a store's emission to its report; a
         prefix-cache reset gives them back first (hybridkv.vllm.reset)."""
         self._core().bind_gpu_block_pool(_PoolPins(gpu_block_pool))
-        guard_pool_reset(gpu_block_pool, self._core())
+        manager = getattr(self, "_kv_cache_manager", None)  # set first by bind_kv_cache_manager
+        guard_pool_reset(gpu_block_pool, self._core(), manager)
 
     def reset_cache(self) -> bool:
         """vLLM's ``reset_prefix_cache(reset_connector=True)``: nothing stored before it is

@@ -19,25 +19,30 @@ pins unclaimable and evicted when the load reports; stores and promotions in fli
 they report), and the remote tier moves to the next weights version, so every chunk key it
 asks or writes from then on differs from those before (:mod:`hybridkv.vllm.remote`).
 
-Step 2 would fail on the connector's own pins: the core holds a pool reference on every block
-an in-flight store reads (TR-1), and vLLM asks the connector only after its pool check. So
+Step 2 would fail on the connector's own references: the core holds a pool reference on every
+block an in-flight store reads (TR-1), and it delays the free of a finished request while its
+stores run (``request_finished_all_groups`` answers True), and vLLM asks the connector only after
+its pool check. ``pause_generation(mode="abort", clear_cache=True)``, the RL loop's path, aborts
+every request first, so each one storing at that moment is such a delayed free. So
 :func:`guard_pool_reset` wraps the bound pool's ``reset_prefix_cache`` (on that one instance):
-when the store pins are the only references left, it gives them back first
-(:meth:`~hybridkv.connector.ConnectorCore.release_store_pins`) and those stores are dropped when
-they report (a released block may be reused and overwritten while the copy still reads it, so
-what they read is never trusted). When anything else still holds a block (a request waiting for
-its load, a delayed free), the reset fails anyway: nothing is released and the stores go on.
+when the store pins and the blocks of the delayed frees are the only references left, it frees
+those requests' blocks (``coordinator.free``; vLLM's own free at ``finished_sending`` then finds
+nothing left to free) and gives the pins back
+(:meth:`~hybridkv.connector.ConnectorCore.release_store_pins`), and those stores are dropped
+when they report (a released block may be reused and overwritten while the copy still reads it,
+so what they read is never trusted). When anything else still holds a block (a request waiting
+for its load), the reset fails anyway: nothing is released and the stores go on.
 """
 
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from hybridkv.connector import ConnectorCore
 
-__all__ = ["guard_pool_reset", "only_pins_left", "reset_connector_cache"]
+__all__ = ["guard_pool_reset", "only_ours_left", "reset_connector_cache"]
 
 
 def reset_connector_cache(core: ConnectorCore, remote: Any) -> bool:
@@ -50,27 +55,36 @@ def reset_connector_cache(core: ConnectorCore, remote: Any) -> bool:
     return True
 
 
-def only_pins_left(pool: Any, held: tuple[int, ...]) -> bool:
-    """Whether ``held`` (one id per reference the core holds) are all the references in
-    vLLM's ``pool`` but the null block's: releasing them leaves the pool resettable."""
-    if not held:
+def only_ours_left(pool: Any, held: Iterable[int], tables: Iterable[Iterable[int]]) -> bool:
+    """Whether ``held`` (one id per pin the core holds) and ``tables`` (the block ids of the
+    requests whose free the connector delayed) are every reference in vLLM's ``pool`` but the
+    null block's: releasing them leaves the pool resettable."""
+    null = pool.null_block.block_id
+    refs = Counter(held)
+    for table in tables:
+        refs.update(block for block in table if block != null)
+    if not refs:
         return False
-    counts = Counter(held)
     used = pool.num_gpu_blocks - pool.get_num_free_blocks() - 1  # the null block is always used
-    if used != len(counts):
+    if used != len(refs):
         return False
-    return all(pool.blocks[block].ref_cnt == n for block, n in counts.items())
+    return all(pool.blocks[block].ref_cnt == n for block, n in refs.items())
 
 
-def guard_pool_reset(pool: Any, core: ConnectorCore) -> None:
-    """Make ``pool.reset_prefix_cache`` give the core's store pins back first when they are
-    all that stands in its way (module docstring). Idempotent per pool."""
+def guard_pool_reset(pool: Any, core: ConnectorCore, manager: Any = None) -> None:
+    """Make ``pool.reset_prefix_cache`` release the core's store pins, and the blocks of the
+    frees it delayed (``manager``: vLLM's ``KVCacheManager`` over ``pool``; None: pins only),
+    when they are all that stands in its way (module docstring). Idempotent per pool."""
     original: Callable[[], bool] = pool.reset_prefix_cache
     if getattr(original, "_hybridkv_guard", False):
         return
 
     def reset_prefix_cache() -> bool:
-        if only_pins_left(pool, core.held_blocks()):
+        delayed = sorted(core.delayed_requests()) if manager is not None else []
+        tables = [[block for ids in manager.get_block_ids(rid) for block in ids] for rid in delayed]
+        if only_ours_left(pool, core.held_blocks(), tables):
+            for rid in delayed:
+                manager.coordinator.free(rid)
             core.release_store_pins()
         return original()
 

@@ -6,13 +6,15 @@ vLLM's real ``Scheduler`` (the in-process engine, :mod:`hybridkv.vllm.inprocess`
   ``None`` as success and kept serving the old KV before). Stores still in flight at the reset
   never become READY; entries pinned by a load in flight are never claimed again.
 - 2c: ``reset_prefix_cache(reset_running_requests=True)`` while stores are in flight: the core's
-  pins on their source blocks made vLLM's block pool refuse and the scheduler raise; now the
-  pins are given back first, the reset succeeds, those stores are dropped when they report,
-  and the engine serves on with 0 wrong reads and 0 leaked blocks.
+  pins on their source blocks, and the frees it delays for aborted requests still storing (the
+  RL loop's ``pause_generation(mode="abort")``), made vLLM's block pool refuse and the scheduler
+  raise; now both are released first, the reset succeeds, those stores are dropped when they
+  report, and the engine serves on with 0 wrong reads and 0 leaked blocks.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -31,10 +33,15 @@ from hybridkv.vllm.inprocess import EngineSettings, InProcessEngine  # noqa: E40
 SETTINGS = EngineSettings(
     num_gpu_blocks=30, max_model_len=512, block_size=32, max_num_seqs=3, max_num_batched_tokens=128
 )
+# Mamba (align) + full attention: one 640-token block per chunk, two prompts fit the pool.
+MAMBA_SETTINGS = EngineSettings(
+    num_gpu_blocks=16, max_model_len=2560, max_num_seqs=2, max_num_batched_tokens=1280
+)
+SHAPES = {Layout.SLIDING_FULL: (SETTINGS, 32), Layout.MAMBA_FULL: (MAMBA_SETTINGS, 640)}
 PROMPT = list(range(1, 200))  # 199 tokens: 6 whole blocks stored
 
 
-def _engine(delay: int) -> InProcessEngine:
+def _engine(delay: int, layout: Layout = Layout.SLIDING_FULL) -> InProcessEngine:
     transfer = KVTransferConfig(
         kv_connector="HybridKVConnector",
         kv_connector_module_path="hybridkv.vllm",
@@ -42,13 +49,22 @@ def _engine(delay: int) -> InProcessEngine:
         kv_load_failure_policy="recompute",
         kv_connector_extra_config={"host_memory_bytes": 64 << 20, "chunk_size": 32},
     )
-    config = RECIPES[Layout.SLIDING_FULL].config_json()
-    return InProcessEngine(config, SETTINGS, transfer, HybridKVOnCPU(delay=delay))
+    settings, chunk = SHAPES[layout]
+    transfer.kv_connector_extra_config["chunk_size"] = chunk
+    config = RECIPES[layout].config_json()
+    return InProcessEngine(config, settings, transfer, HybridKVOnCPU(delay=delay))
 
 
 def _drain(engine: InProcessEngine) -> None:
     while engine.busy() or engine.pending():
         assert engine.tally.steps < 500, "wedged"
+        engine.step()
+
+
+def _step_until(engine: InProcessEngine, done: Callable[[Any], bool]) -> None:
+    """Step until ``done(core)`` (a store in flight, mostly); fail past 100 steps."""
+    while not done(engine.scheduler.connector.core):
+        assert engine.tally.steps < 100, "never reached"
         engine.step()
 
 
@@ -101,8 +117,7 @@ def test_stores_in_flight_at_a_reset_never_become_ready() -> None:
     late): without the pins given back the reset leaves them; either way they are dropped."""
     engine = _engine(delay=4)
     engine.add("before", PROMPT, 4)
-    while not engine.scheduler.connector.core.stats().jobs_in_flight:
-        engine.step()
+    _step_until(engine, lambda core: core.stats().jobs_in_flight > 0)
     core = engine.scheduler.connector.core
     storing = [bytes.fromhex(k) for k, s, _ in core.store.snapshot()["entries"] if s == "storing"]
     assert storing
@@ -146,8 +161,7 @@ def test_reset_with_running_requests_succeeds_while_stores_are_in_flight(
     engine = _engine(delay=4)
     engine.add("a", PROMPT, 8)
     engine.add("b", list(range(500, 700)), 8)
-    while engine.scheduler.connector.core.stats().held_blocks == 0:
-        engine.step()
+    _step_until(engine, lambda core: core.stats().held_blocks > 0)
     core = engine.scheduler.connector.core
     assert core.stats().jobs_in_flight > 0
     assert engine.status("a") == "RUNNING"
@@ -170,6 +184,33 @@ def test_reset_with_running_requests_succeeds_while_stores_are_in_flight(
     engine.close()
 
 
+@pytest.mark.parametrize("layout", [Layout.SLIDING_FULL, Layout.MAMBA_FULL], ids=lambda x: x.value)
+def test_abort_then_reset_succeeds_while_the_aborted_requests_store(layout: Layout) -> None:
+    """``pause_generation(mode="abort", clear_cache=True)``, an RL loop's weight update: every
+    request is aborted (those storing get a delayed free), then the caches reset with
+    ``reset_running_requests=True``. vLLM raised while the delayed frees held their blocks."""
+    from vllm.v1.request import RequestStatus
+
+    engine = _engine(delay=4, layout=layout)
+    length = 3 * SHAPES[layout][1]  # three chunks each, stored over several steps
+    engine.add("a", list(range(1, 1 + length)), 8)
+    engine.add("b", list(range(5000, 5000 + length)), 8)
+    core = engine.scheduler.connector.core
+    _step_until(engine, lambda core: core.stats().held_blocks > 0)
+    in_flight = core.store.stats().storing
+    removed_before = core.store.stats().removed
+    engine.scheduler.finish_requests(None, RequestStatus.FINISHED_ABORTED)  # pause_scheduler
+    assert core.stats().delayed_frees > 0
+    assert engine.scheduler.reset_prefix_cache(reset_running_requests=True, reset_connector=True)
+    _drain(engine)  # the dropped stores report; vLLM's free at finished_sending finds nothing
+    assert core.store.stats().removed - removed_before == in_flight > 0
+    assert core.store.stats().used == 0
+    assert core.snapshot()["delayed"] == ()
+    assert _serve(engine, "after", list(range(1, 1 + length))) == 0
+    _quiet(engine)
+    engine.close()
+
+
 def test_a_reset_refused_for_other_blocks_keeps_the_store_pins() -> None:
     """A request waiting for its load holds blocks: vLLM's reset fails whatever the pins do,
     so the pins stay and the stores in flight complete READY as usual."""
@@ -179,8 +220,7 @@ def test_a_reset_refused_for_other_blocks_keeps_the_store_pins() -> None:
     engine.add("loading", PROMPT, 4)
     engine.add("storing", list(range(500, 700)), 4)
     core = engine.scheduler.connector.core
-    while core.stats().held_blocks == 0:
-        engine.step()
+    _step_until(engine, lambda core: core.stats().held_blocks > 0)
     assert engine.status("loading") == "WAITING_FOR_REMOTE_KVS"
     held = core.stats().held_blocks
     assert engine.scheduler.reset_prefix_cache() is False
