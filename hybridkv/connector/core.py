@@ -25,6 +25,9 @@ scheduler and compares after every call). It satisfies
   (issue 12, :mod:`hybridkv.vllm.remote`). A promotion's keys enter the store STORING through
   the core like a store job's and leave it READY or removed; nothing calls these unless a
   remote tier is configured, so without one the core is exactly the reference's twin.
+- ``reset_cache`` / ``release_store_pins``: vLLM's ``reset_prefix_cache`` (issue 17: new
+  weights make every stored unit stale). Beyond the reference too, and called only by a reset:
+  nothing stored before a reset is ever claimed or loaded after it (see each docstring).
 
 What makes it cheap (the reference re-hashes every request and rescans every job each call):
 hashes grow incrementally per request and each offload key is built once
@@ -68,7 +71,13 @@ from hybridkv.connector.stores import items_by_end, store_items
 from hybridkv.errors import HybridKVConfigError
 from hybridkv.kinds import GroupKind
 from hybridkv.planner import HybridOffloadPlanner
-from hybridkv.store import HostStore, LookupResult, PrepareLoadOutput, PrepareStoreOutput
+from hybridkv.store import (
+    EntryState,
+    HostStore,
+    LookupResult,
+    PrepareLoadOutput,
+    PrepareStoreOutput,
+)
 
 __all__ = ["ConnectorCore", "ConnectorStats", "LoadMode"]
 
@@ -173,6 +182,12 @@ class ConnectorCore:
         self._restarting: set[RequestId] = set()  # salvage off: failed, not scheduled since
         # Promotions from the remote tier in flight: their keys are STORING, owned by no job.
         self._promoting: set[bytes] = set()
+        # In flight at a reset (reset_cache, release_store_pins): dropped when they report,
+        # whatever they report, since the KV they carry predates the reset.
+        self._stale_jobs: set[JobId] = set()
+        self._stale_promotions: set[bytes] = set()
+        self._unpinned: set[JobId] = set()  # store jobs whose pool references were given back
+        self.resets = 0
 
     # ----------------------------------------------------------------- benchmark control
 
@@ -216,8 +231,8 @@ class ConnectorCore:
             return ()
         return tuple(
             item.block_id
-            for job, _ in self._jobs.values()
-            if job.kind is _STORE
+            for job_id, (job, _) in self._jobs.items()
+            if job.kind is _STORE and job_id not in self._unpinned
             for item in job.items
         )
 
@@ -395,6 +410,11 @@ class ConnectorCore:
         """Whether a load or store job of the request is in flight (or built, not yet sent)."""
         return bool(self._jobs_of.get(request_id))
 
+    def delayed_requests(self) -> frozenset[RequestId]:
+        """The finished requests whose block free waits for their stores (delayed by
+        :meth:`request_finished_all_groups`, until their last store reports)."""
+        return frozenset(self._delayed)
+
     def busy_blocks(self) -> frozenset[int]:
         """Blocks an in-flight job reads (store) or writes (load)."""
         return frozenset(item.block_id for job, _ in self._jobs.values() for item in job.items)
@@ -510,6 +530,9 @@ class ConnectorCore:
         if not keys or not self._promoting.issuperset(keys):
             raise HybridKVConfigError("keys", len(keys), "no promotion of them", "reserve first")
         self._promoting.difference_update(keys)
+        if self._stale_promotions.intersection(keys):  # reserved before a reset: dropped
+            self._stale_promotions.difference_update(keys)
+            success = False
         self.store.complete_store(keys, success=success)
         if success:
             self._memory.stored(keys)
@@ -524,6 +547,57 @@ class ConnectorCore:
     def promotions_in_flight(self) -> int:
         """Keys reserved by promotions not yet resolved."""
         return len(self._promoting)
+
+    # ----------------------------------------------------------------- reset (issue 17)
+
+    def reset_cache(self) -> int:
+        """Forget every unit the host holds or receives from before now (vLLM's
+        ``reset_prefix_cache``: the weights changed, so stored KV is stale).
+
+        Post: every READY entry no load pins is evicted (returned: how many); each key a load
+        in flight pins is remembered failed, so no claim counts it and it is evicted when its
+        last load reports (the load itself still lands in the blocks it was granted); every
+        store job and promotion in flight completes dropped whatever it reports, so its keys
+        never become READY. Frame: requests, their hash chains, the jobs in flight, their
+        pins and their reports stay as they were; a key stored after this call is fresh.
+        """
+        self.resets += 1
+        jobs = self._jobs.values()
+        self._stale_jobs.update(job.job_id for job, _ in jobs if job.kind is _STORE)
+        self._stale_promotions.update(self._promoting)
+        loading = {item.key: None for job, _ in jobs if job.kind is _LOAD for item in job.items}
+        self._memory.remember_failed(loading, self._next_job)
+        ready = [
+            bytes.fromhex(key)
+            for key, state, pins in self.store.snapshot()["entries"]
+            if state == EntryState.READY.value and pins == 0
+        ]  # a reset is rare: the plain snapshot is the one list of entries the store offers
+        evicted = self.store.evict(ready)
+        self._memory.departed(evicted)
+        self._claim_memo.clear()
+        return len(evicted)
+
+    def release_store_pins(self) -> tuple[int, ...]:
+        """Give back the pool reference of every block a store in flight reads (vLLM refuses
+        to reset its prefix cache while any block is referenced); each such store completes
+        dropped, since its source blocks may be reused and overwritten before it has read them.
+
+        Returns the blocks released, one per reference. Post: :meth:`held_blocks` is empty.
+        Frame: the jobs stay in flight and report as usual; the host keeps their keys STORING
+        until then, so no slot they write is reused before they finish.
+        """
+        if self._pool is None:
+            return ()
+        released: list[int] = []
+        for job_id, (job, _) in self._jobs.items():
+            if job.kind is _STORE and job_id not in self._unpinned:
+                self._unpinned.add(job_id)
+                self._stale_jobs.add(job_id)
+                self._store_items -= len(job.items)
+                released.extend(item.block_id for item in job.items)
+        if released:
+            self._pool.free_blocks(released)
+        return tuple(released)
 
     # ----------------------------------------------------------------- snapshot
 
@@ -649,10 +723,17 @@ class ConnectorCore:
                 self._finished.discard(rid)
 
     def _store_reported(self, job: TransferJob, keys: tuple[bytes, ...], success: bool) -> None:
+        stale = job.job_id in self._stale_jobs
+        if stale:  # emitted before a reset: its keys never become READY (reset_cache)
+            self._stale_jobs.discard(job.job_id)
+            success = False
         self.store.complete_store(keys, success=success)
-        self._store_items -= len(job.items)
-        if self._pool is not None:
-            self._pool.free_blocks([item.block_id for item in job.items])
+        if job.job_id in self._unpinned:
+            self._unpinned.discard(job.job_id)  # its pool references went back at the reset
+        else:
+            self._store_items -= len(job.items)
+            if self._pool is not None:
+                self._pool.free_blocks([item.block_id for item in job.items])
         rid = job.request_id
         left = self._stores_of[rid] - 1
         if left:
@@ -662,7 +743,8 @@ class ConnectorCore:
         if success:
             self._memory.stored(keys)
         else:
-            self._count["store_jobs_failed"] += 1
+            if not stale:
+                self._count["store_jobs_failed"] += 1
             self._memory.departed(keys)
         if not left:
             self._delayed.discard(rid)

@@ -1,8 +1,9 @@
 """The remote tier (issue 12): content-addressed chunks on a shared Redis/Valkey server under
 the host store. One idea per module: :mod:`.values`, :mod:`.config`, :mod:`.codec` (chunk keys
 and verified values), :mod:`.client` (redis-py, faults returned), :mod:`.tier` (write-behind,
-lookups, fetches, counters), :mod:`.slots` (host slot bytes) and :mod:`.two_tier` (the host
-store composed with the tier). Needs the ``remote`` extra (redis-py).
+lookups, fetches, counters), :mod:`.slots` (host slot bytes), :mod:`.identity` (the model
+identity and weights version scoped into chunk keys) and :mod:`.two_tier` (the host store
+composed with the tier). Needs the ``remote`` extra (redis-py).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from hybridkv.remote.codec import (
     redis_key,
 )
 from hybridkv.remote.config import RemoteConfig
+from hybridkv.remote.identity import ModelIdentity, scoped_namespace
 from hybridkv.remote.slots import SlotBuffer
 from hybridkv.remote.tier import RemoteTier
 from hybridkv.remote.two_tier import Promotion, TwoTierStore
@@ -45,6 +47,7 @@ __all__ = [
     "Corruption",
     "Decoded",
     "Fetched",
+    "ModelIdentity",
     "PromoteOutcome",
     "PromoteRefusal",
     "Promotion",
@@ -60,4 +63,5 @@ __all__ = [
     "fault_of",
     "make_chunk",
     "redis_key",
+    "scoped_namespace",
 ]

@@ -12,6 +12,9 @@ can rebuild :class:`HybridKVStats` by class name.
   the host store's events as vLLM KV cache events;
 - :mod:`hybridkv.vllm.ranks`: tensor parallel (a job counts once every rank reported it);
 - :mod:`hybridkv.vllm.reclaim`: the restart guard against vLLM 0.33's re-admission wedges;
+- :mod:`hybridkv.vllm.reset`: ``reset_prefix_cache`` (weight updates): the host and remote
+  tiers forget, and the store pins make way for vLLM's pool check;
+- :mod:`hybridkv.vllm.remote`: the shared remote tier's scheduler and worker sides;
 - :mod:`hybridkv.vllm.views`: the core's view of a vLLM request, rebuilt only when it changed;
 - :mod:`hybridkv.vllm.planning`: vLLM's own KV-cache planning for a config.json, in-process;
 - :mod:`hybridkv.vllm.inprocess`: vLLM's real ``Scheduler`` with any KV connector, the worker

@@ -102,9 +102,11 @@ from hybridkv.vllm.remote import (
     RemoteOrders,
     SchedulerRemote,
     WorkerRemote,
+    model_identity,
     refuse_tensor_parallel,
     remote_config,
 )
+from hybridkv.vllm.reset import guard_pool_reset, reset_connector_cache
 from hybridkv.vllm.views import RequestViews, block_table
 
 __all__ = ["HybridKVConnector", "HybridKVMetadata", "HybridKVStats", "HybridKVWorkerMeta"]
@@ -271,7 +273,8 @@ class HybridKVConnector(KVConnectorBase_V1, SupportsHMA):
             )
             if self.hybridkv_config.remote is not None:
                 config = remote_config(self.hybridkv_config.remote)
-                self.remote = SchedulerRemote(self.core, config)
+                identity = model_identity(vllm_config, self.layout)
+                self.remote = SchedulerRemote(self.core, config, identity=identity)
 
     def _chunk_size(self) -> int:
         chunk = self.hybridkv_config.chunk_size
@@ -317,8 +320,16 @@ class HybridKVConnector(KVConnectorBase_V1, SupportsHMA):
     # ============================================================ scheduler side
 
     def bind_gpu_block_pool(self, gpu_block_pool: Any) -> None:
-        """Store sources are pinned in vLLM's pool from a store's emission to its report."""
+        """Store sources are pinned in vLLM's pool from a store's emission to its report; a
+        prefix-cache reset gives them back first (hybridkv.vllm.reset)."""
         self._core().bind_gpu_block_pool(_PoolPins(gpu_block_pool))
+        manager = getattr(self, "_kv_cache_manager", None)  # set first by bind_kv_cache_manager
+        guard_pool_reset(gpu_block_pool, self._core(), manager)
+
+    def reset_cache(self) -> bool:
+        """vLLM's ``reset_prefix_cache(reset_connector=True)``: nothing stored before it is
+        served after it, host or remote (hybridkv.vllm.reset)."""
+        return reset_connector_cache(self._core(), self.remote)
 
     def on_new_request(self, request: Any) -> None:
         self._requests[request.request_id] = request

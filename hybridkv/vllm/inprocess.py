@@ -49,8 +49,10 @@ from __future__ import annotations
 
 import copy
 import functools
+import hashlib
 import json
 import logging
+import os
 import random
 import tempfile
 import time
@@ -117,6 +119,9 @@ class EngineSettings:
             the scheduler then drains the block pool's and the connector's ``take_events``.
         replicated_kv: under tensor parallel, simulate KV replicated on every rank (module
             docstring).
+        model_name: names the model's directory (vLLM's ``model``, with a digest of the
+            config.json): engines of equal names and configs serve the same model path, like
+            two replicas; another name is another model of the same geometry.
     """
 
     num_gpu_blocks: int
@@ -130,6 +135,7 @@ class EngineSettings:
     max_loras: int = 0
     kv_events: bool = False
     replicated_kv: bool = False
+    model_name: str = "model"
 
 
 @dataclass(frozen=True, slots=True)
@@ -279,16 +285,29 @@ def _process_setup() -> None:
     init_distributed(23000)
 
 
-def _config_dir(config_json: dict[str, Any]) -> str:
-    directory = Path(tempfile.mkdtemp(prefix="hybridkv-inprocess-"))
-    (directory / "config.json").write_text(json.dumps(config_json))
+def _config_dir(config_json: dict[str, Any], name: str) -> str:
+    """The model directory ``name`` + a digest of the config: equal for equal arguments (the
+    remote tier keys chunks by the model path, so two replicas must serve the same one)."""
+    text = json.dumps(config_json, sort_keys=True)
+    digest = hashlib.sha256(text.encode()).hexdigest()[:16]
+    directory = (
+        Path(tempfile.gettempdir()) / f"hybridkv-inprocess-{os.getuid()}" / (f"{name}-{digest}")
+    )
+    target = directory / "config.json"
+    if not target.exists():
+        directory.mkdir(parents=True, exist_ok=True)
+        # Written whole, then renamed: a process building the same engine never reads half.
+        fd, partial = tempfile.mkstemp(dir=directory, suffix=".json")
+        with os.fdopen(fd, "w") as out:
+            out.write(text)
+        os.replace(partial, target)
     return str(directory)
 
 
 def _vllm_config(config_json: dict[str, Any], settings: EngineSettings, kv_transfer: Any) -> Any:
     from vllm.config import CacheConfig, ModelConfig, ParallelConfig, SchedulerConfig, VllmConfig
 
-    directory = _config_dir(config_json)
+    directory = _config_dir(config_json, settings.model_name)
     cache: dict[str, Any] = {
         "enable_prefix_caching": True,
         "num_gpu_blocks_override": settings.num_gpu_blocks,

@@ -14,8 +14,14 @@ at ``end`` without the state there; such a step is written as its attention-only
 same rule without the mamba members: other members, so another chunk key), and a reader asks
 for the whole chunk first, then that variant (a claim may pass an end without its state, never
 end there). Each variant is still written and read whole. The chunk key is the
-contract's chunk key over those host keys under ``remote_namespace``
-(:func:`hybridkv.remote.chunk_key`), so the cache salt and vLLM's extra keys, already chained
+contract's chunk key over those host keys (:func:`hybridkv.remote.chunk_key`) under
+``remote_namespace`` scoped by the model identity and the weights version
+(:func:`hybridkv.remote.scoped_namespace`, :func:`model_identity`): model name or path,
+revision, dtypes, a fingerprint of the KV cache layout, TP size and rank, and the count of
+connector resets. Member keys come from vLLM's block hashes, which know nothing of the model,
+so without the scope two deployments of different models with equal geometry would read each
+other's KV; with it they never share a key, and nothing written before a reset is asked for
+after it (:meth:`SchedulerRemote.reset`). The cache salt and vLLM's extra keys, already chained
 into the host keys, separate tenants by content addressing alone (TT-6). Each member travels
 as its whole host slot (``slot_bytes``, the largest group's block), so every group's layout in
 the slot is carried as is.
@@ -72,6 +78,7 @@ from hybridkv.remote import (
     Admission,
     Chunk,
     ClientFault,
+    ModelIdentity,
     PromoteOutcome,
     RedisClient,
     RemoteConfig,
@@ -79,6 +86,7 @@ from hybridkv.remote import (
     decode_chunk,
     make_chunk,
     redis_key,
+    scoped_namespace,
 )
 from hybridkv.store import LookupResult
 from hybridkv.vllm.config import RemoteSettings
@@ -91,6 +99,7 @@ __all__ = [
     "RemoteOrders",
     "SchedulerRemote",
     "WorkerRemote",
+    "model_identity",
     "remote_config",
 ]
 
@@ -168,11 +177,22 @@ SCHEDULER_COUNTERS = (
 class SchedulerRemote:
     """The scheduler side's remote tier: lookups, promotions through the core, write orders."""
 
-    def __init__(self, core: ConnectorCore, config: RemoteConfig, client: Any = None) -> None:
+    def __init__(
+        self,
+        core: ConnectorCore,
+        config: RemoteConfig,
+        client: Any = None,
+        *,
+        identity: ModelIdentity,
+    ) -> None:
         """Lookups go through ``client`` (default: a :class:`RedisClient` on ``config``'s
-        server; this side only asks EXISTS)."""
+        server; this side only asks EXISTS); every chunk key is scoped by ``identity`` and the
+        weights version, 0 until the first :meth:`reset`."""
         self.core = core
         self.config = config
+        self.identity = identity
+        self.weights_version = 0
+        self.namespace = scoped_namespace(config.namespace, identity, 0)
         self._client = client if client is not None else RedisClient(config)
         self._step = 0
         self._promotions: dict[bytes, _Promotion] = {}
@@ -238,7 +258,7 @@ class SchedulerRemote:
             absent = [
                 m for m in self._variants(view, end) if all(status(k) is _MISS for k in m)
             ]  # held (or being stored) in the host, even partly: not a remote matter
-            chunks = [make_chunk(self.config.namespace, m) for m in absent]
+            chunks = [make_chunk(self.namespace, m) for m in absent]
             options = tuple(
                 c
                 for c in chunks
@@ -282,7 +302,7 @@ class SchedulerRemote:
         for variants in chunks:
             for members in variants:
                 if all(status(key) is _HIT for key in members):
-                    chunk = make_chunk(self.config.namespace, members)
+                    chunk = make_chunk(self.namespace, members)
                     self._writes.setdefault(chunk.key, (members, salt))
                     break
 
@@ -328,6 +348,26 @@ class SchedulerRemote:
         for key in late:
             self.count["promotion_deadlines"] += 1
             self._resolve(key, self._promotions.pop(key), PromoteOutcome.TIMEOUT)
+
+    def reset(self) -> None:
+        """The weights changed (vLLM's connector reset): from now on every chunk is asked and
+        written under the next weights version, so nothing written before is read after.
+
+        Post: the version grew by 1; pending write orders, the chunks of stores in flight
+        (the core drops those stores), the failure memory and the per-request lookup records
+        are forgotten. Frame: promotions in flight stay and resolve as usual (the core drops
+        their keys); the server keeps the old chunks until their TTL or its eviction.
+        """
+        self.weights_version += 1
+        self.namespace = scoped_namespace(
+            self.config.namespace, self.identity, self.weights_version
+        )
+        self._writes = {}
+        self._job_chunks = {}
+        self._job_salt = {}
+        self._failed.clear()
+        self._tried.clear()
+        self._asked.clear()
 
     def finished(self, request_id: str) -> None:
         """Forget the request's lookup memo and its once-per-request record."""
@@ -452,6 +492,27 @@ class WorkerRemote:
 
     def close(self) -> None:
         self.tier.close()
+
+
+def model_identity(vllm_config: Any, layout: Any, tp_rank: int = 0) -> ModelIdentity:
+    """The :class:`~hybridkv.remote.ModelIdentity` of the engine ``vllm_config`` serves, over
+    its :class:`~hybridkv.vllm.layout.VllmLayout`. ``tp_rank``: the rank whose shard the chunks
+    hold (0: a remote tier runs with one rank, :func:`refuse_tensor_parallel`)."""
+    model = vllm_config.model_config
+    cache = vllm_config.cache_config
+    groups = ";".join(
+        f"{g.kind.value}:{g.block_size}:{g.page_size_bytes}:{g.real_page_size_bytes}:"
+        + ",".join(g.layer_names)
+        for g in layout.groups
+    )
+    return ModelIdentity(
+        model=str(model.model),
+        revision=str(model.revision or ""),
+        dtype=f"{model.dtype}/{cache.cache_dtype}",
+        layout=f"hash={layout.hash_block_size};{groups}",
+        tp_size=int(vllm_config.parallel_config.tensor_parallel_size),
+        tp_rank=tp_rank,
+    )
 
 
 def refuse_tensor_parallel(world_size: int) -> None:

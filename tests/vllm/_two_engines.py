@@ -10,6 +10,7 @@ on 127.0.0.1, skipped without the binary unless ``HYBRIDKV_REQUIRE_REDIS=1``).
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import sys
 from collections.abc import Iterator
@@ -124,11 +125,12 @@ def transfer(
     )
 
 
-def build(shape: Shape, port: int | None, **kw: Any) -> InProcessEngine:
-    """One engine (its own host tier) on the shared server at ``port`` (None: no remote)."""
+def build(shape: Shape, port: int | None, *, model: str = "model", **kw: Any) -> InProcessEngine:
+    """One engine (its own host tier) on the shared server at ``port`` (None: no remote),
+    serving the model named ``model`` (another name: another model of the same geometry)."""
     engine = InProcessEngine(
         RECIPES[shape.layout].config_json(),
-        shape.settings,
+        dataclasses.replace(shape.settings, model_name=model),
         transfer(shape, port, **kw),
         HybridKVOnCPU(delay=1),
     )

@@ -44,6 +44,7 @@ from hybridkv.remote import (  # noqa: E402
     Admission,
     Chunk,
     ClientFault,
+    ModelIdentity,
     RemoteConfig,
     redis_key,
 )
@@ -61,6 +62,7 @@ FULL, MAMBA = GroupKind.FULL, GroupKind.MAMBA
 TOKENS = tuple(range(1, 34))  # 33 tokens: 32 claimable, 8 units of 4 per group
 SLOT = 64
 CONFIG = RemoteConfig(namespace=b"t")
+IDENTITY = ModelIdentity("org/model", "", "torch.bfloat16/auto", "small", 1, 0)
 
 
 def _core() -> ConnectorCore:
@@ -78,9 +80,9 @@ def _content(key: bytes) -> bytes:
 class Engine:
     """One engine's scheduler side and worker side over one fake server."""
 
-    def __init__(self, server: FakeClient) -> None:
+    def __init__(self, server: FakeClient, identity: ModelIdentity = IDENTITY) -> None:
         self.core = _core()
-        self.remote = SchedulerRemote(self.core, CONFIG, server)
+        self.remote = SchedulerRemote(self.core, CONFIG, server, identity=identity)
         self.host = HostMemory(64 * SLOT, SLOT, PinMode.OFF)
         self.worker = WorkerRemote(CONFIG, self.host, client=server, background=False)
 
@@ -163,6 +165,52 @@ def test_an_unreported_promotion_times_out_and_a_late_report_is_ignored() -> Non
     # Failed chunks are remembered: the same request never promotes them again.
     b.remote.before_claim(view, 0)
     assert b.remote.count["promotions_started"] == 8
+
+
+@pytest.mark.parametrize(
+    "field",
+    ["model", "revision", "dtype", "layout", "tp_size"],
+)
+def test_another_model_identity_finds_none_of_the_chunks(field: str) -> None:
+    """Equal prompts give equal member keys (vLLM's block hashes know no model): only the
+    identity scoped into the chunk key keeps another model's engine from A's chunks."""
+    server = FakeClient()
+    a = Engine(server)
+    _serve_and_write(a)
+    other = {"model": "org/other", "revision": "v2", "dtype": "torch.float16/auto"}
+    other |= {"layout": "wide", "tp_size": 2}
+    fields = {f: getattr(IDENTITY, f) for f in IDENTITY.__slots__}  # type: ignore[attr-defined]
+    b = Engine(server, ModelIdentity(**{**fields, field: other[field]}))
+    view = _view("b")
+    assert b.core.chunk_members(view, 32) == a.core.chunk_members(view, 32)
+    b.remote.before_claim(view, 0)
+    assert b.remote.count["remote_lookups"] == 1
+    assert b.remote.count["remote_chunks_found"] == 0
+    assert b.remote.count["promotions_started"] == 0
+    assert b.core.get_num_new_matched_tokens(view, 0).kind is ClaimKind.NONE
+
+
+def test_after_a_reset_no_chunk_written_before_it_is_asked_for() -> None:
+    """The weights version moves on a reset: A's own chunks, and a replica's that has not
+    reset, are out of reach; a replica that resets too shares again."""
+    server = FakeClient()
+    a = Engine(server)
+    _serve_and_write(a)
+    before = a.remote.namespace
+    a.remote.reset()
+    assert a.remote.weights_version == 1
+    assert a.remote.namespace != before
+    a.core.reset_cache()
+    view = _view("again")
+    a.remote.before_claim(view, 0)
+    assert a.remote.count["remote_lookups"] == 1
+    assert a.remote.count["remote_chunks_found"] == 0
+    assert a.core.get_num_new_matched_tokens(view, 0).kind is ClaimKind.NONE
+    _serve_and_write(a)  # the new weights' chunks, under version 1
+    replica = Engine(server)
+    replica.remote.reset()
+    replica.remote.before_claim(_view("r"), 0)
+    assert replica.remote.count["promotions_started"] == 8
 
 
 @pytest.mark.parametrize(

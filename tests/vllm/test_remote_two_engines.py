@@ -177,6 +177,68 @@ def test_engine_b_hits_what_engine_a_stored(server: Any, layout: Layout) -> None
         engine.close()
 
 
+# ------------------------------------------------------------------ model identity, reset
+
+
+@pytest.mark.parametrize("layout", list(SHAPES), ids=lambda lay: lay.value)
+def test_engines_of_different_models_share_no_chunk(server: Any, layout: Layout) -> None:
+    """Issue 17 (2l): equal geometry, equal prompts, equal namespace, another model path:
+    vLLM's block hashes (the member keys) are equal, so only the model identity in the chunk
+    key keeps B off A's KV. A replica of A's model (C) still hits."""
+    shape = SHAPES[layout]
+    a, ra = _serve_a(shape, server.port)
+    assert _remote(a).count["writes_ordered"] > 0
+    b = build(shape, server.port, model="other-model")
+    rb = run_prompts(b, chat_prompts(shape.trace, "b-"))
+    b_remote = _remote(b)
+    assert b_remote.count["remote_lookups"] > 0
+    assert b_remote.count["remote_chunks_found"] == 0
+    assert b_remote.count["promotions_started"] == 0
+    # B's only hits are its own host tier's (turn 2 on turn 1): those of an engine alone.
+    alone = run_prompts(build(shape, None, model="other-model"), chat_prompts(shape.trace, "d-"))
+    assert rb.external_hits == alone.external_hits
+    assert rb.prefill_computed == alone.prefill_computed
+    c = build(shape, server.port)  # A's model: a replica
+    rc = run_prompts(c, chat_prompts(shape.trace, "c-"))
+    assert _remote(c).count["promoted"] > 0
+    assert rc.external_hits > 0
+    for report in (ra, rb, rc):
+        assert report.wrong_reads == 0
+    for engine in (a, b, c):
+        _quiescent(engine)
+        engine.close()
+
+
+def test_after_a_reset_an_engine_reads_none_of_what_it_wrote_before(server: Any) -> None:
+    """Issue 17 (2b): a connector reset (new weights) moves the weights version: the chunks A
+    wrote before it stay on the server but are never asked for; what A writes after it is."""
+    shape = SHAPES[Layout.SLIDING_FULL]
+    a, _ = _serve_a(shape, server.port)
+    written = a.worker.worker_remote.counters()["remote_written"]
+    assert written > 0
+    assert a.scheduler.reset_prefix_cache(reset_connector=True)
+    found = _remote(a).count["remote_chunks_found"]
+    hits, computed = a.tally.external_hits, a.tally.prefill_computed
+    again = run_prompts(a, chat_prompts(shape.trace, "again-"))
+    assert _remote(a).count["remote_chunks_found"] == found
+    # A's hits after the reset are only those it stores afresh (turn 2 on turn 1), exactly
+    # those of a new engine alone: nothing from before the reset, host or remote.
+    alone = run_prompts(build(shape, None), chat_prompts(shape.trace, "d-"))
+    assert again.external_hits - hits == alone.external_hits
+    assert again.prefill_computed - computed == alone.prefill_computed
+    assert flush_writes(a)
+    assert a.worker.worker_remote.counters()["remote_written"] > written  # written afresh
+    # A replica that reset too (same weights version) reads what A wrote after the reset.
+    b = build(shape, server.port)
+    assert b.scheduler.reset_prefix_cache(reset_connector=True)
+    rb = run_prompts(b, chat_prompts(shape.trace, "b-"))
+    assert _remote(b).count["promoted"] > 0
+    assert rb.wrong_reads == again.wrong_reads == 0
+    for engine in (a, b):
+        _quiescent(engine)
+        engine.close()
+
+
 # ------------------------------------------------------------------ faults
 
 
