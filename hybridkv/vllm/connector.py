@@ -516,10 +516,12 @@ class HybridKVConnector(KVConnectorBase_V1, SupportsHMA):
             from hybridkv.transfer import CpuTransferEngine
 
             engine = CpuTransferEngine(caches, host, fault_hook=copy_fault_hook)
-        if not self.sharding.writes(self.rank):
-            engine = ReplicaEngine(engine)  # its group's writer stores the shared slots
         if wrap_engine is not None:
             engine = wrap_engine(engine)
+        if not self.sharding.writes(self.rank):
+            # Outermost: a replica's store reaches no copy (nor a copy fault a harness wraps
+            # around the engine); its group's writer stores the shared slots.
+            engine = ReplicaEngine(engine)
         self._host, self._engine = host, engine
         if self.hybridkv_config.remote is not None:
             self.worker_remote = WorkerRemote(remote_config(self.hybridkv_config.remote), host)

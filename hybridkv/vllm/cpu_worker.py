@@ -148,8 +148,13 @@ class _CopyFaults(TransferEngine):
         self._direction: dict[JobId, Direction] = {}
 
     def submit(self, direction: Direction, pairs: Sequence[TransferPair]) -> JobId:
-        load = direction is Direction.LOAD
-        job = self._injector.submitted(lambda: self.inner.submit(direction, pairs), load)
+        if not pairs:
+            # No copy, nothing to fail inside it: a replica rank's store moves no byte
+            # (hybridkv.vllm.ranks.ReplicaEngine), its group's writer copies the shared slots.
+            job = self.inner.submit(direction, pairs)
+        else:
+            load = direction is Direction.LOAD
+            job = self._injector.submitted(lambda: self.inner.submit(direction, pairs), load)
         self._direction[job] = direction
         return job
 
