@@ -59,6 +59,7 @@ from hybridkv.connector.api import (
     TransferJob,
     TransferKind,
 )
+from hybridkv.connector.checkpoints import CheckpointRule
 from hybridkv.connector.claims import decide_claim
 from hybridkv.connector.geometry import ConnectorGeometry
 from hybridkv.connector.loads import LoadRecord, load_items, resume_point, segments
@@ -126,12 +127,15 @@ class ConnectorCore:
         *,
         sliding_windows: Iterable[int] = (),
         load_mode: LoadMode = LoadMode.ASYNC,
+        checkpoints: Iterable[CheckpointRule] = (),
     ) -> None:
         """A core over ``store`` for the planner's geometry (the reference's constructor).
 
         Pre: ``group_kinds`` equal the planner's; ``hash_block_size`` and ``chunk_size`` equal
         the planner's; ``sliding_windows`` empty or each group's window reach
-        (``sliding_window - 1 + extra_retained_tokens``, 0 for other kinds); ``store`` an empty
+        (``sliding_window - 1 + extra_retained_tokens``, 0 for other kinds); ``checkpoints``
+        empty or one :class:`~hybridkv.connector.checkpoints.CheckpointRule` per group (where a
+        step leaves mamba states; empty: no group exports a prefill checkpoint); ``store`` an empty
         :class:`~hybridkv.store.HostStore` this core will own. Refusal:
         :class:`HybridKVConfigError` naming the field, nothing built. Post: no request known,
         no job, nothing remembered.
@@ -150,7 +154,9 @@ class ConnectorCore:
             raise HybridKVConfigError("load_mode", load_mode, "not a LoadMode", "LoadMode.ASYNC")
         if not isinstance(store, HostStore):
             raise HybridKVConfigError("store", store, "is not a hybridkv HostStore", _FIX)
-        self.geometry = ConnectorGeometry.build(planner, tuple(group_kinds), tuple(sliding_windows))
+        self.geometry = ConnectorGeometry.build(
+            planner, tuple(group_kinds), tuple(sliding_windows), tuple(checkpoints)
+        )
         self.store = store
         self.load_mode = load_mode
         self._next_job = 1

@@ -59,6 +59,7 @@ from enum import Enum
 from typing import Any
 
 from spec.block_pool import BlockId, BlockPool
+from spec.connector.checkpoints import CheckpointRule
 from spec.connector.claims import decide_claim
 from spec.connector.geometry import Geometry
 from spec.connector.loads import LoadRecord, load_items, resume_point, segments
@@ -107,11 +108,13 @@ class ReferenceConnector:
         *,
         sliding_windows: Sequence[int] = (),
         load_mode: LoadMode = LoadMode.ASYNC,
+        checkpoints: Sequence[CheckpointRule] = (),
     ) -> None:
         """A connector over ``store`` for the planner's geometry.
 
         Pre: ``group_kinds`` equal the planner's; ``hash_block_size`` and ``chunk_size`` equal
-        the planner's; ``sliding_windows`` as :meth:`Geometry.build`; ``load_mode`` a
+        the planner's; ``sliding_windows`` and ``checkpoints`` as :meth:`Geometry.build`
+        (where a step leaves mamba states); ``load_mode`` a
         :class:`LoadMode`. Refusal: :class:`ConfigError` naming the field, nothing built.
         Post: no request known, no job, no failure remembered.
         """
@@ -123,7 +126,7 @@ class ReferenceConnector:
                 raise ConfigError(name, value, f"differs from the planner's {expected}", "match")
         if not isinstance(load_mode, LoadMode):
             raise ConfigError("load_mode", load_mode, "not a LoadMode", "pass LoadMode.ASYNC")
-        self.geometry = Geometry.build(planner, group_kinds, sliding_windows)
+        self.geometry = Geometry.build(planner, group_kinds, sliding_windows, checkpoints)
         self.store = store
         self.load_mode = load_mode
         self._next_job = 1
