@@ -174,6 +174,7 @@ class ConnectorCore:
         self._stores_of: dict[RequestId, int] = {}
         self._jobs_of: dict[RequestId, int] = {}
         self._store_items = 0  # items of the store jobs in flight (len(held_blocks()) if bound)
+        self._store_spans: dict[JobId, tuple[int, int]] = {}  # each store job's step (MB-8)
         self._count = dict.fromkeys(_COUNTERS, 0)
         self._salvage = True
         self._restarting: set[RequestId] = set()  # salvage off: failed, not scheduled since
@@ -362,6 +363,7 @@ class ConnectorCore:
                 raise HybridKVConfigError(
                     "completed_jobs", result.job_id, "no such job", "report once"
                 )
+            self._store_spans.pop(result.job_id, None)
             job = entry[0]
             rid = job.request_id
             self._job_left(rid)
@@ -545,6 +547,17 @@ class ConnectorCore:
             "loads": tuple(_plain_load(rid, rec) for rid, rec in sorted(self._loads.items())),
             **self._memory.snapshot(),
             "delayed": tuple(sorted(self._delayed)),
+            "store_spans": tuple((int(j), a, b) for j, (a, b) in sorted(self._store_spans.items())),
+            "checkpoints": tuple(
+                (
+                    r.alignment,
+                    r.hash_block_size,
+                    r.cache_hit_alignment,
+                    r.drop_eagle_block,
+                    r.hash_lookahead,
+                )
+                for r in self.geometry.checkpoints
+            ),
             "store": self.store.snapshot(),
         }
 
@@ -626,6 +639,7 @@ class ConnectorCore:
         self._memory.salt((item.key for item in taken), salt)
         job = TransferJob(self._new_job_id(), _STORE, request.request_id, tuple(taken))
         self._add_job(job, salt)
+        self._store_spans[job.job_id] = (start, end)
         self._store_items += len(taken)
         rid = request.request_id
         self._stores_of[rid] = self._stores_of.get(rid, 0) + 1

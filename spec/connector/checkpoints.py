@@ -78,7 +78,10 @@ class StateAt:
 
 
 def checkpoint_position(rule: CheckpointRule, num_tokens: int) -> int:
-    """vLLM's ``get_mamba_prefill_checkpoint_position(num_tokens, grid, eagle, lookahead)``."""
+    """vLLM's ``get_mamba_prefill_checkpoint_position(num_tokens, grid, eagle, lookahead)``.
+
+    Pure. Pre: ``num_tokens >= 0``. Post: a multiple of ``rule.grid``, ``>= 0``.
+    """
     limit = num_tokens if rule.eagle_drop else num_tokens - max(1, rule.lookahead)
     floored = (limit // rule.grid) * rule.grid
     if rule.eagle_drop:

@@ -49,6 +49,9 @@ Snapshot schema (subject ``"connector"``, read by :mod:`spec.invariants.connecto
              job id when the failure was learned (jobs from it on were built after)
     key_salts: ((key_hex, cache_salt), ...)     the salt of the request that stored each key
     delayed: (request_id, ...) finished requests whose free waits for their stores
+    store_spans: ((job_id, start, end), ...) each in-flight store job's step ``[start, end)``
+    checkpoints: ((alignment, hash_block_size, grid, eagle_drop, lookahead), ...) per group,
+             where a step leaves mamba states (spec.connector.checkpoints)
     store:   the host store's snapshot (spec.store)
 """
 
@@ -131,6 +134,7 @@ class ReferenceConnector:
         self.load_mode = load_mode
         self._next_job = 1
         self._jobs: dict[JobId, tuple[TransferJob, str | None]] = {}
+        self._store_spans: dict[JobId, tuple[int, int]] = {}  # MB-8 reads them
         self._unsent_loads: list[JobId] = []
         self._loads: dict[RequestId, LoadRecord] = {}
         self._failed: dict[bytes, int] = {}
@@ -300,6 +304,7 @@ class ReferenceConnector:
             entry = self._jobs.pop(result.job_id, None)
             if entry is None:
                 raise ConfigError("completed_jobs", result.job_id, "no such job", "report once")
+            self._store_spans.pop(result.job_id, None)
             job = entry[0]
             keys = tuple(item.key for item in job.items)
             if job.kind is TransferKind.LOAD:
@@ -417,6 +422,7 @@ class ReferenceConnector:
         twin.__dict__.update(self.__dict__)
         twin.store = self.store.copy()
         twin._jobs = dict(self._jobs)
+        twin._store_spans = dict(self._store_spans)
         twin._unsent_loads = list(self._unsent_loads)
         twin._loads = dict(self._loads)
         twin._failed = dict(self._failed)
@@ -439,6 +445,11 @@ class ReferenceConnector:
             "failed_keys": tuple(sorted((k.hex(), since) for k, since in self._failed.items())),
             "key_salts": tuple(sorted((k.hex(), s) for k, s in self._key_salts.items())),
             "delayed": tuple(sorted(self._delayed)),
+            "store_spans": tuple((int(j), a, b) for j, (a, b) in sorted(self._store_spans.items())),
+            "checkpoints": tuple(
+                (r.alignment, r.hash_block_size, r.grid, r.eagle_drop, r.lookahead)
+                for r in self.geometry.checkpoints
+            ),
             "store": self.store.snapshot(),
         }
 
@@ -454,6 +465,7 @@ class ReferenceConnector:
         return (
             self._next_job,
             tuple(sorted(self._jobs.items())),
+            tuple(sorted(self._store_spans.items())),
             tuple(sorted(self._loads.items())),
             tuple(sorted(self._failed.items())),
             tuple(sorted(self._key_salts.items(), key=lambda kv: kv[0])),
@@ -528,6 +540,7 @@ class ReferenceConnector:
             self._key_salts.setdefault(item.key, request.cache_salt)
         job = TransferJob(self._new_job_id(), TransferKind.STORE, request.request_id, tuple(taken))
         self._jobs[job.job_id] = (job, request.cache_salt)
+        self._store_spans[job.job_id] = (start, end)
         if self._pool is not None:
             self._pool.touch(BlockId(item.block_id) for item in job.items)
         return job

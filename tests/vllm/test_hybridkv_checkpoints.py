@@ -1,5 +1,6 @@
 """Mamba prefill checkpoints under vLLM 0.33's real scheduler: every stored state is keyed by the
-position it holds (MB-8), checked by the in-process engine's content tags on every state read.
+position it holds (MB-8), checked by the in-process engine's content tags on every state read and
+by the spec's invariants on vLLM's and the connector's state after every step.
 
 The model is Nemotron-H cut to ``M*M*`` (two Mamba-2 layers, two attention layers): Mamba-2
 exports a prefill checkpoint on any platform (``num_prefill_checkpoint_blocks=1``), so on CPU
@@ -37,6 +38,7 @@ import pytest
 pytestmark = pytest.mark.vllm
 pytest.importorskip("vllm.v1.core.sched.scheduler", reason="vLLM 0.33 is not installed")
 
+from _invariants_on_vllm import InvariantChecker  # noqa: E402
 from vllm.config import KVTransferConfig  # noqa: E402
 
 from hybridkv.vllm.cpu_worker import HybridKVOnCPU  # noqa: E402
@@ -73,12 +75,14 @@ def _engine(speculative: dict[str, Any] | None, prefix_match_unit: int | None) -
     return InProcessEngine(_config(), settings, transfer, HybridKVOnCPU())
 
 
-def _run(engine: InProcessEngine, rid: str, prompt: list[int]) -> None:
+def _run(engine: InProcessEngine, checker: InvariantChecker, rid: str, prompt: list[int]) -> None:
+    """Run ``rid`` to its end, the spec's invariants (MB-8 among them) checked every step."""
     engine.add(rid, prompt, 3)
     for _ in range(200):
         if not engine.busy():
             return
         engine.step()
+        checker.after_step()
     raise AssertionError(f"{rid} did not finish")
 
 
@@ -86,13 +90,16 @@ def _share_through_the_host(engine: InProcessEngine, tail: int) -> tuple[int, in
     """``a`` then two fillers then ``b`` (module docstring); returns ``(external hits of b,
     wrong reads, states checked)``."""
     rng = random.Random(5)
+    checker = InvariantChecker(engine)
     shared = [rng.randint(3, 999) for _ in range(3 * BLOCK)]
-    _run(engine, "a", shared + [rng.randint(3, 999) for _ in range(tail)])
+    _run(engine, checker, "a", shared + [rng.randint(3, 999) for _ in range(tail)])
     for i in range(2):
-        _run(engine, f"filler{i}", [rng.randint(3, 999) for _ in range(3 * BLOCK + 100)])
+        filler = [rng.randint(3, 999) for _ in range(3 * BLOCK + 100)]
+        _run(engine, checker, f"filler{i}", filler)
     hits_before = engine.tally.external_hits
     assert engine.tally.gpu_hits == 0
-    _run(engine, "b", shared + [rng.randint(3, 999) for _ in range(200)])
+    _run(engine, checker, "b", shared + [rng.randint(3, 999) for _ in range(200)])
+    assert checker.evaluated["MB-8"] == checker.steps > 0
     assert engine.tally.gpu_hits == 0  # the fillers evicted a's blocks: b can only hit the host
     return engine.tally.external_hits - hits_before, engine.tally.wrong, engine.tally.checked
 
