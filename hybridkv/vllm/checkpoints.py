@@ -1,7 +1,7 @@
 """vLLM 0.33's mamba prefill-checkpoint settings read as one ``CheckpointRule`` per KV group.
 
-The worker's ``MambaPrefillCheckpointBuilder`` (``model_executor/layers/mamba/checkpoint.py:100-
-160``) exports a checkpoint for a mamba group whose spec has ``num_prefill_checkpoint_blocks`` > 0
+The worker's ``MambaPrefillCheckpointBuilder`` (``model_executor/layers/mamba/checkpoint.py``,
+100-160) exports a checkpoint for a mamba group whose spec has ``num_prefill_checkpoint_blocks`` > 0
 (GDN with the FlashInfer prefill, Mamba-2, KDA), at the position
 ``get_mamba_prefill_checkpoint_position`` gives with the resolved ``cache_hit_alignment_tokens``,
 EAGLE's block drop (``use_eagle_block_drop`` unless lookahead hashes are on) and

@@ -35,8 +35,12 @@ attention layer only, ``start_load_kv`` after it otherwise, ``wait_for_save``,
 
 The forward (:mod:`hybridkv.vllm.content`): a mamba layer copies the state of block
 ``(c0 - 1) // block`` to ``cdiv(c1, block) - 1`` as ``preprocess_mamba`` does, checks it holds
-the prefix ``[:c0]`` and writes the prefix ``[:c1]``; an attention layer writes the tags of
-``[c0, c1)`` and checks the positions ``[lo, c0)`` it attends (``lo`` = 0, or the window's start).
+the prefix ``[:c0]`` and writes the prefix ``[:c1]``, and, for a spec with prefill checkpoint
+blocks, writes the prefix ``[:p]`` into the column vLLM's ``compute_mamba_prefill_checkpoints``
+names (the backend's checkpoint export); an attention layer writes the tags of ``[c0, c1)`` and
+checks the positions ``[lo, c0)`` it attends (``lo`` = 0, or the window's start). With
+``EngineSettings.speculative`` only the scheduler side of speculative decoding runs: the runner
+proposes no draft tokens.
 """
 
 from __future__ import annotations

@@ -4,10 +4,10 @@ vLLM 0.33 (align mode) writes a mamba group's state in two places during a step 
 tokens ``[start, end)``:
 
 1. the running state, after exactly ``end`` tokens, in table slot ``ceil(end / block) - 1``;
-2. for a group whose layers export prefill checkpoints (``MambaSpec.num_prefill_checkpoint_
-   blocks > 0``: GDN on FlashInfer, Mamba-2, KDA), the checkpoint: the state after ``p`` tokens
-   in slot ``ceil(end / block) - 2``, the block the ``MambaManager`` reserved and re-keys at
-   ``p``. The position (``get_mamba_prefill_checkpoint_position``,
+2. for a group whose layers export prefill checkpoints (a ``MambaSpec`` with
+   ``num_prefill_checkpoint_blocks > 0``: GDN on FlashInfer, Mamba-2, KDA), the checkpoint: the
+   state after ``p`` tokens in slot ``ceil(end / block) - 2``, the block the ``MambaManager``
+   reserved and re-keys at ``p``. The position (``get_mamba_prefill_checkpoint_position``,
    ``v1/kv_cache_interface.py:1169-1186``) is the last multiple of the cache-hit grid ``a`` at
    most ``end - max(1, lookahead)``; with EAGLE/MTP's block drop it is the last multiple at most
    ``end``, minus ``a``. The step exports it only where ``is_mamba_prefill_checkpoint_valid``
