@@ -13,7 +13,7 @@ computes tokens ``[start, end)`` writes a mamba group's state in at most two tab
 
 The checkpoint slot is not the slot of ``position``: under EAGLE/MTP the position is one hash
 block earlier than the slot's own end (``(cdiv(end, block) - 1) * block``), and with a hash block
-below the block size it is mid-block. A store keys each state by the position it holds (MB-5),
+below the block size it is mid-block. A store keys each state by the position it holds (MB-8),
 never by the slot it sits in. Every other slot holds nothing this step wrote.
 """
 

@@ -5,7 +5,7 @@ computing ``[c, c + n)`` stores, per group, each unit whose end lies in ``(c, c 
 block at its table slot, if that slot holds a real block. A mamba group stores only the states
 the step writes (:meth:`CheckpointRule.states_written`: the running state at ``c + n`` and
 vLLM's prefill checkpoint), each under the unit that ends at the position it holds, and only if
-that position is a unit end in ``(c, c + n]`` and its slot is a real block (MB-2, MB-5).
+that position is a unit end in ``(c, c + n]`` and its slot is a real block (MB-2, MB-8).
 Decode-phase tokens count, so a follow-up turn can hit them (field note #56972).
 
 The work is proportional to the units the step completes, not to the request's length: a
@@ -49,7 +49,7 @@ def store_items(
         table = block_ids[g] if g < len(block_ids) else ()
         per_block = geometry.blocks[g]
         if geometry.kinds[g] is GroupKind.MAMBA:
-            # Keyed by the position each state holds, not by its slot (MB-5).
+            # Keyed by the position each state holds, not by its slot (MB-8).
             for slot, at in geometry.checkpoints[g].states_written(start, end, per_block):
                 if at % u == 0 and start < at and slot < len(table) and table[slot]:
                     found.append(TransferItem(g, table[slot], keys.key(g, at // u - 1), at))

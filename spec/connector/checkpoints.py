@@ -40,29 +40,31 @@ class CheckpointRule:
         alignment: ``prefill_checkpoint_alignment``, or ``None`` when the group exports no
             checkpoint.
         hash_block_size: ``hash_block_size``.
-        grid: ``cache_hit_alignment_tokens``.
-        eagle_drop: ``use_eagle_block_drop()`` with no lookahead hashes.
-        lookahead: ``num_hash_lookahead_tokens`` (0 with any KV connector in vLLM 0.33).
+        cache_hit_alignment: ``cache_hit_alignment_tokens``, the grid positions are floored to.
+        drop_eagle_block: ``use_eagle_block_drop()`` with no lookahead hashes.
+        hash_lookahead: ``num_hash_lookahead_tokens`` (0 with any KV connector in vLLM 0.33).
     """
 
     alignment: int | None = None
     hash_block_size: int = 1
-    grid: int = 1
-    eagle_drop: bool = False
-    lookahead: int = 0
+    cache_hit_alignment: int = 1
+    drop_eagle_block: bool = False
+    hash_lookahead: int = 0
 
     def __post_init__(self) -> None:
         checks = (
             ("hash_block_size", self.hash_block_size, 1),
-            ("grid", self.grid, 1),
-            ("lookahead", self.lookahead, 0),
+            ("cache_hit_alignment", self.cache_hit_alignment, 1),
+            ("hash_lookahead", self.hash_lookahead, 0),
             ("alignment", 1 if self.alignment is None else self.alignment, 1),
         )
         for name, value, least in checks:
             if isinstance(value, bool) or not isinstance(value, int) or value < least:
                 raise ConfigError(name, value, f"must be an int >= {least}", "pass vLLM's value")
-        if not isinstance(self.eagle_drop, bool):
-            raise ConfigError("eagle_drop", self.eagle_drop, "must be a bool", "pass a bool")
+        if not isinstance(self.drop_eagle_block, bool):
+            raise ConfigError(
+                "drop_eagle_block", self.drop_eagle_block, "must be a bool", "pass a bool"
+            )
 
 
 NONE = CheckpointRule()
@@ -80,12 +82,13 @@ class StateAt:
 def checkpoint_position(rule: CheckpointRule, num_tokens: int) -> int:
     """vLLM's ``get_mamba_prefill_checkpoint_position(num_tokens, grid, eagle, lookahead)``.
 
-    Pure. Pre: ``num_tokens >= 0``. Post: a multiple of ``rule.grid``, ``>= 0``.
+    Pure. Pre: ``num_tokens >= 0``. Post: a multiple of ``rule.cache_hit_alignment``, ``>= 0``.
     """
-    limit = num_tokens if rule.eagle_drop else num_tokens - max(1, rule.lookahead)
-    floored = (limit // rule.grid) * rule.grid
-    if rule.eagle_drop:
-        floored -= rule.grid
+    grid = rule.cache_hit_alignment
+    limit = num_tokens if rule.drop_eagle_block else num_tokens - max(1, rule.hash_lookahead)
+    floored = (limit // grid) * grid
+    if rule.drop_eagle_block:
+        floored -= grid
     return floored if floored > 0 else 0
 
 

@@ -50,7 +50,8 @@ Snapshot schema (subject ``"connector"``, read by :mod:`spec.invariants.connecto
     key_salts: ((key_hex, cache_salt), ...)     the salt of the request that stored each key
     delayed: (request_id, ...) finished requests whose free waits for their stores
     store_spans: ((job_id, start, end), ...) each in-flight store job's step ``[start, end)``
-    checkpoints: ((alignment, hash_block_size, grid, eagle_drop, lookahead), ...) per group,
+    checkpoints: ((alignment, hash_block_size, cache_hit_alignment, drop_eagle_block,
+             hash_lookahead), ...) per group,
              where a step leaves mamba states (spec.connector.checkpoints)
     store:   the host store's snapshot (spec.store)
 """
@@ -447,7 +448,13 @@ class ReferenceConnector:
             "delayed": tuple(sorted(self._delayed)),
             "store_spans": tuple((int(j), a, b) for j, (a, b) in sorted(self._store_spans.items())),
             "checkpoints": tuple(
-                (r.alignment, r.hash_block_size, r.grid, r.eagle_drop, r.lookahead)
+                (
+                    r.alignment,
+                    r.hash_block_size,
+                    r.cache_hit_alignment,
+                    r.drop_eagle_block,
+                    r.hash_lookahead,
+                )
                 for r in self.geometry.checkpoints
             ),
             "store": self.store.snapshot(),

@@ -7,24 +7,29 @@ lookahead), a step ``[start, end)`` with ``start`` on the scheduler block, and a
 with null and real slots. Both sides get the same ``build_connector_meta`` call; their store
 jobs must carry the same items. ``test_the_rule_moves_the_key`` is the guard: under EAGLE's
 drop the checkpoint is stored under the position one block before its slot's end, so this file
-exercises the case where slot and position differ.
+exercises the case where slot and position differ. Bad rules and a rule count that is not one per
+group are refused on both sides naming the same field (the error types differ, as everywhere).
 """
 
 from __future__ import annotations
 
 import math
 
+import pytest
 from hypothesis import event, given
 from hypothesis import strategies as st
 
 import hybridkv.connector.api as core_api
 import spec.connector_api as spec_api
-from hybridkv.connector import NO_CHECKPOINTS, CheckpointRule, ConnectorCore
+from hybridkv.connector import NO_CHECKPOINTS, CheckpointRule, ConnectorCore, ConnectorGeometry
+from hybridkv.errors import HybridKVConfigError
 from hybridkv.kinds import GroupKind as CoreKind
 from hybridkv.planner import HybridOffloadPlanner as CorePlanner
 from hybridkv.store import HostStore as CoreStore
 from spec.connector import ReferenceConnector
 from spec.connector import checkpoints as spec_checkpoints
+from spec.connector.geometry import Geometry
+from spec.errors import ConfigError
 from spec.kinds import GroupKind
 from spec.planner import HybridOffloadPlanner
 from spec.store import HostStore
@@ -116,3 +121,40 @@ def test_the_rule_moves_the_key() -> None:
             mamba = [row for row in _stored(connector, api, table, 0, 13) if row[0] == 0]
             assert [end for _, _, _, end in mamba] == expected
             assert [block for _, block, _, _ in mamba] == [102] * len(expected)
+
+
+BAD_RULES = [
+    ((0, 2, 4, False, 0), "alignment"),
+    ((None, 0, 4, False, 0), "hash_block_size"),
+    ((None, 2, True, False, 0), "cache_hit_alignment"),
+    ((None, 2, 4, 1, 0), "drop_eagle_block"),
+    ((None, 2, 4, False, -1), "hash_lookahead"),
+]
+
+
+def test_both_sides_refuse_a_bad_rule_naming_the_same_field() -> None:
+    """The one legitimate difference is the error type (HybridKVConfigError / ConfigError)."""
+    for fields, field in BAD_RULES:
+        with pytest.raises(HybridKVConfigError) as core_error:
+            CheckpointRule(*fields)
+        with pytest.raises(ConfigError) as spec_error:
+            spec_checkpoints.CheckpointRule(*fields)
+        assert core_error.value.field == spec_error.value.field == field
+
+
+def test_both_geometries_refuse_a_rule_count_that_is_not_one_per_group() -> None:
+    with pytest.raises(HybridKVConfigError) as core_error:
+        ConnectorGeometry.build(
+            CorePlanner(((CoreKind.MAMBA, 4), (CoreKind.FULL, 4)), HASH, 4, MAX_LEN),
+            (CoreKind.MAMBA, CoreKind.FULL),
+            (),
+            (NO_CHECKPOINTS,),
+        )
+    with pytest.raises(ConfigError) as spec_error:
+        Geometry.build(
+            HybridOffloadPlanner(((GroupKind.MAMBA, 4), (GroupKind.FULL, 4)), HASH, 4, MAX_LEN),
+            (GroupKind.MAMBA, GroupKind.FULL),
+            (),
+            (spec_checkpoints.NONE,),
+        )
+    assert core_error.value.field == spec_error.value.field == "checkpoints"

@@ -76,9 +76,9 @@ def test_a_step_ending_on_a_unit_stores_its_running_state_only() -> None:
     [
         ((0, 2, 4, False, 0), "alignment"),
         ((None, 0, 4, False, 0), "hash_block_size"),
-        ((None, 2, True, False, 0), "grid"),
-        ((None, 2, 4, 1, 0), "eagle_drop"),
-        ((None, 2, 4, False, -1), "lookahead"),
+        ((None, 2, True, False, 0), "cache_hit_alignment"),
+        ((None, 2, 4, 1, 0), "drop_eagle_block"),
+        ((None, 2, 4, False, -1), "hash_lookahead"),
     ],
 )
 def test_a_bad_rule_is_refused_naming_its_field(fields: tuple, field: str) -> None:
