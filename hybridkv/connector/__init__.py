@@ -37,12 +37,15 @@ from hybridkv.connector.api import (
     TransferKind,
     WorkerConnector,
 )
+from hybridkv.connector.checkpoints import NO_CHECKPOINTS, CheckpointRule
 from hybridkv.connector.core import ConnectorCore, ConnectorStats, LoadMode
 from hybridkv.connector.geometry import ConnectorGeometry
 from hybridkv.connector.tracker import JobTracker
 
 __all__ = [
+    "NO_CHECKPOINTS",
     "BlockTable",
+    "CheckpointRule",
     "Claim",
     "ClaimKind",
     "ConnectorCore",

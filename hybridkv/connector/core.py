@@ -62,6 +62,7 @@ from hybridkv.connector.api import (
     TransferJob,
     TransferKind,
 )
+from hybridkv.connector.checkpoints import CheckpointRule
 from hybridkv.connector.claims import decide_claim
 from hybridkv.connector.geometry import ConnectorGeometry
 from hybridkv.connector.loads import LoadRecord, load_items, resume_point, segments
@@ -135,12 +136,15 @@ class ConnectorCore:
         *,
         sliding_windows: Iterable[int] = (),
         load_mode: LoadMode = LoadMode.ASYNC,
+        checkpoints: Iterable[CheckpointRule] = (),
     ) -> None:
         """A core over ``store`` for the planner's geometry (the reference's constructor).
 
         Pre: ``group_kinds`` equal the planner's; ``hash_block_size`` and ``chunk_size`` equal
         the planner's; ``sliding_windows`` empty or each group's window reach
-        (``sliding_window - 1 + extra_retained_tokens``, 0 for other kinds); ``store`` an empty
+        (``sliding_window - 1 + extra_retained_tokens``, 0 for other kinds); ``checkpoints``
+        empty or one :class:`~hybridkv.connector.checkpoints.CheckpointRule` per group (where a
+        step leaves mamba states; empty: no group exports a prefill checkpoint); ``store`` an empty
         :class:`~hybridkv.store.HostStore` this core will own. Refusal:
         :class:`HybridKVConfigError` naming the field, nothing built. Post: no request known,
         no job, nothing remembered.
@@ -159,7 +163,9 @@ class ConnectorCore:
             raise HybridKVConfigError("load_mode", load_mode, "not a LoadMode", "LoadMode.ASYNC")
         if not isinstance(store, HostStore):
             raise HybridKVConfigError("store", store, "is not a hybridkv HostStore", _FIX)
-        self.geometry = ConnectorGeometry.build(planner, tuple(group_kinds), tuple(sliding_windows))
+        self.geometry = ConnectorGeometry.build(
+            planner, tuple(group_kinds), tuple(sliding_windows), tuple(checkpoints)
+        )
         self.store = store
         self.load_mode = load_mode
         self._next_job = 1
@@ -177,6 +183,7 @@ class ConnectorCore:
         self._stores_of: dict[RequestId, int] = {}
         self._jobs_of: dict[RequestId, int] = {}
         self._store_items = 0  # items of the store jobs in flight (len(held_blocks()) if bound)
+        self._store_spans: dict[JobId, tuple[int, int]] = {}  # each store job's step (MB-8)
         self._count = dict.fromkeys(_COUNTERS, 0)
         self._salvage = True
         self._restarting: set[RequestId] = set()  # salvage off: failed, not scheduled since
@@ -371,6 +378,7 @@ class ConnectorCore:
                 raise HybridKVConfigError(
                     "completed_jobs", result.job_id, "no such job", "report once"
                 )
+            self._store_spans.pop(result.job_id, None)
             job = entry[0]
             rid = job.request_id
             self._job_left(rid)
@@ -613,6 +621,17 @@ class ConnectorCore:
             "loads": tuple(_plain_load(rid, rec) for rid, rec in sorted(self._loads.items())),
             **self._memory.snapshot(),
             "delayed": tuple(sorted(self._delayed)),
+            "store_spans": tuple((int(j), a, b) for j, (a, b) in sorted(self._store_spans.items())),
+            "checkpoints": tuple(
+                (
+                    r.alignment,
+                    r.hash_block_size,
+                    r.cache_hit_alignment,
+                    r.drop_eagle_block,
+                    r.hash_lookahead,
+                )
+                for r in self.geometry.checkpoints
+            ),
             "store": self.store.snapshot(),
         }
 
@@ -694,6 +713,7 @@ class ConnectorCore:
         self._memory.salt((item.key for item in taken), salt)
         job = TransferJob(self._new_job_id(), _STORE, request.request_id, tuple(taken))
         self._add_job(job, salt)
+        self._store_spans[job.job_id] = (start, end)
         self._store_items += len(taken)
         rid = request.request_id
         self._stores_of[rid] = self._stores_of.get(rid, 0) + 1

@@ -11,6 +11,9 @@ prefix ``s`` needs per group is a unit range ``[first, t / u_g)``:
   reaches ``max_model_len``, so it needs every unit, the reference's conservative choice);
 - MAMBA: ``first = t / u_g - 1`` (the one state at exactly ``t``).
 
+A MAMBA group's ``checkpoints`` rule (:mod:`hybridkv.connector.checkpoints`) says which states a
+step writes and at which positions; the stores read it.
+
 Everything the reference derives through properties on each call is a plain tuple here.
 """
 
@@ -20,6 +23,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from hybridkv.connector.checkpoints import NO_CHECKPOINTS, CheckpointRule
 from hybridkv.errors import HybridKVConfigError
 from hybridkv.kinds import GroupKind
 from hybridkv.planner import HybridOffloadPlanner
@@ -44,6 +48,8 @@ class ConnectorGeometry:
             the cheapest, most selective groups first.
         distinct_units: the different unit sizes, ascending (a step completes a unit of some
             group exactly when it crosses a multiple of one of them).
+        checkpoints: per group, where a step leaves mamba states (:class:`CheckpointRule`;
+            :data:`NO_CHECKPOINTS` for attention groups and mamba groups exporting none).
     """
 
     planner: HybridOffloadPlanner
@@ -57,6 +63,7 @@ class ConnectorGeometry:
     align: int
     scan_order: tuple[int, ...]
     distinct_units: tuple[int, ...]
+    checkpoints: tuple[CheckpointRule, ...] = ()
 
     @classmethod
     def build(
@@ -64,13 +71,16 @@ class ConnectorGeometry:
         planner: HybridOffloadPlanner,
         group_kinds: Sequence[GroupKind],
         sliding_windows: Sequence[int] = (),
+        checkpoints: Sequence[CheckpointRule] = (),
     ) -> ConnectorGeometry:
         """Check ``group_kinds`` against the planner and derive everything.
 
         Pre: one kind per planner group, equal to the planner's (field ``group_kinds``);
         ``sliding_windows`` empty or one int >= 0 per group, the reach
         ``sliding_window - 1 + extra_retained_tokens`` of each SLIDING group (field
-        ``sliding_windows``). Agrees with ``spec.connector.geometry.Geometry.build``.
+        ``sliding_windows``); ``checkpoints`` empty (no group exports a checkpoint) or one
+        :class:`CheckpointRule` per group (field ``checkpoints``). Agrees with
+        ``spec.connector.geometry.Geometry.build``.
         """
         if not isinstance(planner, HybridOffloadPlanner):
             raise HybridKVConfigError(
@@ -97,6 +107,7 @@ class ConnectorGeometry:
             align=math.lcm(planner.claim_unit, scheduler_block),
             scan_order=tuple(sorted(range(len(kinds)), key=lambda g: (rank[kinds[g]], g))),
             distinct_units=tuple(sorted(set(planner.units))),
+            checkpoints=_checkpoints(checkpoints, len(kinds)),
         )
 
     @property
@@ -124,6 +135,22 @@ class ConnectorGeometry:
         if kind is GroupKind.SLIDING:
             return max(start, end - self.reaches[group_idx]) // u
         return start // u
+
+
+def _checkpoints(
+    checkpoints: Sequence[CheckpointRule], num_groups: int
+) -> tuple[CheckpointRule, ...]:
+    if not checkpoints:
+        return tuple(NO_CHECKPOINTS for _ in range(num_groups))
+    rules = tuple(checkpoints)
+    if len(rules) != num_groups or not all(isinstance(r, CheckpointRule) for r in rules):
+        raise HybridKVConfigError(
+            "checkpoints", checkpoints, "must give one CheckpointRule per group", _FIX_RULE
+        )
+    return rules
+
+
+_FIX_RULE = "pass hybridkv.connector.checkpoints.NO_CHECKPOINTS for groups exporting none"
 
 
 def _reaches(

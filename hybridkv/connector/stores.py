@@ -2,9 +2,11 @@
 
 The twin of ``spec.connector.stores`` (never imported here), item for item: a scheduled request
 computing ``[c, c + n)`` stores, per group, each unit whose end lies in ``(c, c + n]`` from the
-block at its table slot, if that slot holds a real block (a mamba unit only where the table
-still holds the state block at exactly its end: MB-2). Decode-phase tokens count, so a
-follow-up turn can hit them (field note #56972).
+block at its table slot, if that slot holds a real block. A mamba group stores only the states
+the step writes (:meth:`CheckpointRule.states_written`: the running state at ``c + n`` and
+vLLM's prefill checkpoint), each under the unit that ends at the position it holds, and only if
+that position is a unit end in ``(c, c + n]`` and its slot is a real block (MB-2, MB-8).
+Decode-phase tokens count, so a follow-up turn can hit them (field note #56972).
 
 The work is proportional to the units the step completes, not to the request's length: a
 decode step that completes no unit costs one range test per group.
@@ -18,6 +20,7 @@ from operator import attrgetter
 from hybridkv.connector.api import BlockTable, TransferItem
 from hybridkv.connector.geometry import ConnectorGeometry
 from hybridkv.connector.requests import RequestKeys
+from hybridkv.kinds import GroupKind
 
 __all__ = ["items_by_end", "store_items"]
 
@@ -45,6 +48,12 @@ def store_items(
             continue
         table = block_ids[g] if g < len(block_ids) else ()
         per_block = geometry.blocks[g]
+        if geometry.kinds[g] is GroupKind.MAMBA:
+            # Keyed by the position each state holds, not by its slot (MB-8).
+            for slot, at in geometry.checkpoints[g].states_written(start, end, per_block):
+                if at % u == 0 and start < at and slot < len(table) and table[slot]:
+                    found.append(TransferItem(g, table[slot], keys.key(g, at // u - 1), at))
+            continue
         for j in range(first, last):
             index = j * u // per_block
             if index < len(table) and table[index]:

@@ -77,6 +77,7 @@ from hybridkv.hostmem import HostMemory, PinMode
 from hybridkv.store import HostStore, LookupResult
 from hybridkv.transfer import TransferEngine
 from hybridkv.transfer.cpu_engine import FaultHook
+from hybridkv.vllm.checkpoints import read_checkpoint_rules
 from hybridkv.vllm.config import HybridKVConfig, check_failure_policy, parse_extra_config
 from hybridkv.vllm.layout import VllmLayout, read_layout, recommended_chunk_size, whole_blocks
 from hybridkv.vllm.metrics import (
@@ -270,6 +271,9 @@ class HybridKVConnector(KVConnectorBase_V1, SupportsHMA):
                 self.layout.hash_block_size,
                 self.chunk_size,
                 sliding_windows=self.layout.window_reaches,
+                checkpoints=read_checkpoint_rules(
+                    vllm_config, kv_cache_config, self.layout.hash_block_size
+                ),
             )
             if self.hybridkv_config.remote is not None:
                 config = remote_config(self.hybridkv_config.remote)

@@ -41,8 +41,12 @@ attention layer only, ``start_load_kv`` after it otherwise, ``wait_for_save``,
 
 The forward (:mod:`hybridkv.vllm.content`): a mamba layer copies the state of block
 ``(c0 - 1) // block`` to ``cdiv(c1, block) - 1`` as ``preprocess_mamba`` does, checks it holds
-the prefix ``[:c0]`` and writes the prefix ``[:c1]``; an attention layer writes the tags of
-``[c0, c1)`` and checks the positions ``[lo, c0)`` it attends (``lo`` = 0, or the window's start).
+the prefix ``[:c0]`` and writes the prefix ``[:c1]``, and, for a spec with prefill checkpoint
+blocks, writes the prefix ``[:p]`` into the column vLLM's ``compute_mamba_prefill_checkpoints``
+names (the backend's checkpoint export); an attention layer writes the tags of ``[c0, c1)`` and
+checks the positions ``[lo, c0)`` it attends (``lo`` = 0, or the window's start). With
+``EngineSettings.speculative`` only the scheduler side of speculative decoding runs: the runner
+proposes no draft tokens.
 """
 
 from __future__ import annotations
@@ -122,6 +126,13 @@ class EngineSettings:
         model_name: names the model's directory (vLLM's ``model``, with a digest of the
             config.json): engines of equal names and configs serve the same model path, like
             two replicas; another name is another model of the same geometry.
+        speculative: ``SpeculativeConfig`` fields (e.g. ``{"method": "mtp",
+            "num_speculative_tokens": 1}``; the target model is the draft's ``model``): the
+            scheduler side of speculative decoding (EAGLE's block drop, speculative mamba
+            blocks). The stand-in runner proposes no draft tokens, so every step schedules the
+            request's real tokens only.
+        prefix_match_unit: ``--prefix-match-unit`` (the hash block, below the block size: vLLM's
+            partial hash hits and its ``cache_hit_alignment_tokens``).
     """
 
     num_gpu_blocks: int
@@ -136,6 +147,8 @@ class EngineSettings:
     kv_events: bool = False
     replicated_kv: bool = False
     model_name: str = "model"
+    speculative: dict[str, Any] | None = None
+    prefix_match_unit: int | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -314,15 +327,19 @@ def _vllm_config(config_json: dict[str, Any], settings: EngineSettings, kv_trans
     }
     if settings.block_size is not None:
         cache["block_size"] = settings.block_size
+    if settings.prefix_match_unit is not None:
+        cache["prefix_match_unit"] = settings.prefix_match_unit
+    model_config = ModelConfig(
+        model=directory,
+        tokenizer=directory,
+        skip_tokenizer_init=True,
+        max_model_len=settings.max_model_len,
+        seed=0,
+        enforce_eager=True,
+    )
+    parallel_config = ParallelConfig(tensor_parallel_size=settings.tensor_parallel_size)
     vllm_config = VllmConfig(
-        model_config=ModelConfig(
-            model=directory,
-            tokenizer=directory,
-            skip_tokenizer_init=True,
-            max_model_len=settings.max_model_len,
-            seed=0,
-            enforce_eager=True,
-        ),
+        model_config=model_config,
         cache_config=CacheConfig(**cache),
         scheduler_config=SchedulerConfig(
             max_model_len=settings.max_model_len,
@@ -332,7 +349,8 @@ def _vllm_config(config_json: dict[str, Any], settings: EngineSettings, kv_trans
             is_encoder_decoder=False,
             async_scheduling=False,
         ),
-        parallel_config=ParallelConfig(tensor_parallel_size=settings.tensor_parallel_size),
+        parallel_config=parallel_config,
+        speculative_config=_speculative_config(settings.speculative, model_config, parallel_config),
         kv_transfer_config=copy.deepcopy(kv_transfer),
         lora_config=_lora_config(settings.max_loras),
         kv_events_config=_kv_events_config(settings.kv_events),
@@ -343,6 +361,18 @@ def _vllm_config(config_json: dict[str, Any], settings: EngineSettings, kv_trans
             "(the connector class must subclass SupportsHMA)"
         )
     return vllm_config
+
+
+def _speculative_config(fields: dict[str, Any] | None, model: Any, parallel: Any) -> Any:
+    if fields is None:
+        return None
+    from vllm.config import SpeculativeConfig
+
+    return SpeculativeConfig(
+        **{"model": model.model, **fields},
+        target_model_config=model,
+        target_parallel_config=parallel,
+    )
 
 
 def _lora_config(max_loras: int) -> Any:
@@ -357,6 +387,25 @@ def _kv_events_config(enabled: bool) -> Any:
     from vllm.config import KVEventsConfig
 
     return KVEventsConfig(enable_kv_cache_events=enabled, publisher="null")
+
+
+def _checkpoint_settings(
+    vllm_config: Any, kv_cache_config: Any, block_size: int, hash_block_size: int
+) -> tuple[int, bool]:
+    """``(cache_hit_alignment_tokens, drop_eagle_block)`` as the worker's
+    ``MambaPrefillCheckpointBuilder`` reads them (vLLM's own resolution of the first)."""
+    from vllm.v1.core.kv_cache_utils import resolve_cache_hit_alignment_tokens
+
+    alignment = resolve_cache_hit_alignment_tokens(
+        kv_cache_config, vllm_config, block_size, hash_block_size
+    )
+    spec = vllm_config.speculative_config
+    drop = (
+        spec is not None
+        and spec.use_eagle_block_drop()
+        and not vllm_config.num_hash_lookahead_tokens
+    )
+    return alignment, bool(drop)
 
 
 class _ConnectorClock:
@@ -459,6 +508,9 @@ class InProcessEngine:
                 config.kv_tp_replicas = world
         self.kv_cache_config = kv_cache_config
         self.block_size, self.hash_block_size = block_size, hash_block_size
+        self._cache_hit_alignment, self._drop_eagle_block = _checkpoint_settings(
+            self.vllm_config, kv_cache_config, block_size, hash_block_size
+        )
         self.adapter: WorkerAdapter = adapters[0]
         if kv_transfer_config is not None:
             self.adapter.configure(self.vllm_config, kv_cache_config)
@@ -721,7 +773,7 @@ class InProcessEngine:
                     w.wait_for_layer_load(tags.name)
                 for rid, c0, c1 in spans:
                     if tags.is_mamba:
-                        self._mamba_layer(tags, tables[rid][gid], (rid, c0, c1), spec.block_size)
+                        self._mamba_layer(tags, tables[rid][gid], (rid, c0, c1), spec)
                     else:
                         self._attention_layer(tags, tables[rid][gid], (rid, c0, c1), spec)
                 if attention and w is not None:
@@ -753,15 +805,45 @@ class InProcessEngine:
                 self._state_idx[rid] = -(-c1 // size) - 1
 
     def _mamba_layer(
-        self, tags: LayerTags, table: Any, span: tuple[str, int, int], size: int
+        self, tags: LayerTags, table: Any, span: tuple[str, int, int], spec: Any
     ) -> None:
         rid, c0, c1 = span
+        size = spec.block_size
         block = torch.tensor([table[-(-c1 // size) - 1]])
         slot = torch.zeros(1, dtype=torch.long)
         hashes = self._hashes[rid]
         if c0 > 0:
             self._count(rid, tags.check(block, slot, tags.expected(hashes, range(c0 - 1, c0))))
         tags.write(block, slot, tags.expected(hashes, range(c1 - 1, c1)))
+        self._mamba_checkpoint(tags, table, span, spec)
+
+    def _mamba_checkpoint(
+        self, tags: LayerTags, table: Any, span: tuple[str, int, int], spec: Any
+    ) -> None:
+        """The backend's prefill checkpoint export: the state after ``position`` tokens into
+        the column vLLM's ``compute_mamba_prefill_checkpoints`` names, where it names one (the
+        null block absorbs the export when the manager reserved no block there)."""
+        if not spec.num_prefill_checkpoint_blocks:
+            return
+        from vllm.model_executor.layers.mamba.checkpoint import compute_mamba_prefill_checkpoints
+
+        _rid, c0, c1 = span
+        (offset,), (col,) = compute_mamba_prefill_checkpoints(
+            [c1],
+            [c1 - c0],
+            hash_block_size=self.hash_block_size,
+            mamba_block_size=spec.block_size,
+            checkpoint_alignment=spec.prefill_checkpoint_alignment,
+            drop_eagle_block=self._drop_eagle_block,
+            cache_hit_alignment_tokens=self._cache_hit_alignment,
+            num_hash_lookahead_tokens=self.vllm_config.num_hash_lookahead_tokens,
+        )
+        if col < 0 or not table[col]:
+            return
+        position = c0 + offset
+        block = torch.tensor([table[col]])
+        slot = torch.zeros(1, dtype=torch.long)
+        tags.write(block, slot, tags.expected(self._hashes[_rid], range(position - 1, position)))
 
     def _attention_layer(
         self, tags: LayerTags, table: Any, span: tuple[str, int, int], spec: Any

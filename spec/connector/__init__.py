@@ -2,6 +2,7 @@
 
 - :mod:`spec.connector.geometry`: units, keys and what each group needs for a claim;
 - :mod:`spec.connector.claims`: the claim rule as a pure function;
+- :mod:`spec.connector.checkpoints`: which mamba states a step writes, at which positions;
 - :mod:`spec.connector.stores`: which units a step stores;
 - :mod:`spec.connector.loads`: load jobs per alignment segment, load records, resume points;
 - :mod:`spec.connector.scheduler_side`: :class:`ReferenceConnector`;

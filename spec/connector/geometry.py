@@ -15,6 +15,9 @@ What a claim ending at token ``t`` (starting from a computed prefix ``s``) needs
   ``max(0, t - sliding_window + 1 - extra)``); a SLIDING group of unknown window needs all;
 - MAMBA: the one state at exactly ``t``.
 
+Which states a step writes, and where, is a MAMBA group's ``checkpoints`` rule
+(:mod:`spec.connector.checkpoints`): :meth:`Geometry.mamba_states_ending_in`.
+
 Every function is pure.
 """
 
@@ -22,8 +25,9 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
+from spec.connector.checkpoints import NONE, CheckpointRule, states_written
 from spec.errors import ConfigError
 from spec.hashing import offload_key
 from spec.kinds import GroupKind
@@ -52,11 +56,14 @@ class Geometry:
         kinds: the kind of each group (as the planner's groups).
         reaches: per group, tokens before a position that the group reads to compute it:
             FULL and MAMBA ignore it; SLIDING reads ``reach`` tokens back.
+        checkpoints: per group, vLLM's prefill-checkpoint rule (``NONE`` where none is
+            exported, and for attention groups).
     """
 
     planner: HybridOffloadPlanner
     kinds: tuple[GroupKind, ...]
     reaches: tuple[int, ...]
+    checkpoints: tuple[CheckpointRule, ...] = ()
 
     @classmethod
     def build(
@@ -64,13 +71,17 @@ class Geometry:
         planner: HybridOffloadPlanner,
         group_kinds: Sequence[GroupKind],
         sliding_windows: Sequence[int] = (),
+        checkpoints: Sequence[CheckpointRule] = (),
     ) -> Geometry:
         """Check ``group_kinds`` against the planner and derive the reaches.
 
         Pre: one kind per planner group, equal to the planner's; ``sliding_windows`` empty (a
         SLIDING group then needs every unit, the conservative choice) or one int per group,
         the window reach ``sliding_window - 1 + extra_retained_tokens`` for SLIDING groups.
-        Refusal: :class:`ConfigError` (field ``group_kinds`` or ``sliding_windows``).
+        ``checkpoints`` empty (no group exports a checkpoint) or one
+        :class:`~spec.connector.checkpoints.CheckpointRule` per group.
+        Refusal: :class:`ConfigError` (field ``group_kinds``, ``sliding_windows`` or
+        ``checkpoints``).
         """
         kinds = tuple(group_kinds)
         if kinds != tuple(kind for kind, _ in planner.groups):
@@ -90,7 +101,15 @@ class Geometry:
                     "must give one int >= 0 per group",
                     "pass sliding_window - 1 + extra_retained_tokens per group (0 if none)",
                 )
-        return cls(planner, kinds, reaches)
+        rules = tuple(checkpoints) or tuple(NONE for _ in kinds)
+        if len(rules) != len(kinds) or not all(isinstance(r, CheckpointRule) for r in rules):
+            raise ConfigError(
+                "checkpoints",
+                checkpoints,
+                "must give one CheckpointRule per group",
+                "pass spec.connector.checkpoints.NONE for groups that export none",
+            )
+        return cls(planner, kinds, reaches, rules)
 
     @classmethod
     def from_groups(cls, planner: HybridOffloadPlanner, groups: Sequence[GroupSpec]) -> Geometry:
@@ -166,6 +185,27 @@ class Geometry:
         """
         u = self.planner.units[group_idx]
         return tuple(self.unit(group_idx, j) for j in range(start // u, end // u))
+
+    def mamba_states_ending_in(self, group_idx: int, start: int, end: int) -> tuple[UnitRef, ...]:
+        """The units of a MAMBA group whose state a step computing ``[start, end)`` writes.
+
+        A written state counts if its position is a unit end in ``(start, end]``; the unit's
+        ``block_index`` is the slot the state was written in, which for vLLM's prefill
+        checkpoint is not the slot of the unit's end (:mod:`spec.connector.checkpoints`; MB-8).
+        Pure. Pre: ``0 <= start < end``; the group is MAMBA. Post: ascending by end.
+        """
+        u = self.planner.units[group_idx]
+        block = self.planner.groups[group_idx][1]
+        rule = self.checkpoints[group_idx] if self.checkpoints else NONE
+        running, *checkpoint = states_written(rule, start, end, block)
+        found = []
+        if running.position % u == 0:  # its slot is the unit's own (:meth:`unit`)
+            found.append(self.unit(group_idx, running.position // u - 1))
+        for state in checkpoint:  # its slot is the reserved one, whatever its position
+            if state.position % u == 0 and state.position > start:
+                ref = self.unit(group_idx, state.position // u - 1)
+                found.append(replace(ref, block_index=state.slot))
+        return tuple(sorted(found, key=lambda ref: ref.end))
 
     def key(self, block_hashes: Sequence[bytes], ref: UnitRef) -> bytes:
         """The offload key of a unit. Pre: ``block_hashes`` reach the unit's end."""

@@ -49,6 +49,10 @@ Snapshot schema (subject ``"connector"``, read by :mod:`spec.invariants.connecto
              job id when the failure was learned (jobs from it on were built after)
     key_salts: ((key_hex, cache_salt), ...)     the salt of the request that stored each key
     delayed: (request_id, ...) finished requests whose free waits for their stores
+    store_spans: ((job_id, start, end), ...) each in-flight store job's step ``[start, end)``
+    checkpoints: ((alignment, hash_block_size, cache_hit_alignment, drop_eagle_block,
+             hash_lookahead), ...) per group,
+             where a step leaves mamba states (spec.connector.checkpoints)
     store:   the host store's snapshot (spec.store)
 """
 
@@ -59,6 +63,7 @@ from enum import Enum
 from typing import Any
 
 from spec.block_pool import BlockId, BlockPool
+from spec.connector.checkpoints import CheckpointRule
 from spec.connector.claims import decide_claim
 from spec.connector.geometry import Geometry
 from spec.connector.loads import LoadRecord, load_items, resume_point, segments
@@ -107,11 +112,13 @@ class ReferenceConnector:
         *,
         sliding_windows: Sequence[int] = (),
         load_mode: LoadMode = LoadMode.ASYNC,
+        checkpoints: Sequence[CheckpointRule] = (),
     ) -> None:
         """A connector over ``store`` for the planner's geometry.
 
         Pre: ``group_kinds`` equal the planner's; ``hash_block_size`` and ``chunk_size`` equal
-        the planner's; ``sliding_windows`` as :meth:`Geometry.build`; ``load_mode`` a
+        the planner's; ``sliding_windows`` and ``checkpoints`` as :meth:`Geometry.build`
+        (where a step leaves mamba states); ``load_mode`` a
         :class:`LoadMode`. Refusal: :class:`ConfigError` naming the field, nothing built.
         Post: no request known, no job, no failure remembered.
         """
@@ -123,11 +130,12 @@ class ReferenceConnector:
                 raise ConfigError(name, value, f"differs from the planner's {expected}", "match")
         if not isinstance(load_mode, LoadMode):
             raise ConfigError("load_mode", load_mode, "not a LoadMode", "pass LoadMode.ASYNC")
-        self.geometry = Geometry.build(planner, group_kinds, sliding_windows)
+        self.geometry = Geometry.build(planner, group_kinds, sliding_windows, checkpoints)
         self.store = store
         self.load_mode = load_mode
         self._next_job = 1
         self._jobs: dict[JobId, tuple[TransferJob, str | None]] = {}
+        self._store_spans: dict[JobId, tuple[int, int]] = {}  # MB-8 reads them
         self._unsent_loads: list[JobId] = []
         self._loads: dict[RequestId, LoadRecord] = {}
         self._failed: dict[bytes, int] = {}
@@ -297,6 +305,7 @@ class ReferenceConnector:
             entry = self._jobs.pop(result.job_id, None)
             if entry is None:
                 raise ConfigError("completed_jobs", result.job_id, "no such job", "report once")
+            self._store_spans.pop(result.job_id, None)
             job = entry[0]
             keys = tuple(item.key for item in job.items)
             if job.kind is TransferKind.LOAD:
@@ -414,6 +423,7 @@ class ReferenceConnector:
         twin.__dict__.update(self.__dict__)
         twin.store = self.store.copy()
         twin._jobs = dict(self._jobs)
+        twin._store_spans = dict(self._store_spans)
         twin._unsent_loads = list(self._unsent_loads)
         twin._loads = dict(self._loads)
         twin._failed = dict(self._failed)
@@ -436,6 +446,17 @@ class ReferenceConnector:
             "failed_keys": tuple(sorted((k.hex(), since) for k, since in self._failed.items())),
             "key_salts": tuple(sorted((k.hex(), s) for k, s in self._key_salts.items())),
             "delayed": tuple(sorted(self._delayed)),
+            "store_spans": tuple((int(j), a, b) for j, (a, b) in sorted(self._store_spans.items())),
+            "checkpoints": tuple(
+                (
+                    r.alignment,
+                    r.hash_block_size,
+                    r.cache_hit_alignment,
+                    r.drop_eagle_block,
+                    r.hash_lookahead,
+                )
+                for r in self.geometry.checkpoints
+            ),
             "store": self.store.snapshot(),
         }
 
@@ -451,6 +472,7 @@ class ReferenceConnector:
         return (
             self._next_job,
             tuple(sorted(self._jobs.items())),
+            tuple(sorted(self._store_spans.items())),
             tuple(sorted(self._loads.items())),
             tuple(sorted(self._failed.items())),
             tuple(sorted(self._key_salts.items(), key=lambda kv: kv[0])),
@@ -525,6 +547,7 @@ class ReferenceConnector:
             self._key_salts.setdefault(item.key, request.cache_salt)
         job = TransferJob(self._new_job_id(), TransferKind.STORE, request.request_id, tuple(taken))
         self._jobs[job.job_id] = (job, request.cache_salt)
+        self._store_spans[job.job_id] = (start, end)
         if self._pool is not None:
             self._pool.touch(BlockId(item.block_id) for item in job.items)
         return job

@@ -5,9 +5,11 @@ in ``(c, c + n]``, from the block that holds it after this step's forward:
 
 - an attention unit from the block at its table slot (never the null block: a sliding window
   nulls only blocks it no longer reads, which a unit ending at or after ``c`` never is);
-- a mamba unit only if the table still holds a real state block at exactly the unit end (slot
-  ``end // block - 1``). In align mode a step's forward writes the state at its own end only,
-  so a unit end inside a long prefill step meets a null slot and is not stored.
+- a mamba unit only from a state the step's forward writes, keyed by the position that state
+  holds: the running state at ``c + n`` (slot ``ceil((c + n) / block) - 1``) and vLLM's prefill
+  checkpoint (:mod:`spec.connector.checkpoints`), each only if its position is a unit end and
+  its slot holds a real block. Any other slot holds no state of this step; the checkpoint slot
+  holds the state of an earlier position than its own end under EAGLE/MTP (MB-2, MB-8).
 
 Decode-phase tokens count: a follow-up turn that extends the conversation can hit them. (vLLM
 0.33's native connector stores the prompt only by default and mamba states only at prefill
@@ -24,6 +26,7 @@ from itertools import groupby
 from spec.block_pool import NULL_BLOCK
 from spec.connector.geometry import Geometry, UnitRef
 from spec.connector_api import BlockTable, TransferItem
+from spec.kinds import GroupKind
 
 __all__ = ["items_by_end", "store_items", "store_units"]
 
@@ -39,7 +42,11 @@ def store_units(
     found: list[tuple[UnitRef, int]] = []
     for g in range(geometry.num_groups):
         table = block_ids[g] if g < len(block_ids) else ()
-        for ref in geometry.units_ending_in(g, start, end):
+        if geometry.kinds[g] is GroupKind.MAMBA:
+            refs = geometry.mamba_states_ending_in(g, start, end)
+        else:
+            refs = geometry.units_ending_in(g, start, end)
+        for ref in refs:
             if ref.block_index < len(table) and table[ref.block_index] != NULL_BLOCK:
                 found.append((ref, table[ref.block_index]))
     found.sort(key=lambda pair: (pair[0].end, pair[0].group_idx))

@@ -2,9 +2,10 @@
 
 Each predicate reads the plain snapshot documented in :mod:`spec.connector.scheduler_side`
 (the host store's snapshot is nested under ``store``). MB-1..MB-3 are the mamba-boundary and
-alignment rules of loads and stores; MB-4..MB-7 recount the connector's hand-kept bookkeeping
-against the host store (pins, reservations, failure memory, delayed frees); SEC-1 is
-``cache_salt`` isolation.
+alignment rules of loads and stores, MB-8 the position a stored mamba state holds (read off
+each store job's step and the group's checkpoint rule, :mod:`spec.connector.checkpoints`);
+MB-4..MB-7 recount the connector's hand-kept bookkeeping against the host store (pins,
+reservations, failure memory, delayed frees); SEC-1 is ``cache_salt`` isolation.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from collections import Counter
 from collections.abc import Iterator, Mapping
 from typing import Any
 
+from spec.connector.checkpoints import CheckpointRule, states_written
 from spec.invariants._registry import invariant
 from spec.kinds import GroupKind
 
@@ -167,5 +169,29 @@ def sec1_no_hit_across_salts(snap: Mapping[str, Any]) -> list[str]:
                 messages.append(
                     f"{load['request_id']} (salt {load['cache_salt']!r}) loads key {key} stored "
                     f"under salt {salts[key]!r}"
+                )
+    return messages
+
+
+@invariant(_SUBJECT)
+def mb8_mamba_state_keyed_by_its_position(snap: Mapping[str, Any]) -> list[str]:
+    """MB-8: a stored mamba state is keyed by the position its step wrote it at."""
+    messages = []
+    mamba = set(_mamba_groups(snap))
+    spans = {job_id: (start, end) for job_id, start, end in snap["store_spans"]}
+    for job in _jobs(snap, _STORE):
+        if job["job_id"] not in spans:
+            messages.append(f"store job {job['job_id']} has no recorded step")
+            continue
+        start, end = spans[job["job_id"]]
+        for g, block_id, _, at in job["items"]:
+            if g not in mamba:
+                continue
+            rule = CheckpointRule(*snap["checkpoints"][g])
+            written = {s.position for s in states_written(rule, start, end, snap["units"][g])}
+            if at not in written:
+                messages.append(
+                    f"store job {job['job_id']} of step [{start}, {end}) keys block {block_id} "
+                    f"of mamba group {g} at {at}; the step wrote states at {sorted(written)}"
                 )
     return messages

@@ -323,7 +323,8 @@ class KVCacheCoordinator:
 
         Keys: ``block_pool`` (the pool's snapshot) and ``groups``, one mapping per group with
         ``kv_cache_group_id``, ``kind``, ``block_size``, ``sliding_window``,
-        ``extra_retained_tokens``, ``num_speculative_blocks``, ``reserved``, ``taken`` and
+        ``extra_retained_tokens``, ``num_speculative_blocks``, ``num_prefill_checkpoint_blocks``
+        (always 0: the managers model no checkpoint block), ``reserved``, ``taken`` and
         ``tables``: sorted ``(request_id, processed_tokens, (block ids...))``.
 
         Frame: nothing changes.
@@ -344,6 +345,8 @@ class KVCacheCoordinator:
             "sliding_window": m.spec.sliding_window,
             "extra_retained_tokens": m.spec.extra_retained_tokens,
             "num_speculative_blocks": m.spec.num_speculative_blocks,
+            # vLLM's prefill checkpoint block (spec.connector.checkpoints); not modelled here.
+            "num_prefill_checkpoint_blocks": 0,
             "reserved": alloc[0],
             "taken": alloc[1],
             "tables": tuple(

@@ -30,8 +30,9 @@ align-mode count: at ``v1/core/single_type_kv_cache_manager.py:1743-1747`` it co
 that the coordinator adds to the other groups' counts, under-reserving them. The spec clamps the
 count at 0 (:meth:`MambaManager._clamp`).
 
-Not modelled: prefill checkpoint blocks, partial (sub-block) hits and their copy-on-write,
-boundary-state hand-offs to connectors.
+Not modelled: prefill checkpoint blocks (reserving and re-keying them; where they sit and which
+state they hold is :mod:`spec.connector.checkpoints`, the connector's side), partial (sub-block)
+hits and their copy-on-write, boundary-state hand-offs to connectors.
 """
 
 from __future__ import annotations

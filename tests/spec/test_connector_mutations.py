@@ -14,6 +14,7 @@ import pytest
 from connector_harness import Harness, key, make, view
 
 from spec.connector import ReferenceConnector
+from spec.connector.checkpoints import NONE, CheckpointRule
 from spec.connector.stores import store_items
 from spec.connector_api import (
     BlockTable,
@@ -200,6 +201,7 @@ class StoresOverPresentKeys(ReferenceConnector):
             return None
         job = TransferJob(self._new_job_id(), TransferKind.STORE, request.request_id, items)
         self._jobs[job.job_id] = (job, request.cache_salt)
+        self._store_spans[job.job_id] = (start, end)  # MB-8's record, kept as the model does
         return job
 
 
@@ -213,6 +215,49 @@ def _second_writer(cls: type[ReferenceConnector]) -> Harness:
 def test_mb6_store_job_over_ready_keys() -> None:
     assert _failing(_second_writer(ReferenceConnector)) == {}
     assert set(_failing(_second_writer(StoresOverPresentKeys))) == {"MB-6"}
+
+
+# ----------------------------------------------------------------- MB-8
+
+
+class EagleCheckpoints(ReferenceConnector):
+    """The mamba group exports vLLM's prefill checkpoint with EAGLE's block drop (grid 2)."""
+
+    def __init__(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+        rule = CheckpointRule(1, 2, 2, True, 0)
+        super().__init__(*args, **kwargs, checkpoints=(NONE, rule))
+
+
+class CheckpointKeyedBySlot(EagleCheckpoints):
+    """Keys every real mamba slot by the slot's own end (the rule before MB-8)."""
+
+    def _store_items(self, hashes, block_ids, start, end):  # type: ignore[no-untyped-def]
+        g = self.geometry
+        return tuple(
+            TransferItem(ref.group_idx, table[ref.block_index], g.key(hashes, ref), ref.end)
+            for ref, table in (
+                (ref, block_ids[gi])
+                for gi in range(g.num_groups)
+                for ref in g.units_ending_in(gi, start, end)
+            )
+            if ref.block_index < len(table) and table[ref.block_index]
+        )
+
+
+def _checkpoint_step(cls: type[ReferenceConnector]) -> Harness:
+    h = Harness(*make(cls=cls))
+    # Prefill [0, 7): the checkpoint is floor(7 / 2) * 2 - 2 = 4, in slot ceil(7 / 2) - 2 = 2,
+    # whose own end is 6; the running state after 7 sits in slot 3.
+    h.step([(view("A", (1, 2, 3, 4, 5, 6, 7, 8)), ((1, 2, 3, 4), (0, 0, 13, 14)), 0, 7)])
+    return h
+
+
+def test_mb8_checkpoint_keyed_by_its_slot() -> None:
+    correct = _checkpoint_step(EagleCheckpoints)
+    assert _failing(correct) == {}
+    [job] = correct.meta.store_jobs
+    assert [(i.block_id, i.end_token) for i in job.items if i.group_idx == 1] == [(13, 4)]
+    assert set(_failing(_checkpoint_step(CheckpointKeyedBySlot))) == {"MB-8"}
 
 
 # ----------------------------------------------------------------- MB-7

@@ -691,6 +691,34 @@ def test_mb7_free_delayed_without_a_store() -> None:
     assert found.messages == ("r0 is delayed with no store in flight",)
 
 
+class StateKeyedBySlot(ReferenceConnector):
+    """A step ending off a block boundary stores its state block under the key of that block's
+    start, the unit end the slot stands for one block earlier: the slot taken for the position,
+    as vLLM's prefill checkpoint block was under EAGLE/MTP (one block before its slot's end)."""
+
+    def _store_items(self, hashes: Any, block_ids: Any, start: int, end: int) -> tuple[Any, ...]:
+        items = super()._store_items(hashes, block_ids, start, end)
+        unit = self.geometry.planner.units[1]
+        at = end // unit * unit
+        if end % unit and at and block_ids[1] and block_ids[1][-1]:
+            ref = self.geometry.unit(1, at // unit - 1)
+            items += (TransferItem(1, block_ids[1][-1], self.geometry.key(hashes, ref), at),)
+        return items
+
+
+@pytest.mark.mutation("MB-8")
+def test_mb8_mamba_state_keyed_by_its_slot() -> None:
+    """r0's first step [0, 4) cannot store its state at 4 (a 2-entry store is full); the
+    second step [4, 5) leaves the state after 5 tokens in slot 2 and the mutant stores it under
+    the key of 4 (a unit end, so MB-2 holds)."""
+    found = caught("MB-8", two_token_blocks(store=2, connector_cls=StateKeyedBySlot), 3)
+    assert found.trace == "arrive r0 | step | step"
+    assert found.messages == (
+        "store job 2 of step [4, 5) keys block 5 of mamba group 1 at 4; the step wrote states "
+        "at [5]",
+    )
+
+
 @pytest.mark.mutation("SEC-1")
 def test_sec1_cache_salt_ignored() -> None:
     """The block hashes leave the cache_salt out: tenant b loads what tenant a stored."""

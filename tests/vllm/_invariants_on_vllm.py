@@ -37,7 +37,7 @@ __all__ = ["CHECKED", "EXERCISED", "NOT_CHECKED", "InvariantChecker", "snapshots
 CHECKED: dict[str, tuple[str, ...]] = {
     "block_pool": ("BP-1", "BP-2", "BP-3", "BP-4", "BP-5", "BP-6", "BP-7"),
     "kv_cache_groups": ("GR-1", "GR-2", "GR-3", "GR-4", "GR-5", "GR-8"),
-    "connector": ("MB-1", "MB-2", "MB-3", "MB-4", "MB-5", "MB-6", "MB-7", "SEC-1"),
+    "connector": ("MB-1", "MB-2", "MB-3", "MB-4", "MB-5", "MB-6", "MB-7", "MB-8", "SEC-1"),
     "store": tuple(f"ST-{n}" for n in range(1, 11)),
     "system": ("TR-1",),
     "scheduler": ("SC-1", "SC-5", "SC-7", "SC-8"),
@@ -169,6 +169,7 @@ def groups_snapshot(engine: Any, pool: dict[str, Any], processed: Mapping[str, i
                 "sliding_window": getattr(spec, "sliding_window", None) or 0,
                 "extra_retained_tokens": getattr(spec, "extra_retained_tokens", 0),
                 "num_speculative_blocks": getattr(spec, "num_speculative_blocks", 0),
+                "num_prefill_checkpoint_blocks": getattr(spec, "num_prefill_checkpoint_blocks", 0),
                 "tables": tuple(
                     sorted((rid, processed.get(rid, 0), ids) for rid, ids in tables[gid].items())
                 ),
