@@ -27,6 +27,9 @@ from hybridkv.store import LookupResult
 
 TOKENS = tuple(range(1, 34))  # 33 tokens: 32 claimable, 8 units of 4 per group
 TABLE = tuple(tuple(1 + g * 100 + i for i in range(9)) for g in range(2))
+# One step computing the 32 claimable tokens stores 8 full-attention units and the one mamba
+# state it writes, at its end (MB-8: a state is stored only at the position its step wrote).
+STORED = 8 + 1
 
 
 class Pool:
@@ -49,8 +52,8 @@ def _view(rid: str, first: int = 1) -> RequestView:
 
 
 def _store(core: ConnectorCore, rid: str, first: int = 1) -> int:
-    """One step computing the whole request: its store job's id (not reported)."""
-    scheduled = ScheduledRequest(_view(rid, first), TABLE, 0, 33)
+    """One step computing the claimable prefix: its store job's id (not reported)."""
+    scheduled = ScheduledRequest(_view(rid, first), TABLE, 0, 32)
     meta = core.build_connector_meta(StepView(1, (scheduled,)))
     (job,) = meta.store_jobs
     return int(job.job_id)
@@ -68,7 +71,7 @@ def test_ready_entries_are_evicted_and_never_claimed() -> None:
     core = mamba_full_core(64)
     _report(core, _store(core, "a"))
     assert _claim(core, "b") is ClaimKind.ASYNC
-    assert core.reset_cache() == 16
+    assert core.reset_cache() == STORED
     assert core.store.stats().used == 0
     assert _claim(core, "c") is ClaimKind.NONE
     assert core.resets == 1
@@ -80,7 +83,7 @@ def test_a_store_in_flight_at_a_reset_completes_dropped() -> None:
     core.bind_gpu_block_pool(pool)
     job = _store(core, "a")
     core.reset_cache()
-    assert core.store.stats().storing == 16  # still being written: its slots stay reserved
+    assert core.store.stats().storing == STORED  # still being written: its slots stay reserved
     assert _claim(core, "b") is ClaimKind.DEFER
     _report(core, job, success=True)
     assert core.store.stats().used == 0
@@ -99,7 +102,7 @@ def test_keys_a_load_pins_are_never_claimed_and_leave_with_the_load() -> None:
     assert loads
     pinned = core.store.stats().pinned
     assert pinned > 0
-    assert core.reset_cache() == 16 - pinned  # the entries the load does not pin
+    assert core.reset_cache() == STORED - pinned  # the entries the load does not pin
     assert core.store.stats().used == pinned
     assert _claim(core, "c") is ClaimKind.NONE
     for job in loads:
