@@ -205,7 +205,10 @@ class TransferMeter:
         self.counts: dict[str, int | float] = dict.fromkeys(WORKER_COUNTERS, 0)
 
     def bound(self, jobs: Iterable[TransferJob]) -> None:
-        """This step's jobs reached the worker; the loads are submitted now."""
+        """This step's jobs reached the worker; the loads are submitted now, and so are stores
+        of an earlier step whose ``wait_for_save`` never came (the worker submits them at the
+        bind)."""
+        self.saving()
         now = time.perf_counter()
         for job in jobs:
             size = sum(self._group_bytes[item.group_idx] for item in job.items)
