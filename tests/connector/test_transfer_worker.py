@@ -354,7 +354,7 @@ def test_a_store_whose_wait_for_save_never_came_starts_at_the_next_bind() -> Non
     """Liveness: a step without wait_for_save strands no store (the next bind submits it, and
     the fold after reports it). A regression guard: this also passes on main, where
     get_transfer_results submitted it."""
-    case, stack, driver = make("full_sliding")
+    case, stack, _ = make("full_sliding")
     table_a = LAYOUTS["full_sliding"][2]
     with stack.engine:
         randomize(case, seed=1)

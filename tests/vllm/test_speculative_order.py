@@ -15,6 +15,7 @@ the worst a copy stream running beside the drafter can do. Issue 17, item 2d.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Iterable, Sequence
 from typing import Any
 
@@ -144,8 +145,7 @@ def test_stores_capture_the_drafters_writes_and_start_only_in_wait_for_save(
     hooks = [entry for entry in adapter.log if entry != "store submitted"]
     assert "get_transfer_results" in hooks
     assert any(
-        a == "get_transfer_results" and b == "wait_for_save"
-        for a, b in zip(hooks, hooks[1:], strict=False)
+        a == "get_transfer_results" and b == "wait_for_save" for a, b in itertools.pairwise(hooks)
     )
     # No store starts between a step's results and its wait_for_save (the drafter's window).
     last_hook = ""
