@@ -194,6 +194,15 @@ def _tables(block_ids: Any) -> BlockTable:
 class HybridKVConnector(KVConnectorBase_V1, SupportsHMA):
     """hybridkv's offload connector for vLLM 0.33 (module docstring)."""
 
+    @property
+    def requires_kv_delivery(self) -> bool:
+        """False: a best-effort cache (as vLLM's OffloadingConnector, ``offloading_connector.py
+        :73-77``). The inherited default (``kv_role`` is a producer) makes vLLM drop a preempted
+        request's in-flight output under async scheduling (``scheduler.py:975``, ``1832``,
+        ``2338``) to protect a hand-off the preemption's free would void; no store of this
+        connector is voided so (its sources stay pinned in the pool until it reports)."""
+        return False
+
     def __init__(self, vllm_config: Any, role: KVConnectorRole, kv_cache_config: Any) -> None:
         super().__init__(vllm_config, role, kv_cache_config)
         require_hma(vllm_config)
@@ -227,6 +236,9 @@ class HybridKVConnector(KVConnectorBase_V1, SupportsHMA):
         )
         # Restarts after failed loads that vLLM refused (hybridkv.vllm.reclaim).
         self._reclaim = ReclaimGuard()
+        # has_pending_block_frees: vLLM's pool, and the requests whose free waits for a store.
+        self._gpu_pool: Any = None
+        self._delayed_frees: set[str] = set()
         self.deadlines: LoadDeadlines | None = None
         # Lookups answered 0 in front of the core for requests whose load missed its deadline.
         self._deadline_answers = 0
@@ -296,6 +308,23 @@ class HybridKVConnector(KVConnectorBase_V1, SupportsHMA):
     def bind_gpu_block_pool(self, gpu_block_pool: Any) -> None:
         """Store sources are pinned in vLLM's pool from a store's emission to its report."""
         self._core().bind_gpu_block_pool(_PoolPins(gpu_block_pool))
+        self._gpu_pool = gpu_block_pool
+
+    def has_pending_block_frees(self) -> bool:
+        """Whether a store in flight returns blocks to vLLM's free pool when it reports: a
+        finished request's free delayed until ``finished_sending``, or a store source nothing
+        but the store's pin holds (a preempted or finished request's block). vLLM then waits
+        a step instead of preempting a running request (``scheduler.py:924-928``); a store
+        reading blocks a running request still holds frees nothing, so it does not count."""
+        if self._delayed_frees:
+            return True
+        pool = self._gpu_pool
+        if pool is None:
+            return False
+        pins: dict[int, int] = {}
+        for block in self._core().held_blocks():
+            pins[block] = pins.get(block, 0) + 1
+        return any(pool.blocks[b].ref_cnt <= n for b, n in pins.items())
 
     def on_new_request(self, request: Any) -> None:
         self._requests[request.request_id] = request
@@ -375,6 +404,7 @@ class HybridKVConnector(KVConnectorBase_V1, SupportsHMA):
         return HybridKVMetadata(meta, slots, tuple(int(j) for j in late) if late else (), orders)
 
     def update_connector_output(self, connector_output: Any) -> None:
+        self._delayed_frees.difference_update(connector_output.finished_sending or ())
         worker_meta = connector_output.kv_connector_worker_meta
         reports = worker_meta.reports if isinstance(worker_meta, HybridKVWorkerMeta) else ()
         if not reports and not connector_output.failed_recving:
@@ -426,7 +456,10 @@ class HybridKVConnector(KVConnectorBase_V1, SupportsHMA):
             self.remote.finished(request.request_id)
         view = self._views.view(request)
         self._views.forget(request.request_id)
-        return self._core().request_finished_all_groups(view, _tables(block_ids)), None
+        delayed = self._core().request_finished_all_groups(view, _tables(block_ids))
+        if delayed:
+            self._delayed_frees.add(request.request_id)
+        return delayed, None
 
     # ============================================================ worker side
 

@@ -13,7 +13,7 @@ vLLM's block pool until each store reports.
 How the state is reached, with vLLM's own scheduling on sliding window + full attention (block
 32, one unit a step): Q decodes; R prefills 200 tokens, its stores of the units ending at 32
 and 64 succeed, the one ending at 96 fails (the job hook), the one ending at 128 is held
-unreported (:class:`_Hold`); Q's next block preempts R (vLLM preempts the last running
+unreported (``_held_reports``); Q's next block preempts R (vLLM preempts the last running
 request); Q's decode then evicts R's cached GPU blocks; when Q finishes R is admitted again
 with no local hit, and the host tier serves it the 64 tokens before the failed unit: an async
 load, so R waits in WAITING_FOR_REMOTE_KVS with its own store (ending at 128) still in flight.
@@ -24,7 +24,6 @@ The held reports are then released in each order.
 from __future__ import annotations
 
 import random
-from collections.abc import Iterable, Sequence
 from typing import Any
 
 import pytest
@@ -32,86 +31,32 @@ import pytest
 pytestmark = pytest.mark.vllm
 pytest.importorskip("vllm.v1.core.sched.scheduler", reason="vLLM 0.33 is not installed")
 
+from _held_reports import HoldingAdapter  # noqa: E402
 from diffharness.layouts import RECIPES, Layout  # noqa: E402
 from vllm.config import KVTransferConfig  # noqa: E402
 
 from hybridkv.connector.api import TransferJob, TransferKind  # noqa: E402
-from hybridkv.transfer import Direction, TransferEngine, TransferPair  # noqa: E402
-from hybridkv.transfer.api import FinishedJob, JobId  # noqa: E402
-from hybridkv.vllm.cpu_worker import HybridKVOnCPU  # noqa: E402
+from hybridkv.transfer import Direction  # noqa: E402
 from hybridkv.vllm.inprocess import EngineSettings, InProcessEngine  # noqa: E402
 
 UNIT = 32
 
 
-class _Hold(TransferEngine):
-    """Holds back the reports of chosen jobs until released (a slow copy, made exact)."""
-
-    def __init__(self, inner: TransferEngine) -> None:
-        self.inner = inner
-        self.hold_next: Direction | None = None
-        self.held: dict[JobId, Direction] = {}
-        self._kept: list[FinishedJob] = []
-
-    def submit(self, direction: Direction, pairs: Sequence[TransferPair]) -> JobId:
-        job = self.inner.submit(direction, pairs)
-        if self.hold_next is direction:
-            self.held[job] = direction
-            self.hold_next = None
-        return job
-
-    def release(self, direction: Direction | None) -> None:
-        """Let the held jobs of ``direction`` (None: all) report at the next poll."""
-        self.held = {j: d for j, d in self.held.items() if direction not in (None, d)}
-
-    def poll(self) -> list[FinishedJob]:
-        found, self._kept = self._kept + self.inner.poll(), []
-        self._kept = [f for f in found if f.job_id in self.held]
-        return [f for f in found if f.job_id not in self.held]
-
-    def wait(self, job_ids: Iterable[JobId]) -> None:
-        self.inner.wait(job_ids)
-
-    def abandon(self, job_ids: Iterable[JobId]) -> None:
-        self.inner.abandon(job_ids)
-
-    def close(self) -> None:
-        self.inner.close()
-
-
-class _Adapter(HybridKVOnCPU):
+def _job_hook(job: TransferJob) -> Direction | bool | None:
     """R's store ending at 96 fails before submission; its store ending at 128 and its loads
-    are held (:class:`_Hold`)."""
-
-    def __init__(self) -> None:
-        super().__init__(delay=1)
-        self.hold: _Hold | None = None
-
-    def attach(self, connector: Any, kv_caches: Any) -> None:
-        connector._register(kv_caches, self._job_hook, None, self._wrap)
-        self.connector = connector
-
-    def _wrap(self, engine: Any) -> _Hold:
-        self.hold = _Hold(self._delayed(engine))
-        return self.hold
-
-    def _job_hook(self, job: TransferJob) -> bool:
-        assert self.hold is not None
-        if job.request_id != "R":
-            return False
-        if job.kind is TransferKind.LOAD:
-            self.hold.hold_next = Direction.LOAD
-            return False
-        end = max(item.end_token for item in job.items)
-        if end == 3 * UNIT:
-            return True
-        if end == 4 * UNIT:
-            self.hold.hold_next = Direction.STORE
-        return False
+    are held."""
+    if job.request_id != "R":
+        return None
+    if job.kind is TransferKind.LOAD:
+        return Direction.LOAD
+    end = max(item.end_token for item in job.items)
+    if end == 3 * UNIT:
+        return True
+    return Direction.STORE if end == 4 * UNIT else None
 
 
-def _engine() -> tuple[InProcessEngine, _Adapter]:
-    adapter = _Adapter()
+def _engine() -> tuple[InProcessEngine, HoldingAdapter]:
+    adapter = HoldingAdapter(_job_hook)
     transfer = KVTransferConfig(
         kv_connector="HybridKVConnector",
         kv_connector_module_path="hybridkv.vllm",
