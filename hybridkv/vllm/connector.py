@@ -75,6 +75,7 @@ from hybridkv.store import HostStore, LookupResult
 from hybridkv.transfer import TransferEngine
 from hybridkv.transfer.cpu_engine import FaultHook
 from hybridkv.vllm.config import HybridKVConfig, check_failure_policy, parse_extra_config
+from hybridkv.vllm.events import BlockPayloads
 from hybridkv.vllm.layout import VllmLayout, read_layout, recommended_chunk_size, whole_blocks
 from hybridkv.vllm.metrics import (
     GroupAgreement,
@@ -239,6 +240,12 @@ class HybridKVConnector(KVConnectorBase_V1, SupportsHMA):
         # has_pending_block_frees: vLLM's pool, and the requests whose free waits for a store.
         self._gpu_pool: Any = None
         self._delayed_frees: set[str] = set()
+        # KV events' parent hashes and tokens, snapshotted at each store (hybridkv.vllm.events).
+        events = vllm_config.kv_events_config
+        self._payloads: BlockPayloads | None = None
+        if events is not None and events.enable_kv_cache_events:
+            sizes = tuple(g.block_size for g in self.layout.groups)
+            self._payloads = BlockPayloads(sizes, self.layout.hash_block_size)
         self.deadlines: LoadDeadlines | None = None
         # Lookups answered 0 in front of the core for requests whose load missed its deadline.
         self._deadline_answers = 0
@@ -391,6 +398,8 @@ class HybridKVConnector(KVConnectorBase_V1, SupportsHMA):
             no_unit_ids=frozenset(no_unit),
         )
         meta = core.build_connector_meta(step)
+        if self._payloads is not None and meta.store_jobs:
+            self._payloads.record(meta.store_jobs, self._requests)
         slots = {}
         if meta.load_jobs or meta.store_jobs:  # most decode steps have no job: nothing to name
             keys = [item.key for job in (*meta.load_jobs, *meta.store_jobs) for item in job.items]
@@ -651,7 +660,15 @@ class HybridKVConnector(KVConnectorBase_V1, SupportsHMA):
         config = self._vllm_config.kv_events_config
         if not events or config is None or not config.enable_kv_cache_events:
             return ()
-        return list(store_events_to_vllm(events, self._core().geometry.units))
+        store = self._core().store
+        return list(
+            store_events_to_vllm(
+                events,
+                self._core().geometry.units,
+                self._payloads,
+                lambda key: store.status(key) is not LookupResult.MISS,
+            )
+        )
 
     def shutdown(self) -> None:
         if self.remote is not None:
