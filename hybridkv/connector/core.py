@@ -389,7 +389,14 @@ class ConnectorCore:
                 self._store_reported(job, keys, result.success)
 
     def request_finished_all_groups(self, request: RequestView, block_ids: BlockTable) -> bool:
-        """True (delay the free until ``finished_sending``) iff a store of it is in flight.
+        """True (delay the free until ``finished_sending``) iff a store of it is in flight and
+        no load of it is.
+
+        A request finished while its load is in flight is already held by the scheduler until
+        that load reports (vLLM: ``finish_requests`` delays its free to ``finished_recving``),
+        so it is never delayed here too: vLLM frees and deletes the request at the first of the
+        two reports and fails an assert at the second (``scheduler.py:3565-3581``). Its stores
+        still read their sources safely: those stay pinned until each store reports.
 
         Post: the request's hash chain, asked position and (unless in flight) load record are
         forgotten; a delayed request is announced to the worker in the next metadata.
@@ -403,8 +410,8 @@ class ConnectorCore:
         if record is not None:
             if record.in_flight:
                 self._finished.add(rid)  # dropped when its load's last job reports
-            else:
-                del self._loads[rid]
+                return False  # the load's report frees it (docstring)
+            del self._loads[rid]
         if not self._stores_of.get(rid):
             return False
         self._delayed.add(rid)

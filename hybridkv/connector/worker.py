@@ -19,6 +19,22 @@ In vLLM's per-step worker order (``v1/worker/gpu/kv_connector.py``):
 4. :meth:`TransferWorker.get_transfer_results`: finished jobs, folded; completed-job ids in
    ascending order, so a run is reproducible whatever the copy thread's timing.
 
+With speculative decoding vLLM swaps 3 and 4: the runner collects the transfer results right
+after the target forward and calls ``wait_for_save`` only after the drafter ran, so the draft
+layers' KV of this step is written in between (``v1/worker/kv_connector_model_runner_mixin.py``
+lines 91-96 with ``defer_finalize``, ``finalize_kv_connector`` at 53-61, called from
+``v1/worker/gpu_model_runner.py:4471-4475``; model runner v2: ``v1/worker/gpu/kv_connector.py``
+``post_forward(defer_finalize=True)`` at 146-148, ``finalize_step`` at 162-166, called from
+``v1/worker/gpu/model_runner.py:2258-2260`` and ``2343-2344``). So stores are submitted in
+:meth:`TransferWorker.wait_for_save` only, never by :meth:`TransferWorker.get_transfer_results`:
+a store issued there would copy the draft layers' slots before the drafter wrote them. Such a
+step's stores report at a later step's fold (the scheduler side keeps their sources pinned and
+the finished request's free delayed until then, so vLLM keeps stepping). A step whose
+``wait_for_save`` never comes (vLLM skips it only on a pipeline stage that is not the last,
+which the connector refuses) still submits its stores: at the next
+:meth:`TransferWorker.bind_connector_metadata`, when every write of that step precedes them in
+stream order; no store waits for ever.
+
 Load deadlines: :meth:`TransferWorker.abandon` stops the load jobs the scheduler side gave up on
 (:class:`~hybridkv.connector.deadlines.LoadDeadlines`): the engine cancels a copy not started
 and waits for one running (:meth:`hybridkv.transfer.TransferEngine.abandon`), and only then is
@@ -142,7 +158,9 @@ class TransferWorker:
     # ----------------------------------------------------------------- the step
 
     def bind_connector_metadata(self, meta: ConnectorMeta) -> None:
-        """Accept this step's jobs: submit the loads (waiting for sync ones), queue the stores.
+        """Accept this step's jobs: submit the loads (waiting for sync ones), queue the stores
+        for :meth:`wait_for_save` (stores still queued from an earlier step are submitted
+        first: its ``wait_for_save`` never came).
 
         Pre: fresh job ids (field ``job_id``); every item names a known group (``group_idx``),
         a real block inside the caches (``block_id``: the null block and blocks past the cache
@@ -154,6 +172,9 @@ class TransferWorker:
         jobs = (*meta.load_jobs, *meta.store_jobs)
         plans = [(job, self._pairs(job)) for job in jobs]
         self._tracker.bind_connector_metadata(meta)
+        # Stores of an earlier step whose wait_for_save never came: that step is over, so its
+        # writes (the drafter's included) precede them; their sources are still pinned.
+        self.wait_for_save()
         sync: list[EngineJobId] = []
         for job, pairs in plans:
             if job.kind is not _LOAD:
@@ -166,7 +187,9 @@ class TransferWorker:
             self.engine.wait(sync)
 
     def wait_for_save(self) -> None:
-        """Submit the stores bound this step (vLLM ``wait_for_save``: after the forward)."""
+        """Submit the stores bound this step (vLLM ``wait_for_save``: after the forward, and
+        after the drafter with speculative decoding); the only place a store is submitted
+        besides the next bind (module docstring)."""
         stores, self._stores = self._stores, []
         for job, pairs in stores:
             self._submit(job, pairs)
@@ -176,13 +199,14 @@ class TransferWorker:
     ) -> KVConnectorOutput:
         """Fold every finished job into request-level outcomes.
 
-        Stores not yet submitted are submitted first. ``wait``: block until every job in
-        flight (except ``hold``) has finished, so the report does not depend on timing.
+        Submits nothing: with speculative decoding vLLM calls this before the drafter writes
+        and before ``wait_for_save`` (module docstring), so stores bound and not submitted yet
+        stay queued and report at a later call. ``wait``: block until every job submitted
+        (except ``hold``) has finished, so the report does not depend on timing.
         ``hold``: jobs whose results stay unreported this call even if finished (a simulator
         delays completions this way). Post: the reported jobs left flight; the output is the
         :class:`JobTracker`'s, results in ascending job id order.
         """
-        self.wait_for_save()
         if wait:
             self.engine.wait([e for e, j in self._jobs_of.items() if j not in hold])
         self._drain()

@@ -79,6 +79,7 @@ from hybridkv.transfer import TransferEngine
 from hybridkv.transfer.cpu_engine import FaultHook
 from hybridkv.vllm.checkpoints import read_checkpoint_rules
 from hybridkv.vllm.config import HybridKVConfig, check_failure_policy, parse_extra_config
+from hybridkv.vllm.events import BlockPayloads
 from hybridkv.vllm.layout import VllmLayout, read_layout, recommended_chunk_size, whole_blocks
 from hybridkv.vllm.metrics import (
     GroupAgreement,
@@ -215,6 +216,15 @@ class HybridKVConnector(KVConnectorBase_V1, SupportsHMA):
     # host memory before it is claimed).
     _cache_hit_source = CacheHitSource.HOST
 
+    @property
+    def requires_kv_delivery(self) -> bool:
+        """False: a best-effort cache (as vLLM's OffloadingConnector, ``offloading_connector.py
+        :73-77``). The inherited default (``kv_role`` is a producer) makes vLLM drop a preempted
+        request's in-flight output under async scheduling (``scheduler.py:975``, ``1832``,
+        ``2338``) to protect a hand-off the preemption's free would void; no store of this
+        connector is voided so (its sources stay pinned in the pool until it reports)."""
+        return False
+
     def __init__(self, vllm_config: Any, role: KVConnectorRole, kv_cache_config: Any) -> None:
         super().__init__(vllm_config, role, kv_cache_config)
         require_hma(vllm_config)
@@ -252,6 +262,15 @@ class HybridKVConnector(KVConnectorBase_V1, SupportsHMA):
         )
         # Restarts after failed loads that vLLM refused (hybridkv.vllm.reclaim).
         self._reclaim = ReclaimGuard()
+        # has_pending_block_frees: vLLM's pool, and the requests whose free waits for a store.
+        self._gpu_pool: Any = None
+        self._delayed_frees: set[str] = set()
+        # KV events' parent hashes and tokens, snapshotted at each store (hybridkv.vllm.events).
+        events = vllm_config.kv_events_config
+        self._payloads: BlockPayloads | None = None
+        if events is not None and events.enable_kv_cache_events:
+            sizes = tuple(g.block_size for g in self.layout.groups)
+            self._payloads = BlockPayloads(sizes, self.layout.hash_block_size)
         self.deadlines: LoadDeadlines | None = None
         # Lookups answered 0 in front of the core for requests whose load missed its deadline.
         self._deadline_answers = 0
@@ -327,6 +346,7 @@ class HybridKVConnector(KVConnectorBase_V1, SupportsHMA):
         """Store sources are pinned in vLLM's pool from a store's emission to its report; a
         prefix-cache reset gives them back first (hybridkv.vllm.reset)."""
         self._core().bind_gpu_block_pool(_PoolPins(gpu_block_pool))
+        self._gpu_pool = gpu_block_pool
         manager = getattr(self, "_kv_cache_manager", None)  # set first by bind_kv_cache_manager
         guard_pool_reset(gpu_block_pool, self._core(), manager)
 
@@ -334,6 +354,22 @@ class HybridKVConnector(KVConnectorBase_V1, SupportsHMA):
         """vLLM's ``reset_prefix_cache(reset_connector=True)``: nothing stored before it is
         served after it, host or remote (hybridkv.vllm.reset)."""
         return reset_connector_cache(self._core(), self.remote)
+
+    def has_pending_block_frees(self) -> bool:
+        """Whether a store in flight returns blocks to vLLM's free pool when it reports: a
+        finished request's free delayed until ``finished_sending``, or a store source nothing
+        but the store's pin holds (a preempted or finished request's block). vLLM then waits
+        a step instead of preempting a running request (``scheduler.py:924-928``); a store
+        reading blocks a running request still holds frees nothing, so it does not count."""
+        if self._delayed_frees:
+            return True
+        pool = self._gpu_pool
+        if pool is None:
+            return False
+        pins: dict[int, int] = {}
+        for block in self._core().held_blocks():
+            pins[block] = pins.get(block, 0) + 1
+        return any(pool.blocks[b].ref_cnt <= n for b, n in pins.items())
 
     def on_new_request(self, request: Any) -> None:
         self._requests[request.request_id] = request
@@ -400,6 +436,8 @@ class HybridKVConnector(KVConnectorBase_V1, SupportsHMA):
             no_unit_ids=frozenset(no_unit),
         )
         meta = core.build_connector_meta(step)
+        if self._payloads is not None and meta.store_jobs:
+            self._payloads.record(meta.store_jobs, self._requests)
         slots = {}
         if meta.load_jobs or meta.store_jobs:  # most decode steps have no job: nothing to name
             keys = [item.key for job in (*meta.load_jobs, *meta.store_jobs) for item in job.items]
@@ -413,6 +451,7 @@ class HybridKVConnector(KVConnectorBase_V1, SupportsHMA):
         return HybridKVMetadata(meta, slots, tuple(int(j) for j in late) if late else (), orders)
 
     def update_connector_output(self, connector_output: Any) -> None:
+        self._delayed_frees.difference_update(connector_output.finished_sending or ())
         worker_meta = connector_output.kv_connector_worker_meta
         reports = worker_meta.reports if isinstance(worker_meta, HybridKVWorkerMeta) else ()
         if not reports and not connector_output.failed_recving:
@@ -464,7 +503,10 @@ class HybridKVConnector(KVConnectorBase_V1, SupportsHMA):
             self.remote.finished(request.request_id)
         view = self._views.view(request)
         self._views.forget(request.request_id)
-        return self._core().request_finished_all_groups(view, _tables(block_ids)), None
+        delayed = self._core().request_finished_all_groups(view, _tables(block_ids))
+        if delayed:
+            self._delayed_frees.add(request.request_id)
+        return delayed, None
 
     # ============================================================ worker side
 
@@ -676,7 +718,15 @@ class HybridKVConnector(KVConnectorBase_V1, SupportsHMA):
         config = self._vllm_config.kv_events_config
         if not events or config is None or not config.enable_kv_cache_events:
             return ()
-        return list(store_events_to_vllm(events, self._core().geometry.units))
+        store = self._core().store
+        return list(
+            store_events_to_vllm(
+                events,
+                self._core().geometry.units,
+                self._payloads,
+                lambda key: store.status(key) is not LookupResult.MISS,
+            )
+        )
 
     def shutdown(self) -> None:
         if self.remote is not None:

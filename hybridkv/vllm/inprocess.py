@@ -37,7 +37,12 @@ forward for sync loads, the forward with ``wait_for_layer_load``/``save_kv_layer
 attention layer only, ``start_load_kv`` after it otherwise, ``wait_for_save``,
 ``get_transfer_results``, ``get_block_ids_with_load_errors``, stats, events, worker meta,
 ``clear_connector_metadata``); ``update_from_output()`` with the sampled tokens and that
-``KVConnectorOutput``.
+``KVConnectorOutput``. With ``EngineSettings.speculative_hooks`` a step that runs the model follows
+the speculative-decoding order instead (``defer_finalize``,
+``v1/worker/kv_connector_model_runner_mixin.py:83-107``, ``gpu_model_runner.py:4145, 4471-4475``):
+target forward, ``start_load_kv``, ``get_transfer_results`` and the rest of the output, the
+drafter's layer written, then ``wait_for_save`` and ``clear_connector_metadata``; a step with
+nothing scheduled keeps the plain order (``kv_connector_no_forward`` never defers).
 
 The forward (:mod:`hybridkv.vllm.content`): a mamba layer copies the state of block
 ``(c0 - 1) // block`` to ``cdiv(c1, block) - 1`` as ``preprocess_mamba`` does, checks it holds
@@ -133,6 +138,12 @@ class EngineSettings:
             request's real tokens only.
         prefix_match_unit: ``--prefix-match-unit`` (the hash block, below the block size: vLLM's
             partial hash hits and its ``cache_hit_alignment_tokens``).
+        speculative_hooks: follow the runner's hook order under speculative decoding (module
+            docstring): the model's last attention layer stands in for the drafter's layer
+            (an EAGLE head shares its group's block table); the target forward writes every
+            other layer, ``get_transfer_results`` runs, then the "drafter" writes that layer's
+            KV of the step's tokens, then ``wait_for_save``. No draft tokens are proposed:
+            only the order of the writes and the hooks is the runner's.
     """
 
     num_gpu_blocks: int
@@ -149,6 +160,7 @@ class EngineSettings:
     model_name: str = "model"
     speculative: dict[str, Any] | None = None
     prefix_match_unit: int | None = None
+    speculative_hooks: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -552,6 +564,11 @@ class InProcessEngine:
         for rank in self.ranks:
             rank.layers = self._layer_tags(rank)
         self._layers = self.ranks[0].layers
+        # The stand-in drafter's layer (EngineSettings.speculative_hooks): the last attention layer.
+        attention = [tags.name for _, tags, _ in self._layers if not tags.is_mamba]
+        self._draft_layer = attention[-1] if settings.speculative_hooks and attention else None
+        self._draft_spans: list[tuple[str, int, int]] = []
+        self._draft_tables: dict[str, Any] = {}
         self._hasher = self._block_hasher()
         self.free_at_start = self.scheduler.kv_cache_manager.block_pool.get_num_free_blocks()
         self.requests: dict[str, Any] = {}
@@ -698,7 +715,9 @@ class InProcessEngine:
     # ------------------------------------------------------------ the stand-in runner
     def _run_model(self, output: Any) -> tuple[Any, list[list[int]]]:
         if self.worker is None:
-            return None, self._forward(output)
+            sampled = self._forward(output)
+            self._draft()
+            return None, sampled
         meta = output.kv_connector_metadata
         for rank in self.ranks:
             w = rank.worker
@@ -709,18 +728,27 @@ class InProcessEngine:
             if output.has_sync_kv_loads:
                 w.start_load_kv(None)
         sampled = self._forward(output)
-        outputs = [self._rank_output(rank.worker, output) for rank in self.ranks]
+        # The runner defers wait_for_save past the drafter only when the model ran.
+        defer = self._draft_layer is not None and output.total_num_scheduled_tokens > 0
+        outputs = [self._rank_output(rank.worker, output, defer) for rank in self.ranks]
         connector_output = outputs[0] if self._aggregator is None else self._aggregate(outputs)
         self.tally.failed_loads += len(connector_output.failed_recving or ())
+        self._draft()
+        if defer:  # finalize_kv_connector, after the drafter
+            for rank in self.ranks:
+                rank.worker.wait_for_save()
+                rank.worker.clear_connector_metadata()
         return connector_output, sampled
 
-    def _rank_output(self, w: Any, output: Any) -> Any:
-        """One worker's hooks after the forward and its ``KVConnectorOutput``."""
+    def _rank_output(self, w: Any, output: Any, defer: bool = False) -> Any:
+        """One worker's hooks after the forward and its ``KVConnectorOutput``; ``defer``:
+        ``wait_for_save`` and ``clear_connector_metadata`` are left for after the drafter."""
         from vllm.v1.outputs import KVConnectorOutput
 
         if not output.has_sync_kv_loads:
             w.start_load_kv(None)
-        w.wait_for_save()
+        if not defer:
+            w.wait_for_save()
         results = w.get_transfer_results(output.finished_req_ids)
         connector_output = KVConnectorOutput(
             finished_sending=results.finished_sending,
@@ -731,7 +759,8 @@ class InProcessEngine:
             kv_cache_events=w.get_kv_connector_kv_cache_events(),
             kv_connector_worker_meta=w.build_connector_worker_meta(),
         )
-        w.clear_connector_metadata()
+        if not defer:
+            w.clear_connector_metadata()
         return connector_output
 
     def _aggregate(self, outputs: list[Any]) -> Any:
@@ -765,9 +794,12 @@ class InProcessEngine:
         for rid in output.preempted_req_ids or ():
             self._state_idx.pop(rid, None)
         self._mamba_precopy(spans, tables)
+        self._draft_spans, self._draft_tables = spans, tables
         for rank in self.ranks:
             w = rank.worker
             for gid, tags, spec in rank.layers:
+                if tags.name == self._draft_layer:
+                    continue  # the drafter writes it (_draft)
                 attention = not tags.is_mamba
                 if attention and w is not None:
                     w.wait_for_layer_load(tags.name)
@@ -784,6 +816,25 @@ class InProcessEngine:
             done = c1 >= request.num_tokens
             sampled.append([3 + (self._hashes[rid][c1 - 1] % 997)] if done else [])
         return sampled
+
+    def _draft(self) -> None:
+        """The stand-in drafter (``EngineSettings.speculative_hooks``): writes and checks its layer's
+        KV of the step's tokens, after the target forward; nothing without one."""
+        spans, tables = self._draft_spans, self._draft_tables
+        self._draft_spans, self._draft_tables = [], {}
+        if self._draft_layer is None:
+            return
+        for rank in self.ranks:
+            w = rank.worker
+            for gid, tags, spec in rank.layers:
+                if tags.name != self._draft_layer:
+                    continue
+                if w is not None:
+                    w.wait_for_layer_load(tags.name)
+                for rid, c0, c1 in spans:
+                    self._attention_layer(tags, tables[rid][gid], (rid, c0, c1), spec)
+                if w is not None:
+                    w.save_kv_layer(tags.name, rank.kv_caches[tags.name], None)
 
     def _mamba_precopy(self, spans: list[tuple[str, int, int]], tables: dict[str, Any]) -> None:
         """``preprocess_mamba``: the running state moves to the last block before the forward

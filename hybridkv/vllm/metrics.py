@@ -25,7 +25,7 @@ ranks (each rank moves its own shard), while job counts come from the scheduler,
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -40,6 +40,7 @@ from vllm.v1.metrics.utils import create_metric_per_engine
 from hybridkv.connector import ConnectorCore, JobResult, RequestView, TransferJob, TransferKind
 from hybridkv.connector.claims import decide_claim
 from hybridkv.store import EventKind, LookupResult, StoreEvent
+from hybridkv.vllm.events import BlockPayloads
 from hybridkv.vllm.reclaim import ReclaimGuard
 
 __all__ = [
@@ -205,7 +206,10 @@ class TransferMeter:
         self.counts: dict[str, int | float] = dict.fromkeys(WORKER_COUNTERS, 0)
 
     def bound(self, jobs: Iterable[TransferJob]) -> None:
-        """This step's jobs reached the worker; the loads are submitted now."""
+        """This step's jobs reached the worker; the loads are submitted now, and so are stores
+        of an earlier step whose ``wait_for_save`` never came (the worker submits them at the
+        bind)."""
+        self.saving()
         now = time.perf_counter()
         for job in jobs:
             size = sum(self._group_bytes[item.group_idx] for item in job.items)
@@ -298,29 +302,36 @@ class GroupAgreement:
 
 
 def store_events_to_vllm(
-    events: Iterable[StoreEvent], unit_tokens: tuple[int, ...]
+    events: Iterable[StoreEvent],
+    unit_tokens: tuple[int, ...],
+    payloads: BlockPayloads | None = None,
+    present: Callable[[bytes], bool] = lambda key: False,
 ) -> Iterator[KVCacheEvent]:
     """The host store's events as vLLM KV cache events (medium ``CPU``), in order.
 
-    A key is vLLM's block hash at the unit's end plus the 4-byte big-endian group index, so
-    each event names ``block_hashes`` and ``group_idx`` exactly as vLLM's own offloading
-    connector does for chunks it has no request for (token ids and the parent hash are not kept
-    by the store: ``token_ids=[]``, ``parent_block_hash=None``; ``block_size`` is the group's
-    unit). STORED -> ``BlockStored`` per key; REMOVED (a failed store) and EVICTED ->
-    ``BlockRemoved`` per group.
+    A key is vLLM's block hash at its block's end plus the 4-byte big-endian group index, so
+    each event names ``block_hashes`` and ``group_idx`` as vLLM's block pool does for the same
+    block (``block_size`` is the group's block: the connector moves whole blocks). ``payloads``
+    (:mod:`hybridkv.vllm.events`) add the block's ``parent_block_hash``, ``token_ids`` and LoRA
+    as vLLM publishes them; a key without one (no request seen, e.g. a remote promotion) keeps
+    ``token_ids=[]`` and ``parent_block_hash=None``, as vLLM's OffloadingConnector does by
+    default. STORED -> ``BlockStored`` per key; REMOVED (a failed store) and EVICTED ->
+    ``BlockRemoved`` per group, and the key's payload is forgotten unless ``present`` says the
+    key is back in the host store (stored again since).
     """
     for event in events:
         if event.kind is EventKind.STORED:
             for key in event.keys:
                 group = int.from_bytes(key[-4:], "big")
+                payload = None if payloads is None else payloads.get(key)
                 yield BlockStored(
                     block_hashes=[maybe_convert_block_hash(key[:-4])],
-                    parent_block_hash=None,
-                    token_ids=[],
+                    parent_block_hash=None if payload is None else payload.parent_block_hash,
+                    token_ids=[] if payload is None else payload.token_ids.tolist(),
                     block_size=unit_tokens[group],
-                    lora_id=None,
+                    lora_id=None if payload is None else payload.lora_id,
                     medium=MEDIUM_CPU,
-                    lora_name=None,
+                    lora_name=None if payload is None else payload.lora_name,
                     group_idx=group,
                 )
             continue
@@ -328,6 +339,8 @@ def store_events_to_vllm(
         for key in event.keys:
             group = int.from_bytes(key[-4:], "big")
             by_group.setdefault(group, []).append(maybe_convert_block_hash(key[:-4]))
+            if payloads is not None and not present(key):
+                payloads.forget(key)
         for group, hashes in sorted(by_group.items()):
             yield BlockRemoved(block_hashes=hashes, medium=MEDIUM_CPU, group_idx=group)
 

@@ -321,13 +321,16 @@ class ReferenceConnector:
                     self._delayed.discard(job.request_id)
 
     def request_finished_all_groups(self, request: RequestView, block_ids: BlockTable) -> bool:
-        """True (delay the free until ``finished_sending``) iff a store of it is in flight.
+        """True (delay the free until ``finished_sending``) iff a store of it is in flight and
+        no load of it is.
 
         Post: the request's asked position is forgotten, and its load record; a load still in
         flight keeps its record until its last job reports (its jobs report into it); a delayed
         request is announced to the worker in the next metadata. A load still in flight is the
-        scheduler's own hold (vLLM frees an aborted load's blocks at its finished_recving).
-        Never refuses.
+        scheduler's own hold (vLLM frees an aborted load's blocks at its finished_recving), and
+        the only one: vLLM deletes a finished request at its first report and asserts at a
+        second (``scheduler.py:3565-3581``), so such a request is never delayed as well; its
+        stores' sources stay pinned until they report. Never refuses.
         """
         rid = request.request_id
         self._asked.pop(rid, None)
@@ -335,8 +338,8 @@ class ReferenceConnector:
         if record is not None:
             if record.in_flight:
                 self._finished.add(rid)
-            else:
-                del self._loads[rid]
+                return False
+            del self._loads[rid]
         if not self._stores_of(rid):
             return False
         self._delayed.add(rid)

@@ -45,9 +45,34 @@ def test_counts_equal_the_stats_counts_as_they_move() -> None:
     assert meta.store_jobs
     failed = {1, len(jobs) - 1}  # the second load and the store
     results = tuple(JobResult(JobId(j.job_id), i not in failed) for i, j in enumerate(jobs))
+    loads, stores = results[: len(meta.load_jobs)], results[len(meta.load_jobs) :]
+    core.update_connector_output(KVConnectorOutput(completed_jobs=loads))
+    _check(core)
     assert core.request_finished_all_groups(b, TABLE) is True  # its store is in flight
-    core.update_connector_output(KVConnectorOutput(completed_jobs=results))
+    core.update_connector_output(KVConnectorOutput(completed_jobs=stores))
     _check(core)
     moved = ConnectorStats._fields[:14]
     zero = {name for name, value in zip(moved, core.counts(), strict=True) if not value}
     assert zero <= {"stores_refused", "deferred"}, zero  # every other count moved
+
+
+def test_a_request_finished_while_its_load_is_in_flight_is_never_delayed() -> None:
+    """Issue 17, 2j: vLLM holds such a request until its load reports and deletes it at the
+    first report; a delayed free on top would bring a second report (``finished_sending``) for
+    a request vLLM has deleted. Its store still runs and reports by job."""
+    core = mamba_full_core(64)
+    core.seed(RequestView(RequestId("S"), TOKENS, len(TOKENS)), 16)
+    b = RequestView(RequestId("B"), TOKENS, len(TOKENS))
+    claim = core.get_num_new_matched_tokens(b, 0)
+    core.update_state_after_alloc(b, TABLE, claim.num_tokens)
+    meta = core.build_connector_meta(StepView(1, (ScheduledRequest(b, TABLE, 16, 16),)))
+    assert meta.load_jobs
+    assert meta.store_jobs
+    assert core.request_finished_all_groups(b, TABLE) is False
+    assert core.build_connector_meta(StepView(2, ())).delayed_free_ids == frozenset()
+    jobs = (*meta.load_jobs, *meta.store_jobs)
+    core.update_connector_output(
+        KVConnectorOutput(completed_jobs=tuple(JobResult(JobId(j.job_id), True) for j in jobs))
+    )
+    stats = core.stats()
+    assert (stats.jobs_in_flight, stats.requests, stats.delayed_frees) == (0, 0, 0), stats

@@ -313,3 +313,63 @@ def test_held_results_are_reported_later_and_delay_the_free() -> None:
         assert [r.job_id for r in out.completed_jobs] == [1]
         assert out.finished_sending == {"A"}
         assert stack.core.stats().store_jobs == 1
+
+
+# ------------------------------------------------------------------ speculative decoding order
+# With speculative decoding vLLM collects the transfer results right after the target forward
+# and calls wait_for_save only after the drafter wrote its layers (worker.py's docstring cites
+# the runner's lines), so a store must not start in get_transfer_results.
+
+
+def test_a_store_starts_in_wait_for_save_not_in_get_transfer_results() -> None:
+    """Target forward, results, drafter, save: the host copy holds the drafter's bytes.
+    Fails when get_transfer_results submits the stores bound this step (issue 17, 2d)."""
+    case, stack, driver = make("full_sliding")
+    table_a = LAYOUTS["full_sliding"][2]
+    with stack.engine:
+        randomize(case, seed=1)  # the target forward's writes
+        meta = stack.core.build_connector_meta(
+            StepView(1, (ScheduledRequest(view("A", PROMPT), table_a, 0, len(PROMPT)),))
+        )
+        assert meta.store_jobs
+        stack.worker.bind_connector_metadata(meta)
+        early = stack.worker.get_transfer_results(wait=True)
+        stack.core.update_connector_output(early)
+        assert early.completed_jobs == ()
+        assert stack.worker.stats().jobs_submitted == 0  # nothing read A's blocks yet
+        randomize(case, seed=5)  # the drafter writes its layers' KV of this step
+        drafted = {(g, b): block_bytes(case, g, b) for g, t in enumerate(table_a) for b in t if b}
+        stack.worker.wait_for_save()
+        out = stack.worker.get_transfer_results(wait=True)
+        stack.core.update_connector_output(out)
+        assert [r.success for r in out.completed_jobs] == [True] * len(meta.store_jobs)
+        randomize(case, seed=2)
+        assert driver.claim(view("B", FOLLOW), LAYOUTS["full_sliding"][3]).num_tokens == 48
+        assert driver.step().finished_recving == {"B"}
+        for g, a_block, b_block in LAYOUTS["full_sliding"][4]:
+            assert block_bytes(case, g, b_block) == drafted[(g, a_block)], (g, a_block)
+
+
+def test_a_store_whose_wait_for_save_never_came_starts_at_the_next_bind() -> None:
+    """Liveness: a step without wait_for_save strands no store (the next bind submits it, and
+    the fold after reports it). A regression guard: this also passes on main, where
+    get_transfer_results submitted it."""
+    case, stack, _ = make("full_sliding")
+    table_a = LAYOUTS["full_sliding"][2]
+    with stack.engine:
+        randomize(case, seed=1)
+        meta = stack.core.build_connector_meta(
+            StepView(1, (ScheduledRequest(view("A", PROMPT), table_a, 0, len(PROMPT)),))
+        )
+        stack.worker.bind_connector_metadata(meta)
+        stack.core.update_connector_output(stack.worker.get_transfer_results(wait=True))
+        # No wait_for_save; the next step binds its (empty) metadata.
+        stack.worker.bind_connector_metadata(stack.core.build_connector_meta(StepView(2, ())))
+        assert stack.worker.stats().jobs_submitted == len(meta.store_jobs)
+        out = stack.worker.get_transfer_results(wait=True)
+        stack.core.update_connector_output(out)
+        assert sorted(r.job_id for r in out.completed_jobs) == sorted(
+            j.job_id for j in meta.store_jobs
+        )
+        assert stack.worker.in_flight() == ()
+        assert stack.store.stats().ready == sum(len([b for b in t if b]) for t in table_a)

@@ -110,6 +110,7 @@ def test_a_store_is_never_abandoned_and_ids_not_in_flight_are_skipped() -> None:
     assert stack.worker.abandon([store.job_id + 100]) == ()  # never bound: nothing to stop
     assert engine.cancelled == []
     assert stack.worker.stats().jobs_abandoned == 0
+    stack.worker.wait_for_save()  # the only hook that submits a store (worker.py)
     out = stack.worker.get_transfer_results(wait=True)
     assert [r.success for r in out.completed_jobs] == [True]
     assert stack.worker.abandon([store.job_id]) == ()  # reported: past abandoning

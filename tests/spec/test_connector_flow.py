@@ -233,3 +233,27 @@ def test_clone_is_independent_and_freeze_tracks_state() -> None:
     assert twin.store.stats().pinned == 4
     worker_twin = h.worker.clone()
     assert worker_twin.freeze() == h.worker.freeze()
+
+
+def test_a_request_finished_during_its_load_is_not_delayed_for_its_stores() -> None:
+    """vLLM holds such a request until its load reports and deletes it at the first report, so
+    a delayed free on top would bring a ``finished_sending`` for a request vLLM deleted (issue
+    17, 2j). The store still runs and reports by job; its sources stay pinned until then."""
+    h = _stored()
+    b = view("B", A8)
+    table = ((11, 12, 13, 15), (0, 0, 14, 16))
+    claim = h.connector.get_num_new_matched_tokens(b, 0)
+    h.connector.update_state_after_alloc(b, table, claim.num_tokens)
+    h.step([(b, table, 6, 2)])  # B's load, and a store of its unit ending at 8
+    assert h.meta.load_jobs
+    assert h.meta.store_jobs
+    jobs = [j.job_id for j in (*h.meta.load_jobs, *h.meta.store_jobs)]
+    assert h.connector.request_finished_all_groups(b, table) is False
+    out = h.step()
+    assert h.meta.delayed_free_ids == frozenset()
+    _ok(h)
+    out = h.step(results=[(j, True) for j in jobs])
+    assert out.finished_recving == {"B"}
+    assert out.finished_sending == frozenset()
+    assert h.connector.snapshot()["delayed"] == ()
+    _ok(h)
