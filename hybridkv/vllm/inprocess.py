@@ -37,8 +37,8 @@ forward for sync loads, the forward with ``wait_for_layer_load``/``save_kv_layer
 attention layer only, ``start_load_kv`` after it otherwise, ``wait_for_save``,
 ``get_transfer_results``, ``get_block_ids_with_load_errors``, stats, events, worker meta,
 ``clear_connector_metadata``); ``update_from_output()`` with the sampled tokens and that
-``KVConnectorOutput``. With ``EngineSettings.speculative_hooks`` a step that runs the model follows
-the speculative-decoding order instead (``defer_finalize``,
+``KVConnectorOutput``. With ``EngineSettings.speculative_hooks`` a step that runs the model
+follows the speculative-decoding order instead (``defer_finalize``,
 ``v1/worker/kv_connector_model_runner_mixin.py:83-107``, ``gpu_model_runner.py:4145, 4471-4475``):
 target forward, ``start_load_kv``, ``get_transfer_results`` and the rest of the output, the
 drafter's layer written, then ``wait_for_save`` and ``clear_connector_metadata``; a step with
@@ -818,8 +818,8 @@ class InProcessEngine:
         return sampled
 
     def _draft(self) -> None:
-        """The stand-in drafter (``EngineSettings.speculative_hooks``): writes and checks its layer's
-        KV of the step's tokens, after the target forward; nothing without one."""
+        """The stand-in drafter (``EngineSettings.speculative_hooks``): writes and checks its
+        layer's KV of the step's tokens, after the target forward; nothing without one."""
         spans, tables = self._draft_spans, self._draft_tables
         self._draft_spans, self._draft_tables = [], {}
         if self._draft_layer is None:
