@@ -414,12 +414,19 @@ class HybridKVConnector(KVConnectorBase_V1, SupportsHMA):
         no_unit = []
         completes = core.geometry.completes_a_unit
         prompt_only = not self.hybridkv_config.offload_decode_state
+        drafts = scheduler_output.scheduled_spec_decode_tokens
         for rid, num in scheduler_output.num_scheduled_tokens.items():
             request = self._requests[rid]
             computed = int(request.num_computed_tokens)
             stored = int(num)
             if prompt_only:  # the prompt's units only
                 stored = min(stored, max(0, request.num_prompt_tokens - computed))
+            if drafts and drafts.get(rid):
+                # A step with draft tokens (MTP/EAGLE) stores nothing of its request: a unit
+                # ending on a draft has no block hash yet and may be rejected, and a mamba
+                # state of such a step is not the running state at a unit end. Its prompt's
+                # units were stored by the prefill, which never carries drafts.
+                stored = 0
             if not completes(computed, computed + stored):
                 # Stores nothing this step (most decode steps): no view, no vLLM block table
                 # (StepView.no_unit_ids); its view catches up when a unit completes.

@@ -153,3 +153,40 @@ def test_no_lookahead_with_a_connector() -> None:
         assert engine.scheduler.use_eagle_block_drop
     finally:
         engine.close()
+
+
+def test_a_step_with_draft_tokens_stores_nothing_of_its_request() -> None:
+    """Draft tokens (MTP/EAGLE) in a decode step that crosses a unit end.
+
+    ``a``'s prompt ends two tokens short of a block (2 * 1152 - 2), so after its prefill and
+    first sampled token a decode step with two drafts schedules ``[2302, 2305)``: the unit end
+    2,304 lies inside, on a draft token. vLLM has not hashed that block (its tokens are not
+    known: ``block_hashes`` covers real tokens only), may reject the draft, and the mamba
+    state of a draft step is not the running state at a unit end. Before the fix the
+    connector asked for that block's key and ``schedule()`` raised IndexError; now the request
+    stores nothing in such a step (its prompt's units were stored by the prefill).
+    """
+    from vllm.v1.outputs import DraftTokenIds
+
+    from hybridkv.vllm.connector import HybridKVMetadata
+
+    engine = _engine({"method": "mtp", "num_speculative_tokens": 2}, None)
+    try:
+        rng = random.Random(11)
+        engine.add("a", [rng.randint(3, 999) for _ in range(2 * BLOCK - 2)], 8)
+        for _ in range(20):  # the prefill, its store, and the first sampled token
+            engine.step()
+            request = engine.scheduler.requests["a"]
+            if request.num_output_tokens >= 1:
+                break
+        assert request.num_computed_tokens == 2 * BLOCK - 2
+        assert request.num_tokens == 2 * BLOCK - 1
+        engine.scheduler.update_draft_token_ids(DraftTokenIds(["a"], [[5, 6]]))
+        output = engine.scheduler.schedule()
+        assert output.scheduled_spec_decode_tokens == {"a": [5, 6]}
+        assert output.num_scheduled_tokens["a"] == 3  # crosses 2,304 on a draft token
+        metadata = output.kv_connector_metadata
+        assert isinstance(metadata, HybridKVMetadata)
+        assert metadata.meta.store_jobs == ()
+    finally:
+        engine.close()
