@@ -86,6 +86,7 @@ from hybridkv.vllm.metrics import (
 )
 from hybridkv.vllm.ranks import JobQuorum, RankReport, merge_reports, refuse_unsupported_parallelism
 from hybridkv.vllm.reclaim import Answer, ReclaimGuard
+from hybridkv.vllm.versions import check_vllm_version
 from hybridkv.vllm.remote import (
     FetchReport,
     RemoteOrders,
@@ -195,6 +196,9 @@ class HybridKVConnector(KVConnectorBase_V1, SupportsHMA):
     """hybridkv's offload connector for vLLM 0.33 (module docstring)."""
 
     def __init__(self, vllm_config: Any, role: KVConnectorRole, kv_cache_config: Any) -> None:
+        import vllm
+
+        check_vllm_version(vllm.__version__)  # another vLLM may mis-place loads: refused
         super().__init__(vllm_config, role, kv_cache_config)
         require_hma(vllm_config)
         refuse_unsupported_parallelism(vllm_config.parallel_config)
