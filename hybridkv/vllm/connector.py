@@ -86,7 +86,6 @@ from hybridkv.vllm.metrics import (
 )
 from hybridkv.vllm.ranks import JobQuorum, RankReport, merge_reports, refuse_unsupported_parallelism
 from hybridkv.vllm.reclaim import Answer, ReclaimGuard
-from hybridkv.vllm.versions import check_vllm_version
 from hybridkv.vllm.remote import (
     FetchReport,
     RemoteOrders,
@@ -95,6 +94,7 @@ from hybridkv.vllm.remote import (
     refuse_tensor_parallel,
     remote_config,
 )
+from hybridkv.vllm.versions import check_vllm_version
 from hybridkv.vllm.views import RequestViews, block_table
 
 __all__ = ["HybridKVConnector", "HybridKVMetadata", "HybridKVStats", "HybridKVWorkerMeta"]

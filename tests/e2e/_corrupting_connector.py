@@ -40,7 +40,9 @@ class _CorruptLoads(TransferEngine):
             assert host is not None, "a load before register_kv_caches finished"
             for pair in pairs:
                 slot = host.slot(pair.slot)
-                slot.copy_(torch.randint(0, 256, slot.shape, dtype=torch.uint8, generator=self._random))
+                slot.copy_(
+                    torch.randint(0, 256, slot.shape, dtype=torch.uint8, generator=self._random)
+                )
             self._owner.corrupted_slots += len(pairs)
         return self._inner.submit(direction, pairs)
 

@@ -12,8 +12,8 @@ connector's ``vllm:hybridkv_*`` counters.
 
 from __future__ import annotations
 
-import gc
 from dataclasses import dataclass
+from functools import partial
 from typing import Any
 
 from _models import TinyModel
@@ -53,10 +53,18 @@ def engine_kwargs(model: TinyModel, kv_transfer_config: dict[str, Any] | None) -
     return kwargs
 
 
-def run(model: TinyModel, kv_transfer_config: dict[str, Any] | None) -> Run:
-    """The model's chats through one fresh ``LLM``, shut down before returning."""
-    from vllm import LLM, SamplingParams
+def _generate(llm: Any, params: Any, prompts: list[list[int]]) -> list[list[int]]:
     from vllm.inputs import TokensPrompt
+
+    outputs = llm.generate(
+        [TokensPrompt(prompt_token_ids=p) for p in prompts], params, use_tqdm=False
+    )
+    return [list(o.outputs[0].token_ids) for o in outputs]
+
+
+def run(model: TinyModel, kv_transfer_config: dict[str, Any] | None) -> Run:
+    """The model's chats through one fresh ``LLM``, its engine shut down before returning."""
+    from vllm import LLM, SamplingParams
 
     shape = model.shape
     params = SamplingParams(
@@ -64,19 +72,8 @@ def run(model: TinyModel, kv_transfer_config: dict[str, Any] | None) -> Run:
     )
     llm = LLM(**engine_kwargs(model, kv_transfer_config))
     try:
-
-        def generate(prompts: list[list[int]]) -> list[list[int]]:
-            outputs = llm.generate(
-                [TokensPrompt(prompt_token_ids=p) for p in prompts], params, use_tqdm=False
-            )
-            return [list(o.outputs[0].token_ids) for o in outputs]
-
-        transcript = run_chats(shape.workload, generate)
-        counters = {
-            m.name: float(m.value) for m in llm.get_metrics() if hasattr(m, "value")
-        }
+        transcript = run_chats(shape.workload, partial(_generate, llm, params))
+        counters = {m.name: float(m.value) for m in llm.get_metrics() if hasattr(m, "value")}
     finally:
         llm.llm_engine.engine_core.shutdown()
-        del llm
-        gc.collect()
     return Run(transcript, counters)

@@ -115,7 +115,9 @@ ARCHITECTURES: dict[str, tuple[Callable[[], Any], Shape]] = {
     "gemma3": (_gemma3, Shape("float32", "sliding window + full attention", 32, 64, 512, _CHATS)),
     "qwen3_5": (
         _qwen3_5,
-        Shape("bfloat16", "gated delta net (mamba align) + full attention", 288, 16, 1024, _LONG_CHATS),
+        Shape(
+            "bfloat16", "gated delta net (mamba align) + full attention", 288, 16, 1024, _LONG_CHATS
+        ),
     ),
 }
 

@@ -42,7 +42,11 @@ class Workload:
 
     def longest_prompt(self) -> int:
         """Tokens of the last turn's prompt: what max_model_len must hold."""
-        return self.system_tokens + self.turns * self.user_tokens + (self.turns - 1) * self.answer_tokens
+        return (
+            self.system_tokens
+            + self.turns * self.user_tokens
+            + (self.turns - 1) * self.answer_tokens
+        )
 
 
 @dataclass(frozen=True, slots=True)

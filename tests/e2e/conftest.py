@@ -41,7 +41,9 @@ sys.path.insert(0, str(HERE))
 
 
 def _install_shim() -> object:
-    spec = importlib.util.spec_from_file_location("_e2e_torchvision_shim", SHIM / "sitecustomize.py")
+    spec = importlib.util.spec_from_file_location(
+        "_e2e_torchvision_shim", SHIM / "sitecustomize.py"
+    )
     if spec is None or spec.loader is None or importlib.util.find_spec("torch") is None:
         return None
     module = importlib.util.module_from_spec(spec)
@@ -87,7 +89,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 @pytest.fixture(scope="session")
 def model_root(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     """Where the tiny checkpoints are saved (one folder per architecture)."""
-    yield tmp_path_factory.mktemp("models")
+    return tmp_path_factory.mktemp("models")
 
 
 _REPORT: list[str] = []

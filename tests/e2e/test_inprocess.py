@@ -34,7 +34,9 @@ CONTROL = {
 
 
 @pytest.mark.parametrize("name", list(ARCHITECTURES))
-def test_answers_equal_baseline_with_loads(name: str, model_root: Path, e2e_report: list[str]) -> None:
+def test_answers_equal_baseline_with_loads(
+    name: str, model_root: Path, e2e_report: list[str]
+) -> None:
     model = _baselines.model(name, model_root)
     base = _baselines.baseline(name, model_root)
     assert base.counters.get(_counters.EXTERNAL_HITS, 0) == 0, "the baseline has no connector"

@@ -151,7 +151,8 @@ def test_an_unsupported_vllm_is_refused_at_start_up_naming_version_and_fix(
         KVConnectorFactory.create_connector(config, role, kv_cache_config)
     assert refused.value.field == "vllm.__version__"
     assert refused.value.value == "0.34.1"
-    assert "0.33.x" in str(refused.value) and "vllm==0.33.*" in str(refused.value)
+    assert "0.33.x" in str(refused.value)
+    assert "vllm==0.33.*" in str(refused.value)
 
 
 BAD_VALUES = [
