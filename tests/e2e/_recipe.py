@@ -23,9 +23,13 @@ def serve_line() -> list[str]:
     raise AssertionError(f"{SERVE_DOC} has no line starting with `vllm serve `")
 
 
-def serve_flags() -> list[str]:
-    """The flags of that line, after ``vllm serve MODEL``."""
-    return serve_line()[3:]
+def serve_flags(kv_transfer_config: dict[str, Any] | None = None) -> list[str]:
+    """The flags of that line, after ``vllm serve MODEL``; with ``kv_transfer_config``, that
+    JSON in place of the page's (the negative control's connector)."""
+    flags = serve_line()[3:]
+    if kv_transfer_config is not None:
+        flags[flags.index("--kv-transfer-config") + 1] = json.dumps(kv_transfer_config)
+    return flags
 
 
 def kv_transfer_config() -> dict[str, Any]:
@@ -34,3 +38,13 @@ def kv_transfer_config() -> dict[str, Any]:
     at = flags.index("--kv-transfer-config")
     config: dict[str, Any] = json.loads(flags[at + 1])
     return config
+
+
+def control_config() -> dict[str, Any]:
+    """The page's JSON loading the negative control instead (tests/e2e/_corrupting_connector.py,
+    found on the engine's ``sys.path``): every other key as written."""
+    return {
+        **kv_transfer_config(),
+        "kv_connector": "CorruptingHybridKVConnector",
+        "kv_connector_module_path": "_corrupting_connector",
+    }

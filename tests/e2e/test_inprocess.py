@@ -27,11 +27,6 @@ from _models import ARCHITECTURES
 
 pytestmark = pytest.mark.e2e
 
-CONTROL = {
-    "kv_connector": "CorruptingHybridKVConnector",
-    "kv_connector_module_path": "_corrupting_connector",
-}
-
 
 @pytest.mark.parametrize("name", list(ARCHITECTURES))
 def test_answers_equal_baseline_with_loads(
@@ -49,7 +44,7 @@ def test_answers_equal_baseline_with_loads(
     problem = _counters.disagreement(run.counters)
     assert problem is None, f"{name}: {problem}"
 
-    control = _llm.run(model, {**_recipe.kv_transfer_config(), **CONTROL})
+    control = _llm.run(model, _recipe.control_config())
     assert control.counters[_counters.LOADS_DONE] > 0, f"{name}: the control loaded nothing"
     changed = control.transcript.differing(base.transcript)
     assert changed, f"{name}: corrupted loads changed no answer: the check cannot see loads"
