@@ -5,8 +5,8 @@ Each variant runs three times: a warm-up (one-time costs of the first run in a p
 timed run with the profiler off (per-hook figures) and a run with the profiler on.
 
 Runs one variant of bench_vs_native (layout, connector, policy, delay, 2x host tier in equal
-bytes, hybridkv at its default chunk as the bench gives it) through the same in-process engine and times exactly
-what the bench times: the outermost scheduler-side connector hooks that
+bytes, hybridkv at its default chunk as the bench gives it) through the same in-process engine
+and times exactly what the bench times: the outermost scheduler-side connector hooks that
 :class:`hybridkv.vllm.inprocess._ConnectorClock` wraps. Prints per hook: calls, total µs and µs
 per engine step; then cProfile's top functions by internal time, collected only inside those
 hooks (the profiler's own overhead inflates them; the per-hook totals are taken with the
