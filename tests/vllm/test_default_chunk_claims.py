@@ -12,6 +12,7 @@ full) claimed less there.
 from __future__ import annotations
 
 from dataclasses import replace
+from typing import Any
 
 import pytest
 
@@ -30,8 +31,10 @@ _TRACES = {
 }
 
 
-def _claims(case: object, trace: object, chunk_size: int | None) -> tuple[dict, object]:
-    probe = bench.InProcessEngine(case.config_json, case.settings)  # type: ignore[attr-defined]
+def _claims(case: Any, trace: Any, chunk_size: int | None) -> tuple[dict[str, Any], Any]:
+    """Per request, (local, external) cached tokens at its first admission; the run's report,
+    the connector's chunk and its hash block size."""
+    probe = bench.InProcessEngine(case.config_json, case.settings)
     probe.close()
     host = 2 * bench.working_set_chunks(trace, probe)
     variant = bench.Variant("hybridkv", "lru", 1, host, chunk_size=chunk_size)
