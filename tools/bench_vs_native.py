@@ -5,8 +5,8 @@ Every variant plays the same multi-turn chat trace on vLLM 0.33's real ``Schedul
 tensors, content-checked): (a) no connector; (b) the native ``OffloadingConnector`` (CPU
 offloading spec, LRU and ARC, both built into vLLM 0.33's ``CachePolicyFactory``) with its
 worker on :class:`hybridkv.vllm.native_cpu.NativeOffloadOnCPU`; (c) ``HybridKVConnector``
-(``eviction_policy`` lru and arc; ``chunk_size`` one scheduler block, native's chunk, plus
-one row at hybridkv's recommended chunk) with its real CPU transfer engine under
+(``eviction_policy`` lru and arc; ``chunk_size`` left to its default, which on every layout
+here is one scheduler block, native's chunk) with its real CPU transfer engine under
 :class:`hybridkv.vllm.cpu_worker.HybridKVOnCPU`. Both connectors' copies report ``delay`` steps
 after submission by the same rule (0, 1, 4).
 
@@ -16,8 +16,12 @@ conversations on the smallest GPU pool vLLM accepts (``TIGHT_POOL``), a third of
 set, so the host tier carries the hits. Traces: multi-turn chat over a shared system prompt
 with 4-token and 40-token answers. A host-tier sweep (delay 1, 4-token answers) gives each
 connector 0.5x, 1x and 2x the trace's working set: the distinct full blocks of every
-conversation's final context (system prompt once), in native chunks (one block of every layer)
-and, for hybridkv, the same bytes.
+conversation's final context (system prompt once), each a block of every group
+(:func:`block_bytes`), in bytes. Native sizes its tier in chunks of one GPU block
+(``kv_cache_tensors[0].size // num_blocks``, 4 KiB aligned: :func:`native_chunk_bytes`), and
+the KV cache groups overlay one allocation, so a chunk holds one group's block and a token
+block of every group takes one chunk per group; hybridkv gets the same bytes
+(``host_memory_bytes`` = chunks x chunk bytes, one slot per group block on these layouts).
 
 Printed per variant: prefill tokens computed and their ratio to the floor, tokens loaded by the
 connector, GPU prefix hits, continuation hits (cached prompt tokens at positions of an earlier
@@ -75,6 +79,7 @@ from hybridkv.vllm.inprocess import (  # noqa: E402
     InProcessReport,
     run_trace,
 )
+from hybridkv.vllm.layout import read_layout, recommended_chunk_size  # noqa: E402
 from hybridkv.vllm.native_cpu import NativeOffloadOnCPU  # noqa: E402
 
 
@@ -92,7 +97,8 @@ class Case:
 # (``_check_enough_kv_cache_memory``) refuses a pool that cannot hold one request of
 # max_model_len, the full group's cdiv(2560, 640) = 4 blocks on top of the mamba groups' blocks
 # per request (measured: 10 blocks reach 1,920 tokens, 11 reach 2,560). The 8 x 4 trace's
-# working set (9 host chunks, each a block of all 4 groups: 36 pool blocks) is 3x this pool.
+# working set (9 token blocks, each a block of all 4 groups: 36 pool blocks, 36 native host
+# chunks) is 3x this pool.
 TIGHT_POOL = 11
 
 
@@ -182,11 +188,10 @@ def floor_tokens(trace: ChatTrace, block: int) -> int:
 class Variant:
     """A connector setting: ``kind`` none | native | hybridkv; host tier in native chunks.
 
-    ``chunk_size``: hybridkv's ``chunk_size`` extra config in tokens; ``None`` leaves it to
-    :func:`hybridkv.vllm.layout.recommended_chunk_size` (named "default chunk"). The bench
-    gives hybridkv one scheduler block, native's chunk: claims end on multiples of the chunk
-    (``claim_unit``), so the 1 MiB default (256 tokens on sliding + full) rounds every claim
-    down to 256 tokens where native's rounds to 32 (docs/benchmarks, "Why").
+    ``chunk_size``: hybridkv's ``chunk_size`` extra config in tokens (named ``chunk=N``);
+    ``None``, what the bench runs, leaves it to the default
+    (:func:`hybridkv.vllm.layout.recommended_chunk_size`: one scheduler block on every layout
+    here, so claims round off nothing native's one-block chunks would not).
     """
 
     kind: str
@@ -199,8 +204,8 @@ class Variant:
     def name(self) -> str:
         if self.kind == "none":
             return "no connector"
-        default = " default chunk" if self.kind == "hybridkv" and self.chunk_size is None else ""
-        return f"{self.kind} {self.policy} d={self.delay}{self.label}{default}"
+        chunk = f" chunk={self.chunk_size}" if self.chunk_size is not None else ""
+        return f"{self.kind} {self.policy} d={self.delay}{self.label}{chunk}"
 
 
 @dataclass(frozen=True, slots=True)
@@ -326,10 +331,32 @@ def _transfer(variant: Variant) -> Any:
     )
 
 
+def default_chunk(engine_probe: InProcessEngine) -> int:
+    """hybridkv's default ``chunk_size`` on the probe's layout (what a variant without one gets)."""
+    layout = read_layout(engine_probe.vllm_config, engine_probe.kv_cache_config)
+    return recommended_chunk_size(layout)
+
+
 def block_bytes(engine_probe: InProcessEngine) -> int:
-    """Bytes of one block of every layer (what one native host chunk holds)."""
+    """Bytes of one block of every layer: one token block of every group (the tensors of the
+    groups overlay one allocation, each tensor a layer)."""
     config = engine_probe.kv_cache_config
     return sum(t.size // config.num_blocks for t in config.kv_cache_tensors)
+
+
+def native_chunk_bytes(engine_probe: InProcessEngine) -> int:
+    """Bytes of one native host chunk, as vLLM 0.33 sizes it: one GPU block of the shared
+    allocation (``OffloadingConfig.worker_kv_bytes_per_block``), rounded up to 4 KiB
+    (``CPUOffloadingSpec.BLOCK_SIZE_ALIGNMENT``). On a hybrid layout that is one group's block."""
+    config = engine_probe.kv_cache_config
+    per_block = config.kv_cache_tensors[0].size // config.num_blocks
+    return -(-per_block // 4096) * 4096
+
+
+def working_set_chunks(trace: ChatTrace, engine_probe: InProcessEngine) -> int:
+    """The trace's working set (:func:`working_set_blocks`, every group) in native chunks."""
+    working = working_set_blocks(trace, engine_probe.block_size) * block_bytes(engine_probe)
+    return -(-working // native_chunk_bytes(engine_probe))
 
 
 def _engine(case: Case, variant: Variant, chunk_bytes: int) -> tuple[InProcessEngine, Any]:
@@ -490,24 +517,19 @@ class TraceOutcome:
     problems: list[str]
 
 
-def _variants(block: int, working: int, delays: list[int], sweep: bool) -> list[Variant]:
+def _variants(working: int, delays: list[int], sweep: bool) -> list[Variant]:
     big = 2 * working
     variants = [Variant("none")]
-    for kind in ("native", "hybridkv"):
-        chunk = block if kind == "hybridkv" else None  # one block: native's chunk (Variant)
+    for kind in ("native", "hybridkv"):  # hybridkv at its default chunk (Variant)
         for delay in delays:
-            variants.append(Variant(kind, "lru", delay, big, chunk_size=chunk))
-        variants.append(Variant(kind, "arc", 1, big, chunk_size=chunk))
-    variants.append(Variant("hybridkv", "lru", 1, big))  # the recommended chunk, for contrast
+            variants.append(Variant(kind, "lru", delay, big))
+        variants.append(Variant(kind, "arc", 1, big))
     if sweep:
         for factor in (0.5, 1.0):
             for kind in ("native", "hybridkv"):
-                chunk = block if kind == "hybridkv" else None
                 for policy in ("lru", "arc"):
                     chunks = max(1, round(factor * working))
-                    variants.append(
-                        Variant(kind, policy, 1, chunks, f" host={factor}x", chunk_size=chunk)
-                    )
+                    variants.append(Variant(kind, policy, 1, chunks, f" host={factor}x"))
     return variants
 
 
@@ -517,11 +539,11 @@ def bench_trace(
     probe = InProcessEngine(case.config_json, case.settings)
     probe.close()
     block = probe.block_size
-    working = working_set_blocks(trace, block)
+    working = working_set_chunks(trace, probe)
     floor = floor_tokens(trace, block)
-    chunk_bytes = block_bytes(probe)
+    chunk_bytes = native_chunk_bytes(probe)
     results: dict[Variant, Result] = {}
-    for variant in _variants(block, working, args.delays, sweep):
+    for variant in _variants(working, args.delays, sweep):
         results[variant] = run_variant(case, trace, variant, chunk_bytes, args.repeats)
     plain = results[Variant("none")].report
     assert plain is not None
@@ -530,8 +552,9 @@ def bench_trace(
         f"{trace.system_len}, user {trace.user_min}-{trace.user_max}, answers "
         f"{trace.output_len} tokens; GPU pool {case.settings.num_gpu_blocks} blocks; block "
         f"{block}; prompt {plain.prompt_tokens} tokens; floor {floor}; working set {working} "
-        f"blocks = {working * chunk_bytes} B; host tier 2x = {2 * working} chunks unless named; "
-        f"hybridkv chunk_size {block} (one block, native's chunk) unless named",
+        f"native chunks of {chunk_bytes} B = {working * chunk_bytes} B; host tier 2x = "
+        f"{2 * working} chunks (hybridkv: the same bytes) unless named; "
+        f"hybridkv chunk_size the default ({default_chunk(probe)} tokens) unless named",
         HEADER,
     ]
     for variant, result in results.items():

@@ -112,13 +112,13 @@ def main(argv: list[str] | None = None) -> int:
     (case,) = (c for c in bench._cases(False) if c.name == "sliding+full")
     trace = replace(case.trace, output_len=args.answers)
     probe_engine = bench.InProcessEngine(case.config_json, case.settings)
-    block, chunk_bytes = probe_engine.block_size, bench.block_bytes(probe_engine)
+    block, chunk_bytes = probe_engine.block_size, bench.native_chunk_bytes(probe_engine)
+    host = 2 * bench.working_set_chunks(trace, probe_engine)  # the bench's equal bytes
     probe_engine.close()
-    host = 2 * bench.working_set_blocks(trace, block)
     variants = {
         "none": bench.Variant("none"),
         "native": bench.Variant("native", "lru", 1, host),
-        "hybridkv": bench.Variant("hybridkv", "lru", 1, host, chunk_size=block),
+        "hybridkv": bench.Variant("hybridkv", "lru", 1, host),  # its default chunk: one block
     }
     runs = {name: probe(case, trace, v, chunk_bytes) for name, v in variants.items()}
     print(

@@ -4,9 +4,9 @@ per function, for hybridkv and native on the same variant.
 Each variant runs three times: a warm-up (one-time costs of the first run in a process), a
 timed run with the profiler off (per-hook figures) and a run with the profiler on.
 
-Runs one variant of bench_vs_native (layout, connector, policy, delay, 2x host tier, hybridkv
-at one-block chunks as the bench gives it) through the same in-process engine and times exactly
-what the bench times: the outermost scheduler-side connector hooks that
+Runs one variant of bench_vs_native (layout, connector, policy, delay, 2x host tier in equal
+bytes, hybridkv at its default chunk as the bench gives it) through the same in-process engine
+and times exactly what the bench times: the outermost scheduler-side connector hooks that
 :class:`hybridkv.vllm.inprocess._ConnectorClock` wraps. Prints per hook: calls, total µs and µs
 per engine step; then cProfile's top functions by internal time, collected only inside those
 hooks (the profiler's own overhead inflates them; the per-hook totals are taken with the
@@ -134,14 +134,14 @@ def main(argv: list[str] | None = None) -> int:
     case = next(c for c in bench._cases(False) if c.name == args.layout)
     trace = replace(case.trace, output_len=args.answers)
     probe = inprocess.InProcessEngine(case.config_json, case.settings)
-    block = probe.block_size
-    chunk_bytes = bench.block_bytes(probe)
-    big = 2 * bench.working_set_blocks(trace, block)
+    # The bench's sizing: 2x the working set in native chunks, hybridkv the same bytes, at its
+    # default chunk (bench_vs_native's module docstring).
+    chunk_bytes = bench.native_chunk_bytes(probe)
+    big = 2 * bench.working_set_chunks(trace, probe)
     setup = (bench, inprocess, case, trace, chunk_bytes)
     variants = {}
     for kind in args.kinds.split(","):
-        chunk = block if kind == "hybridkv" else None
-        variants[kind] = bench.Variant(kind, args.policy, args.delay, big, chunk_size=chunk)
+        variants[kind] = bench.Variant(kind, args.policy, args.delay, big)
     for variant in variants.values():  # warm-up: one-time costs of a first run
         _run(setup, variant, _HookTimes(None))
     runs: dict[str, list[tuple[Any, _HookTimes]]] = {kind: [] for kind in variants}

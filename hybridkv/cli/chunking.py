@@ -1,11 +1,11 @@
 """Chunk-size options for ``hybridkv plan`` and the rule that recommends one.
 
-The trade-off: a smaller chunk gives finer hits (a shorter claim unit, more prompts that can
-hit) but more offload keys and smaller copies; a larger chunk moves more bytes per copy, where
-per-copy submission cost (about 2.3 us per cudaMemcpyAsync) stops mattering, but claims become
-coarser. The rule: take the smallest feasible chunk that moves at least
-:data:`TARGET_CHUNK_BYTES` of host data, else the largest feasible chunk. Every feasible option
-is shown beside the recommendation so the user can trade the other way.
+The recommendation is the connector's default (:func:`hybridkv.default_chunk.default_chunk_size`):
+among the chunks that keep every group's offload unit its whole block (``whole_blocks``; the
+connector refuses the others), the smallest with the finest claim unit. A larger chunk only
+coarsens claims: copies are whole blocks whatever the chunk. Every feasible option is shown
+beside the recommendation, a chunk that splits a block too (``whole_blocks`` false: finer units
+that ``hybridkv simulate`` can model but the vLLM connector refuses).
 """
 
 from __future__ import annotations
@@ -14,17 +14,13 @@ import math
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from hybridkv.default_chunk import chunk_candidates
 from hybridkv.errors import HybridKVConfigError
 from hybridkv.kinds import GroupKind
 from hybridkv.planner import HybridOffloadPlanner
 from spec.layout import Layout
 
-__all__ = ["TARGET_CHUNK_BYTES", "ChunkOption", "chunk_options", "recommend"]
-
-#: One MiB per chunk: at about 50 GB/s it takes ~20 us, so a few us of submission are < 10%.
-TARGET_CHUNK_BYTES = 1 << 20
-#: Candidates are the hash block size times powers of two, up to this many doublings.
-MAX_DOUBLINGS = 8
+__all__ = ["ChunkOption", "chunk_options", "recommend"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -36,6 +32,7 @@ class ChunkOption:
     shortest_hit_prompt: int
     host_bytes_per_chunk: int
     keys_per_claim_unit: int
+    whole_blocks: bool
 
     def as_json(self) -> dict[str, Any]:
         """Plain dict form for ``--json``."""
@@ -45,15 +42,13 @@ class ChunkOption:
 def chunk_options(layout: Layout, max_model_len: int) -> list[ChunkOption]:
     """Every feasible candidate chunk size, smallest first (empty when offload is impossible).
 
-    Candidates: ``hash_block_size * 2**k`` for k in 0..MAX_DOUBLINGS, plus each group's block
-    size; a candidate the planner refuses (claim unit beyond ``max_model_len``) is left out.
+    Candidates: :func:`hybridkv.default_chunk.chunk_candidates`; a candidate the planner refuses
+    (claim unit beyond ``max_model_len``) is left out.
     """
     h = layout.hash_block_size
-    candidates = {h << k for k in range(MAX_DOUBLINGS + 1)}
-    candidates |= {g.block_size for g in layout.groups if g.block_size % h == 0}
     groups = [(GroupKind(g.kind.value), g.block_size) for g in layout.groups]
     options = []
-    for c in sorted(candidates):
+    for c in chunk_candidates(groups, h):
         try:
             planner = HybridOffloadPlanner(groups, h, c, max_model_len)
         except HybridKVConfigError:
@@ -68,14 +63,13 @@ def chunk_options(layout: Layout, max_model_len: int) -> list[ChunkOption]:
                 shortest_hit_prompt=planner.shortest_hit_prompt,
                 host_bytes_per_chunk=math.ceil(per_chunk),
                 keys_per_claim_unit=sum(planner.claim_unit // u for u in planner.units),
+                whole_blocks=not any(planner.splittable),
             )
         )
     return options
 
 
 def recommend(options: list[ChunkOption]) -> ChunkOption | None:
-    """The recommended option by the module's rule, or None when there is none."""
-    if not options:
-        return None
-    big_enough = [o for o in options if o.host_bytes_per_chunk >= TARGET_CHUNK_BYTES]
-    return big_enough[0] if big_enough else options[-1]
+    """The recommended option by the module's rule, or None when no option is whole-block."""
+    whole = [o for o in options if o.whole_blocks]
+    return min(whole, key=lambda o: (o.claim_unit, o.chunk_size)) if whole else None

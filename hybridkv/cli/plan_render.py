@@ -84,8 +84,9 @@ def _options_table(
     options: Sequence[Mapping[str, Any]], offload: Mapping[str, Any] | None
 ) -> Table:
     chosen = offload["chunk_size"] if offload is not None else None
-    table = Table(title="chunk-size trade-offs (smaller: finer hits; larger: bigger copies)")
-    for col in ("chunk", "claim unit", "shortest hit", "host bytes/chunk", "keys/claim unit"):
+    table = Table(title="chunk options (whole blocks: what the vLLM connector accepts)")
+    columns = ("chunk", "claim unit", "shortest hit", "host bytes/chunk", "keys/claim unit")
+    for col in (*columns, "whole blocks"):
         table.add_column(col, justify="right")
     for o in options:
         mark = " *" if o["chunk_size"] == chosen else ""
@@ -95,6 +96,7 @@ def _options_table(
             str(o["shortest_hit_prompt"]),
             _bytes(o["host_bytes_per_chunk"]),
             str(o["keys_per_claim_unit"]),
+            "yes" if o["whole_blocks"] else "no",
         )
     return table
 

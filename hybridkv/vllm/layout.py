@@ -6,29 +6,25 @@ cache group, each group's sliding-window reach, the hash block size ``request.bl
 use, and the bytes one host slot needs. The scheduler side sizes the host store from
 ``slot_bytes`` without seeing a tensor; the worker side checks its canonical caches agree.
 
-:func:`recommended_chunk_size` is the default ``chunk_size``: the smallest candidate that moves at
-least :data:`TARGET_CHUNK_BYTES` per chunk (per-copy submission cost stops mattering), else the
-largest; candidates are the hash block size times powers of two and each group's block size,
-kept only if the planner accepts them and every group's offload unit is its whole block (the
-transfer engine moves whole blocks).
+:func:`recommended_chunk_size` is the default ``chunk_size``
+(:func:`hybridkv.default_chunk.default_chunk_size`): among the chunks that the planner accepts
+and that keep every group's offload unit its whole block (the transfer engine moves whole
+blocks), the smallest with the finest claim, so a claim rounds off no token a whole-block chunk
+could claim.
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Any
 
 from hybridkv.canonical import CacheGroupSpec
+from hybridkv.default_chunk import default_chunk_size, whole_block_planner
 from hybridkv.errors import HybridKVConfigError
 from hybridkv.kinds import GroupKind
 from hybridkv.planner import HybridOffloadPlanner
 
-__all__ = ["TARGET_CHUNK_BYTES", "VllmLayout", "read_layout", "recommended_chunk_size"]
-
-#: One MiB per chunk: at about 50 GB/s it takes ~20 us, so a few us of submission are < 10%.
-TARGET_CHUNK_BYTES = 1 << 20
-_MAX_DOUBLINGS = 8
+__all__ = ["VllmLayout", "read_layout", "recommended_chunk_size", "whole_blocks"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,12 +83,11 @@ def read_layout(vllm_config: Any, kv_cache_config: Any) -> VllmLayout:
 
 
 def recommended_chunk_size(layout: VllmLayout) -> int:
-    """The default chunk size (module docstring); refusal when no candidate fits."""
-    h = layout.hash_block_size
-    candidates = {h << k for k in range(_MAX_DOUBLINGS + 1)}
-    candidates |= {g.block_size for g in layout.groups if g.block_size % h == 0}
-    feasible = [(c, _chunk_bytes(layout, c)) for c in sorted(candidates) if whole_blocks(layout, c)]
-    if not feasible:
+    """The default chunk size (module docstring); refusal when no chunk fits."""
+    chunk = default_chunk_size(
+        _planner_groups(layout), layout.hash_block_size, layout.max_model_len
+    )
+    if chunk is None:
         raise HybridKVConfigError(
             "kv_connector_extra_config.chunk_size",
             None,
@@ -100,26 +95,18 @@ def recommended_chunk_size(layout: VllmLayout) -> int:
             f" within max_model_len {layout.max_model_len}",
             "raise --max-model-len",
         )
-    big = [c for c, size in feasible if size >= TARGET_CHUNK_BYTES]
-    return big[0] if big else feasible[-1][0]
+    return chunk
 
 
 def whole_blocks(layout: VllmLayout, chunk_size: int) -> bool:
     """Whether the planner accepts ``chunk_size`` and every group's unit is its whole block."""
-    try:
-        planner = layout.planner(chunk_size)
-    except HybridKVConfigError:
-        return False
-    return all(u == g.block_size for u, g in zip(planner.units, layout.groups, strict=True))
+    groups = _planner_groups(layout)
+    planner = whole_block_planner(groups, layout.hash_block_size, chunk_size, layout.max_model_len)
+    return planner is not None
 
 
-def _chunk_bytes(layout: VllmLayout, chunk_size: int) -> int:
-    return math.ceil(
-        sum(
-            len(g.layer_names) * g.real_page_size_bytes * chunk_size / g.block_size
-            for g in layout.groups
-        )
-    )
+def _planner_groups(layout: VllmLayout) -> tuple[tuple[GroupKind, int], ...]:
+    return tuple((g.kind, g.block_size) for g in layout.groups)
 
 
 def _kind(g: int, spec: Any) -> GroupKind:

@@ -1,11 +1,17 @@
-"""tools/bench_vs_native.py's chunk: hybridkv at one scheduler block reaches the trace's floor.
+"""tools/bench_vs_native.py: hybridkv at its default chunk reaches the trace's floor, with the
+same host bytes as native.
 
-HybridKVConnector's claims end on multiples of its chunk (``claim_unit``). Its recommended
-chunk moves 1 MiB (256 tokens on the bench's sliding + full layout), so a claim rounds down to
-256 tokens while native's rounds down to its one-block chunk (32). The bench therefore gives
-hybridkv one block, native's chunk, and keeps one row at the recommended chunk for contrast.
-Asserted on a small sliding + full chat: at one block hybridkv computes exactly the floor (every
-term non-zero: loads, GPU hits, floor); at the recommended chunk it computes more and loads less.
+HybridKVConnector's claims end on multiples of its chunk (``claim_unit``). Its default chunk is
+one block on the bench's layouts (hybridkv.default_chunk), native's chunk too; a 256-token chunk
+(the old 1 MiB default on sliding + full) rounds claims down and is kept as an override here for
+contrast. Asserted on a small sliding + full chat: at the default chunk hybridkv computes exactly
+the floor (every term non-zero: loads, GPU hits, floor); at 256 tokens it computes more and loads
+less.
+
+Equal bytes: native sizes its host tier in chunks of one GPU block, which on a hybrid layout is
+one group's block (the groups overlay one allocation); the bench sizes both tiers from the
+working set in those chunks and gives hybridkv the same bytes, so both hold the same number of
+group blocks.
 
 The continuation columns, on the same chat with 40-token answers: hybridkv loads earlier
 answers (the previous one included, which only its decode computed), native never loads the
@@ -29,29 +35,25 @@ from _inprocess import load_tool  # noqa: E402
 bench = load_tool("bench_vs_native")
 
 
-def test_one_block_chunk_reaches_the_floor_and_the_recommended_one_rounds_claims_off() -> None:
+def test_the_default_chunk_reaches_the_floor_and_a_coarse_one_rounds_claims_off() -> None:
     (case,) = (c for c in bench._cases(quick=True) if c.name == "sliding+full")
     trace = replace(case.trace, convs=3, turns=3)
     probe = bench.InProcessEngine(case.config_json, case.settings)
+    probe.close()
     block = probe.block_size
-    chunk_bytes = bench.block_bytes(probe)
+    chunk_bytes = bench.native_chunk_bytes(probe)
     floor = bench.floor_tokens(trace, block)
-    host = 2 * bench.working_set_blocks(trace, block)
+    host = 2 * bench.working_set_chunks(trace, probe)
 
-    one_block = bench.Variant("hybridkv", "lru", 1, host, chunk_size=block)
-    engine, _ = bench._engine(case, one_block, chunk_bytes)
-    assert engine.scheduler.connector.chunk_size == block
+    default = bench.Variant("hybridkv", "lru", 1, host)
+    engine, _ = bench._engine(case, default, chunk_bytes)
+    assert engine.scheduler.connector.chunk_size == block == bench.default_chunk(probe)
     assert engine.scheduler.connector.core.geometry.align == block
     engine.close()
-    recommended, _ = bench._engine(case, bench.Variant("hybridkv", "lru", 1, host), chunk_bytes)
-    coarse = recommended.scheduler.connector.chunk_size
-    recommended.close()
-    assert coarse > block  # the 1 MiB target: several blocks on this tiny layout
+    coarse = bench.Variant("hybridkv", "lru", 1, host, chunk_size=8 * block)
 
-    fine = bench.run_variant(case, trace, one_block, chunk_bytes, 1)
-    rounded = bench.run_variant(
-        case, trace, bench.Variant("hybridkv", "lru", 1, host), chunk_bytes, 1
-    )
+    fine = bench.run_variant(case, trace, default, chunk_bytes, 1)
+    rounded = bench.run_variant(case, trace, coarse, chunk_bytes, 1)
     for result in (fine, rounded):
         assert result.error == ""
         r = result.report
@@ -62,8 +64,35 @@ def test_one_block_chunk_reaches_the_floor_and_the_recommended_one_rounds_claims
     assert fine.report.prefill_computed == floor
     assert rounded.report.prefill_computed > floor
     assert rounded.report.external_loaded < fine.report.external_loaded
-    assert "default chunk" in bench.Variant("hybridkv").name()
-    assert "default chunk" not in one_block.name()
+    assert default.name() == "hybridkv lru d=1"
+    assert coarse.name().endswith(f" chunk={8 * block}")
+
+
+@pytest.mark.parametrize("name", ["mamba+full", "sliding+full"])
+def test_both_host_tiers_get_the_same_bytes_and_hold_the_same_group_blocks(name: str) -> None:
+    (case,) = (c for c in bench._cases(quick=True) if c.name == name)
+    probe = bench.InProcessEngine(case.config_json, case.settings)
+    probe.close()
+    chunks = bench.working_set_chunks(case.trace, probe)
+    groups = len(probe.kv_cache_config.kv_cache_groups)
+    # The working set counts every group's block of each distinct token block.
+    token_blocks = bench.working_set_blocks(case.trace, probe.block_size)
+    assert chunks == token_blocks * groups
+    native, _ = bench._engine(case, bench.Variant("native", "lru", 1, chunks), 0)
+    worker = native.adapter.worker  # native's CPU spec sized it (NativeOffloadOnCPU checks)
+    native_bytes = sum(t.numel() * t.element_size() for t in worker.host)
+    rows = {t.shape[0] for t in worker.host}
+    native.close()
+    chunk_bytes = bench.native_chunk_bytes(probe)
+    ours, _ = bench._engine(case, bench.Variant("hybridkv", "lru", 1, chunks), chunk_bytes)
+    connector = ours.scheduler.connector
+    slots, slot = connector.num_chunks, connector.layout.slot_bytes
+    ours.close()
+    assert rows == {chunks}
+    assert native_bytes == chunks * chunk_bytes  # native's own chunk: one GPU block
+    # hybridkv's slot is the largest group's block: here every group's block is one chunk.
+    assert slot == chunk_bytes
+    assert slots == chunks
 
 
 def _small_long_answer_run() -> tuple[Any, int, dict[Any, Any]]:
@@ -73,13 +102,14 @@ def _small_long_answer_run() -> tuple[Any, int, dict[Any, Any]]:
     probe = bench.InProcessEngine(case.config_json, case.settings)
     probe.close()
     block = probe.block_size
-    host = 2 * bench.working_set_blocks(trace, block)
+    host = 2 * bench.working_set_chunks(trace, probe)
     variants = [
         bench.Variant("none"),
         bench.Variant("native", "lru", 1, host),
-        bench.Variant("hybridkv", "lru", 1, host, chunk_size=block),
+        bench.Variant("hybridkv", "lru", 1, host),
     ]
-    results = {v: bench.run_variant(case, trace, v, bench.block_bytes(probe), 1) for v in variants}
+    chunk_bytes = bench.native_chunk_bytes(probe)
+    results = {v: bench.run_variant(case, trace, v, chunk_bytes, 1) for v in variants}
     return trace, block, results
 
 
