@@ -26,7 +26,7 @@ from enum import Enum
 from types import TracebackType
 from typing import NamedTuple, NewType
 
-__all__ = ["Direction", "FinishedJob", "JobId", "TransferEngine", "TransferPair"]
+__all__ = ["Direction", "EngineWrapper", "FinishedJob", "JobId", "TransferEngine", "TransferPair"]
 
 JobId = NewType("JobId", int)
 
@@ -105,3 +105,27 @@ class TransferEngine(ABC):
         tb: TracebackType | None,
     ) -> None:
         self.close()
+
+
+class EngineWrapper(TransferEngine):
+    """An engine over another one (``inner``) that hands every call through unchanged: a
+    wrapper overrides only the calls it changes (a replica rank's stores, injected faults,
+    held reports), so the rest of the contract is ``inner``'s by construction."""
+
+    def __init__(self, inner: TransferEngine) -> None:
+        self.inner = inner
+
+    def submit(self, direction: Direction, pairs: Sequence[TransferPair]) -> JobId:
+        return self.inner.submit(direction, pairs)
+
+    def poll(self) -> list[FinishedJob]:
+        return self.inner.poll()
+
+    def wait(self, job_ids: Iterable[JobId]) -> None:
+        self.inner.wait(job_ids)
+
+    def abandon(self, job_ids: Iterable[JobId]) -> None:
+        self.inner.abandon(job_ids)
+
+    def close(self) -> None:
+        self.inner.close()

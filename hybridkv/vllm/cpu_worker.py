@@ -37,14 +37,21 @@ from __future__ import annotations
 
 import random
 import threading
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from hybridkv.connector.api import TransferJob, TransferKind
-from hybridkv.transfer.api import Direction, FinishedJob, JobId, TransferEngine, TransferPair
+from hybridkv.transfer.api import (
+    Direction,
+    EngineWrapper,
+    FinishedJob,
+    JobId,
+    TransferEngine,
+    TransferPair,
+)
 from hybridkv.vllm.delayed import DelayedCompletion
 from hybridkv.vllm.layout import read_layout
 
@@ -138,12 +145,12 @@ class _Injector:
         return FinishedJob(done.job_id, False)
 
 
-class _CopyFaults(TransferEngine):
+class _CopyFaults(EngineWrapper):
     """The CPU engine with :class:`_Injector`'s copy faults: draws at each submission, and
     reports a one-run job drawn to fail as failed (module docstring)."""
 
     def __init__(self, inner: TransferEngine, injector: _Injector) -> None:
-        self.inner = inner
+        super().__init__(inner)
         self._injector = injector
         self._direction: dict[JobId, Direction] = {}
 
@@ -163,15 +170,6 @@ class _CopyFaults(TransferEngine):
             self._injector.finished(done, self._direction.pop(done.job_id))
             for done in self.inner.poll()
         ]
-
-    def wait(self, job_ids: Iterable[JobId]) -> None:
-        self.inner.wait(job_ids)
-
-    def abandon(self, job_ids: Iterable[JobId]) -> None:
-        self.inner.abandon(job_ids)
-
-    def close(self) -> None:
-        self.inner.close()
 
 
 class HybridKVOnCPU:

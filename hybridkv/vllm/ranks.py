@@ -43,7 +43,8 @@ from typing import Any
 
 from hybridkv.connector import JobResult
 from hybridkv.errors import HybridKVConfigError
-from hybridkv.transfer import Direction, FinishedJob, JobId, TransferEngine, TransferPair
+from hybridkv.transfer import Direction, JobId, TransferPair
+from hybridkv.transfer.api import EngineWrapper
 
 __all__ = [
     "HostSharding",
@@ -192,27 +193,12 @@ def host_sharding(parallel_config: Any, kv_cache_config: Any) -> HostSharding:
     return HostSharding(world, replicas if one_machine else 1)
 
 
-class ReplicaEngine(TransferEngine):
+class ReplicaEngine(EngineWrapper):
     """A replica rank's engine: loads copy, stores move nothing (its group's writer stores the
     same bytes into the shared slots) yet are real jobs of ``inner``, reported once like any
     other, so the worker's bookkeeping and the quorum see every job."""
-
-    def __init__(self, inner: TransferEngine) -> None:
-        self.inner = inner
 
     def submit(self, direction: Direction, pairs: Sequence[TransferPair]) -> JobId:
         if direction is Direction.STORE:
             return self.inner.submit(direction, [])  # an empty job finishes successfully
         return self.inner.submit(direction, pairs)
-
-    def poll(self) -> list[FinishedJob]:
-        return self.inner.poll()
-
-    def wait(self, job_ids: Iterable[JobId]) -> None:
-        self.inner.wait(job_ids)
-
-    def abandon(self, job_ids: Iterable[JobId]) -> None:
-        self.inner.abandon(job_ids)
-
-    def close(self) -> None:
-        self.inner.close()

@@ -8,22 +8,22 @@ fails it before submission, a :class:`Direction` holds its report until
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from hybridkv.connector.api import TransferJob
 from hybridkv.transfer import Direction, TransferEngine, TransferPair
-from hybridkv.transfer.api import FinishedJob, JobId
+from hybridkv.transfer.api import EngineWrapper, FinishedJob, JobId
 from hybridkv.vllm.cpu_worker import HybridKVOnCPU
 
 JobHook = Callable[[TransferJob], "Direction | bool | None"]
 
 
-class HeldReports(TransferEngine):
+class HeldReports(EngineWrapper):
     """Holds back the reports of chosen jobs until released."""
 
     def __init__(self, inner: TransferEngine) -> None:
-        self.inner = inner
+        super().__init__(inner)
         self.hold_next: Direction | None = None
         self.held: dict[JobId, Direction] = {}
         self._kept: list[FinishedJob] = []
@@ -43,15 +43,6 @@ class HeldReports(TransferEngine):
         found, self._kept = self._kept + self.inner.poll(), []
         self._kept = [f for f in found if f.job_id in self.held]
         return [f for f in found if f.job_id not in self.held]
-
-    def wait(self, job_ids: Iterable[JobId]) -> None:
-        self.inner.wait(job_ids)
-
-    def abandon(self, job_ids: Iterable[JobId]) -> None:
-        self.inner.abandon(job_ids)
-
-    def close(self) -> None:
-        self.inner.close()
 
 
 class HoldingAdapter(HybridKVOnCPU):

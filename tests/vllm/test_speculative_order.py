@@ -16,7 +16,7 @@ the worst a copy stream running beside the drafter can do. Issue 17, item 2d.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import pytest
@@ -28,7 +28,7 @@ from diffharness.layouts import RECIPES, Layout  # noqa: E402
 from vllm.config import KVTransferConfig  # noqa: E402
 
 from hybridkv.transfer import Direction, TransferEngine, TransferPair  # noqa: E402
-from hybridkv.transfer.api import FinishedJob, JobId  # noqa: E402
+from hybridkv.transfer.api import EngineWrapper, JobId  # noqa: E402
 from hybridkv.vllm.cpu_worker import HybridKVOnCPU  # noqa: E402
 from hybridkv.vllm.delayed import DelayedCompletion  # noqa: E402
 from hybridkv.vllm.inprocess import (  # noqa: E402
@@ -39,12 +39,12 @@ from hybridkv.vllm.inprocess import (  # noqa: E402
 )
 
 
-class _StoresCopyAtSubmit(TransferEngine):
+class _StoresCopyAtSubmit(EngineWrapper):
     """The CPU engine, each store's copy finished inside its submission (the source is read at
     the moment the connector issues the store); hook calls and store submissions logged."""
 
     def __init__(self, inner: TransferEngine, log: list[str]) -> None:
-        self.inner = inner
+        super().__init__(inner)
         self.log = log
 
     def submit(self, direction: Direction, pairs: Sequence[TransferPair]) -> JobId:
@@ -53,18 +53,6 @@ class _StoresCopyAtSubmit(TransferEngine):
             self.inner.wait([job])
             self.log.append("store submitted")
         return job
-
-    def poll(self) -> list[FinishedJob]:
-        return self.inner.poll()
-
-    def wait(self, job_ids: Iterable[JobId]) -> None:
-        self.inner.wait(job_ids)
-
-    def abandon(self, job_ids: Iterable[JobId]) -> None:
-        self.inner.abandon(job_ids)
-
-    def close(self) -> None:
-        self.inner.close()
 
 
 class _Adapter(HybridKVOnCPU):
