@@ -1,8 +1,9 @@
 """hybridkv: the optimized core of KV-cache offloading for hybrid LLMs in vLLM.
 
-Library modules never import ``spec`` (the formal model); the command-line layer
-``hybridkv.cli`` wires spec and library together. ``hybridkv.vllm`` (the only importer of
-vllm) is vLLM 0.33's ``HybridKVConnector`` over the connector core, loaded with
+Library modules never import ``spec`` (the formal model); the simulator
+``hybridkv.simulator`` and the command-line layer ``hybridkv.cli`` wire spec and library
+together. ``hybridkv.vllm`` (the only importer of vllm) is vLLM 0.33's ``HybridKVConnector``
+over the connector core, loaded with
 ``kv_connector_module_path="hybridkv.vllm"`` (docs/howto/serve.md). Tested on CPU inside vLLM's
 real scheduler: random traces with faults, load deadlines, preemptions and aborts, every read
 content-checked and the spec's invariants evaluated each step; agreement with the spec's

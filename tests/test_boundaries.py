@@ -1,8 +1,12 @@
 """The package boundaries of the design card, proven rather than promised.
 
 - spec/ is standard library only: it imports with torch (and numpy, vllm, hybridkv) blocked.
-- No module of hybridkv/ imports spec, except the command-line layer hybridkv/cli/.
-- Only hybridkv/vllm/ imports vllm.
+
+The rules between packages (only hybridkv.simulator and hybridkv.cli import spec, only
+hybridkv.vllm imports vllm, the layers, no import circle) are import-linter contracts in
+pyproject.toml, checked by ``nox -s lint``: import-linter follows the import graph, so it also
+sees a library module that reaches spec through another one, which a per-file scan cannot.
+What it cannot check is here: that spec really runs on the standard library alone.
 """
 
 from __future__ import annotations
@@ -13,14 +17,12 @@ import subprocess
 import sys
 from pathlib import Path
 
-import hybridkv
 import spec.layout
 
 # Located through a submodule: with an editable install and the bare ``pytest`` executable,
 # tests/spec/ (no __init__.py) can shadow the package name as a namespace package whose
 # ``__file__`` is None, while ``spec.layout`` still resolves to the real package.
 SPEC_DIR = Path(spec.layout.__file__).parent
-HYBRIDKV_DIR = Path(hybridkv.__file__).parent
 
 
 def _imported_roots(path: Path) -> set[str]:
@@ -33,17 +35,6 @@ def _imported_roots(path: Path) -> set[str]:
         elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
             roots.add(node.module.split(".")[0])
     return roots
-
-
-def _forbidden(package_dir: Path, root: str, allowed_subdir: str | None) -> list[str]:
-    offenders = []
-    for path in sorted(package_dir.rglob("*.py")):
-        rel = path.relative_to(package_dir)
-        if allowed_subdir is not None and rel.parts[0] == allowed_subdir:
-            continue
-        if root in _imported_roots(path):
-            offenders.append(str(rel))
-    return offenders
 
 
 def test_spec_imports_with_torch_numpy_vllm_and_hybridkv_blocked() -> None:
@@ -75,22 +66,3 @@ def test_spec_imports_only_the_standard_library() -> None:
         if _imported_roots(path) - stdlib
     }
     assert offenders == {}
-
-
-def test_library_modules_never_import_spec() -> None:
-    assert _forbidden(HYBRIDKV_DIR, "spec", allowed_subdir="cli") == []
-
-
-def test_only_hybridkv_vllm_imports_vllm() -> None:
-    assert _forbidden(HYBRIDKV_DIR, "vllm", allowed_subdir="vllm") == []
-
-
-def test_the_scanner_sees_a_forbidden_import(tmp_path: Path) -> None:
-    # Guard: the scan must flag a library module that imports spec, or it proves nothing.
-    pkg = tmp_path / "fakepkg"
-    (pkg / "cli").mkdir(parents=True)
-    (pkg / "core.py").write_text("from spec.planner import x\n", encoding="utf-8")
-    (pkg / "cli" / "main.py").write_text("import spec\n", encoding="utf-8")
-    (pkg / "io.py").write_text("import vllm.config\n", encoding="utf-8")
-    assert _forbidden(pkg, "spec", allowed_subdir="cli") == ["core.py"]
-    assert _forbidden(pkg, "vllm", allowed_subdir="vllm") == ["io.py"]

@@ -2,7 +2,7 @@
 
 One workload, run twice in one process by the spec scheduler (``spec.scheduler.Scheduler``):
 once driving ``spec.connector.ReferenceConnector`` and once driving
-``hybridkv.connector.ConnectorCore`` (through ``hybridkv.cli.engine_adapter``). Only the
+``hybridkv.connector.ConnectorCore`` (through ``hybridkv.simulator.engine_adapter``). Only the
 connector's scheduler-side hooks are timed (``get_num_new_matched_tokens``,
 ``update_state_after_alloc``, ``build_connector_meta``, ``update_connector_output``,
 ``request_finished_all_groups``), the work vLLM's scheduler waits on each step; for the core,
@@ -34,8 +34,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from hybridkv.cli import engine_adapter
 from hybridkv.connector import ConnectorCore
+from hybridkv.simulator import engine_adapter
 from spec.connector import ReferenceConnector, ReferenceWorker
 from spec.connector_api import JobResult, RequestId
 from spec.kinds import GroupKind

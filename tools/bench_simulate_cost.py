@@ -14,7 +14,7 @@ Two measurements, each side by side in this one run:
 2. **``--faults 1.0`` against ``--faults 0``**, the default workload (32 multi-turn requests),
    wall time of the whole ``simulate()`` call (setup included). Goal: at most 1.5. The pair
    runs twice: as ``hybridkv simulate`` runs it (torch on one intra-op thread,
-   :mod:`hybridkv.cli.sim_threads`) and on torch's default thread count (the body of
+   :mod:`hybridkv.simulator.threads`) and on torch's default thread count (the body of
    ``simulate`` unwrapped), which is how it ran before and what the setting is for: on a
    loaded machine the default's parallel fills wait at barriers.
 
@@ -40,8 +40,8 @@ from typing import Any
 
 import torch
 
-from hybridkv.cli.sim_run import SimOptions, simulate
 from hybridkv.sim.trace import TraceRequest, dump_trace
+from hybridkv.simulator.run import SimOptions, simulate
 
 CONTEXTS = (4096, 30000)
 DECODE_STEPS = 1000

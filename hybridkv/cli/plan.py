@@ -14,12 +14,12 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-from hybridkv.cli.chunking import ChunkOption, chunk_options, recommend
-from hybridkv.cli.flags import require_at_least
-from hybridkv.cli.model_config import load_model_config
 from hybridkv.errors import HybridKVConfigError
 from hybridkv.kinds import GroupKind as LibKind
 from hybridkv.planner import HybridOffloadPlanner
+from hybridkv.simulator.chunking import ChunkOption, chunk_options, recommend
+from hybridkv.simulator.flags import require_at_least
+from hybridkv.simulator.model_config import load_model_config
 from spec.layout import Layout, LayoutSettings, derive_layout, model_from_config
 from spec.platforms import DEFAULT_PLATFORM, PLATFORMS
 from spec.presets import DEFAULT_PRESET, PRESETS

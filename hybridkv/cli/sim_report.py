@@ -109,7 +109,7 @@ def render(report: Mapping[str, Any]) -> None:
     table = Table(show_header=False)
     table.add_column("what")
     table.add_column("value", justify="right")
-    from hybridkv.cli.sim_timing import rows as transfer_rows
+    from hybridkv.simulator.timing import rows as transfer_rows
 
     for label, value in (*rows(report), *transfer_rows(report)):
         table.add_row(label, value)

@@ -22,10 +22,9 @@ from collections.abc import Mapping
 from typing import Any
 
 from hybridkv.errors import HybridKVConfigError
+from hybridkv.simulator.options import SCHEMA_VERSION, SimOptions
 
-__all__ = ["SCHEMA_VERSION", "add_parser", "parse_bytes", "run"]
-
-SCHEMA_VERSION = 2  # 2: first-time token identity, served_again, observed recovery, transfers
+__all__ = ["SCHEMA_VERSION", "add_parser", "options_from_args", "parse_bytes", "run"]
 
 _UNITS = {
     "": 1,
@@ -160,11 +159,39 @@ def _add_timing_arguments(p: Any) -> None:
     )
 
 
+def options_from_args(args: argparse.Namespace) -> SimOptions:
+    """The :class:`~hybridkv.simulator.options.SimOptions` of a parsed command line."""
+    return SimOptions(
+        preset=args.preset,
+        config=args.config,
+        trace=args.trace,
+        requests=args.requests,
+        device=args.device,
+        host_bytes=parse_bytes(args.host_bytes),
+        policy=args.policy,
+        faults=args.faults,
+        check=args.check,
+        seed=args.seed,
+        connector=args.connector,
+        gpu_blocks=args.gpu_blocks,
+        layers_per_group=args.layers_per_group,
+        max_num_batched_tokens=args.max_num_batched_tokens,
+        max_num_running=args.max_num_running,
+        max_model_len=args.max_model_len,
+        load_deadline_steps=args.load_deadline_steps,
+        transfer_gbps=args.transfer_gbps,
+        transfer_latency_us=args.transfer_latency_us,
+        step_ms=args.step_ms,
+        aborts=args.aborts,
+        engine=args.engine,
+    )
+
+
 def run(args: argparse.Namespace) -> int:
     """Execute ``hybridkv simulate``; returns the exit code (config errors propagate to main)."""
-    from hybridkv.cli.sim_run import SimOptions, simulate
+    from hybridkv.simulator.run import simulate
 
-    options = SimOptions.from_args(args)
+    options = options_from_args(args)
     if options.engine == "vllm":
         return _run_vllm(options, args)
     if args.plot:
@@ -187,9 +214,9 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _run_vllm(options: Any, args: argparse.Namespace) -> int:
-    """``--engine vllm`` (:mod:`hybridkv.cli.sim_vllm`): vLLM is imported only on this path."""
-    from hybridkv.cli.sim_vllm import simulate_vllm
+    """``--engine vllm`` (:mod:`hybridkv.simulator.on_vllm`): vLLM is imported only on this path."""
     from hybridkv.cli.sim_vllm_report import render
+    from hybridkv.simulator.on_vllm import simulate_vllm
 
     report = simulate_vllm(options, args.plot)
     if args.json:

@@ -3,7 +3,7 @@
 The optimized twin of the reference connector ``spec.connector`` (never imported here), tested
 against it call for call (tests/differential/test_connector_agreement.py). Its engine-facing
 interface is vLLM's connector hooks as plain values (:mod:`hybridkv.connector.api`), so the
-spec scheduler (through ``hybridkv.cli.engine_adapter``) and vLLM's scheduler drive it alike.
+spec scheduler (through ``hybridkv.simulator.engine_adapter``) and vLLM's scheduler drive it alike.
 
 - :class:`ConnectorCore` (:mod:`.core`): claims, load and store jobs, failure memory, delayed
   frees, pins of store sources in the GPU block pool; pure Python over a

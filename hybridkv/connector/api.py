@@ -3,8 +3,8 @@
 Field for field and method for method the twin of the reference model's ``spec.connector_api``
 (never imported here): a scheduler drives a :class:`SchedulerConnector`, a worker folds job
 results through a :class:`WorkerConnector`. The spec scheduler speaks these values through
-``hybridkv.cli.engine_adapter``, and the vLLM connector (``hybridkv.vllm``) speaks them too, so
-the core itself never converts anything. One field has no twin: ``StepView.no_unit_ids``, a
+``hybridkv.simulator.engine_adapter``, and the vLLM connector (``hybridkv.vllm``) speaks them
+too, so the core itself never converts anything. One field has no twin: ``StepView.no_unit_ids``, a
 shortcut for requests whose step stores nothing; naming a request there answers exactly as
 listing it in ``scheduled`` (tests/connector/test_no_unit_steps.py), and the spec's callers
 leave it empty.

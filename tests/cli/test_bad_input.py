@@ -23,15 +23,15 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from hybridkv.cli import sim_run
 from hybridkv.cli.main import main
-from hybridkv.cli.model_config import load_model_config
 from hybridkv.cli.plan import build_plan
-from hybridkv.cli.sim_limits import MAX_STEPS, check_run_memory
-from hybridkv.cli.sim_run import SimOptions
 from hybridkv.errors import HybridKVConfigError
 from hybridkv.sim.trace import TraceRequest, load_trace
 from hybridkv.sim.workloads import builtin_workload
+from hybridkv.simulator import run as sim_run
+from hybridkv.simulator.limits import MAX_STEPS, check_run_memory
+from hybridkv.simulator.model_config import load_model_config
+from hybridkv.simulator.run import SimOptions
 from spec.errors import ConfigError
 from spec.presets import PRESETS, preset_config
 

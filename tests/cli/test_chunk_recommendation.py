@@ -13,9 +13,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from hybridkv.cli.chunking import chunk_options, recommend
 from hybridkv.default_chunk import chunk_candidates, default_chunk_size, whole_block_planner
 from hybridkv.kinds import GroupKind
+from hybridkv.simulator.chunking import chunk_options, recommend
 from spec.config_json import model_from_config
 from spec.layout import LayoutSettings, derive_layout
 from spec.presets import PRESETS, preset_config

@@ -18,10 +18,11 @@ from typing import Any
 
 import pytest
 
-from hybridkv.cli import sim_vllm
 from hybridkv.cli.main import main
-from hybridkv.cli.sim_run import SimOptions
-from hybridkv.cli.sim_vllm_report import NOT_OBSERVED, build_report, render, rows
+from hybridkv.cli.sim_vllm_report import render, rows
+from hybridkv.simulator import on_vllm as sim_vllm
+from hybridkv.simulator.run import SimOptions
+from hybridkv.simulator.vllm_report import NOT_OBSERVED, build_report
 
 
 def _error(capsys: pytest.CaptureFixture[str], argv: list[str]) -> str:

@@ -2,7 +2,7 @@
 
 ``spec.scheduler.Scheduler`` schedules requests over a small shared GPU pool whose block ids
 index real canonical caches (full attention + mamba overlaid on one allocation); the core
-(through ``hybridkv.cli.engine_adapter``) claims, loads and stores; a
+(through ``hybridkv.simulator.engine_adapter``) claims, loads and stores; a
 :class:`~hybridkv.connector.worker.TransferWorker` runs every job on the CPU engine. The forward
 is played by the test: before writing, it checks that every block it reads holds the true
 content for the request's tokens (DATA-1: ``spec.system.content``), read back from the bytes;
@@ -21,10 +21,10 @@ from typing import Any
 import torch
 
 from hybridkv.cache_layouts import hybrid_overlay_case
-from hybridkv.cli.engine_adapter import CoreConnector, to_core_meta, to_spec_output
 from hybridkv.connector import TransferJob, TransferKind
 from hybridkv.connector.stack import OffloadStack, build_cpu_stack
 from hybridkv.sim.content import BlockTags
+from hybridkv.simulator.engine_adapter import CoreConnector, to_core_meta, to_spec_output
 from spec.connector_api import RequestId
 from spec.kinds import GroupKind
 from spec.managers.group_spec import GroupSpec, cdiv

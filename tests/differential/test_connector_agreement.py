@@ -5,7 +5,7 @@ content) run in lock step on the same configuration and the same events: side A 
 ``spec.connector.ReferenceConnector`` over ``spec.store.HostStore`` with
 ``spec.connector.ReferenceWorker``; side B drives :class:`hybridkv.connector.ConnectorCore` over
 ``hybridkv.store.HostStore`` with :class:`hybridkv.connector.JobTracker`, through
-``hybridkv.cli.engine_adapter``. Each connector sits behind a recorder that logs every hook
+``hybridkv.simulator.engine_adapter``. Each connector sits behind a recorder that logs every hook
 call (arguments and answer, as plain values).
 
 Events: a seeded host store (a prefix of some prompt, some groups only), arrivals, steps, job
@@ -53,9 +53,9 @@ from hypothesis import strategies as st
 
 import hybridkv.connector
 import spec.connector
-from hybridkv.cli import engine_adapter
 from hybridkv.connector import ConnectorCore, JobTracker
 from hybridkv.connector import LoadMode as CoreLoadMode
+from hybridkv.simulator import engine_adapter
 from spec.connector import LoadMode as SpecLoadMode
 from spec.connector import ReferenceConnector, ReferenceWorker
 from spec.connector_api import RequestId, RequestView

@@ -7,7 +7,7 @@ from typing import Any
 
 import pytest
 
-from hybridkv.cli.engine_adapter import build_engine
+from hybridkv.simulator.engine_adapter import build_engine
 from spec.connector_api import RequestId
 from spec.kinds import GroupKind
 from spec.managers.group_spec import GroupSpec

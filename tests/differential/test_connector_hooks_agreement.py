@@ -26,8 +26,8 @@ from hypothesis import event, given
 from hypothesis import strategies as st
 from test_connector_agreement import LAYOUTS, plain
 
-from hybridkv.cli import engine_adapter
 from hybridkv.connector import LoadMode as CoreLoadMode
+from hybridkv.simulator import engine_adapter
 from spec.connector import LoadMode as SpecLoadMode
 from spec.connector import ReferenceConnector, ReferenceWorker
 from spec.connector_api import (

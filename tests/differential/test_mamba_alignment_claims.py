@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import pytest
 
-from hybridkv.cli import engine_adapter
+from hybridkv.simulator import engine_adapter
 from spec.connector import ReferenceConnector
 from spec.connector_api import Claim, ClaimKind, RequestId, RequestView
 from spec.kinds import GroupKind

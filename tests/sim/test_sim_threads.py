@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from hybridkv.cli import sim_run
-from hybridkv.cli.sim_threads import one_intra_op_thread
+from hybridkv.simulator import run as sim_run
+from hybridkv.simulator.threads import one_intra_op_thread
 
 
 @pytest.fixture

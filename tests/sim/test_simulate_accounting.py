@@ -16,12 +16,13 @@ from typing import Any
 
 import pytest
 
-from hybridkv.cli import sim_engine, sim_reference
-from hybridkv.cli.sim_ledger import Cause, Source, TokenLedger
 from hybridkv.cli.sim_plot import plot_series
 from hybridkv.cli.sim_report import identity_line, rows
-from hybridkv.cli.sim_run import SimOptions, simulate
-from hybridkv.cli.sim_setup import derive_setup
+from hybridkv.simulator import engine as sim_engine
+from hybridkv.simulator import reference as sim_reference
+from hybridkv.simulator.ledger import Cause, Source, TokenLedger
+from hybridkv.simulator.run import SimOptions, simulate
+from hybridkv.simulator.setup import derive_setup
 from spec.connector import ReferenceConnector
 from spec.connector_api import (
     ConnectorMeta,
@@ -143,7 +144,7 @@ def test_requests_failed_by_design_leave_the_identity_as_unserved_tokens(
     """vLLM's ``fail`` recovery ends a request whose load failed: its unserved prompt tokens are
     a term of the identity, and its failure is counted as ended with the request."""
     failing = partial(derive_setup, recovery=RecoveryMode.VLLM_FAIL)
-    monkeypatch.setattr("hybridkv.cli.sim_run.derive_setup", failing)
+    monkeypatch.setattr("hybridkv.simulator.run.derive_setup", failing)
     report = simulate(dataclasses.replace(SIZE, faults=0.3))
     assert report["finished"].get("finished_error", 0) > 0
     unserved = report["prompt_tokens_unserved"]

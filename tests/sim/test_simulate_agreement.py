@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from hybridkv.cli.sim_run import SimOptions, simulate
+from hybridkv.simulator.run import SimOptions, simulate
 
 TIMING = ("seconds", "load_gbps", "store_gbps")
 

@@ -9,10 +9,10 @@ from typing import Any
 
 import pytest
 
-from hybridkv.cli import sim_reference
 from hybridkv.cli.main import main
-from hybridkv.cli.sim_run import SimOptions, simulate
 from hybridkv.sim.trace import TraceRequest, dump_trace
+from hybridkv.simulator import reference as sim_reference
+from hybridkv.simulator.run import SimOptions, simulate
 from hybridkv.transfer import Direction, TransferPair
 
 REQUIRED_KEYS = {

@@ -22,10 +22,12 @@ from typing import Any
 
 import pytest
 
-from hybridkv.cli import engine_adapter, sim_engine, sim_optimized
 from hybridkv.cli.main import main
-from hybridkv.cli.sim_run import SimOptions, simulate
 from hybridkv.sim.timed_engine import TimedTransferEngine
+from hybridkv.simulator import engine as sim_engine
+from hybridkv.simulator import engine_adapter
+from hybridkv.simulator import optimized as sim_optimized
+from hybridkv.simulator.run import SimOptions, simulate
 from hybridkv.transfer import Direction, FinishedJob, JobId
 from spec.connector_api import RequestId
 from spec.scheduler import Scheduler

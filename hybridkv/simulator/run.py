@@ -1,109 +1,48 @@
 """Assemble and run one simulation: options -> setup -> caches, store, connector, plane -> report.
 
 The report is a JSON-ready dict (``hybridkv simulate --json``, schema
-:data:`hybridkv.cli.simulate.SCHEMA_VERSION`); :mod:`hybridkv.cli.sim_report` renders it as a
+:data:`hybridkv.simulator.options.SCHEMA_VERSION`); :mod:`hybridkv.cli.sim_report` renders it as a
 table and :mod:`hybridkv.cli.sim_plot` draws its timeline.
 """
 
 from __future__ import annotations
 
-import argparse
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
 from typing import Any
 
 import torch
 
 from hybridkv.canonical import build_canonical_caches
-from hybridkv.cli.model_config import load_model_config
-from hybridkv.cli.sim_engine import DataPlane, SimResult, Simulation
-from hybridkv.cli.sim_limits import (
+from hybridkv.errors import HybridKVConfigError
+from hybridkv.sim.aborts import AbortPlan
+from hybridkv.sim.caches import build_sim_caches
+from hybridkv.sim.content import ContentCodec
+from hybridkv.sim.copy_time import CopyTimeModel
+from hybridkv.sim.faults import FaultPlan
+from hybridkv.sim.trace import TraceRequest, load_trace
+from hybridkv.sim.workloads import builtin_workload
+from hybridkv.simulator.engine import DataPlane, SimResult, Simulation
+from hybridkv.simulator.limits import (
     check_arrivals,
     check_flags,
     check_run_memory,
     check_trace_memory,
 )
-from hybridkv.cli.sim_setup import SimSetup, derive_setup
-from hybridkv.cli.sim_threads import one_intra_op_thread
-from hybridkv.cli.sim_timing import copy_time_model, transfer_report
-from hybridkv.errors import HybridKVConfigError
-from hybridkv.sim.aborts import AbortPlan
-from hybridkv.sim.caches import build_sim_caches
-from hybridkv.sim.content import ContentCodec
-from hybridkv.sim.copy_time import DEFAULT_GBPS, DEFAULT_LATENCY_US, DEFAULT_STEP_MS, CopyTimeModel
-from hybridkv.sim.faults import FaultPlan
-from hybridkv.sim.trace import TraceRequest, load_trace
-from hybridkv.sim.workloads import builtin_workload
+from hybridkv.simulator.model_config import load_model_config
+from hybridkv.simulator.options import DEFAULT_REQUESTS, SCHEMA_VERSION, SimOptions
+from hybridkv.simulator.setup import SimSetup, derive_setup
+from hybridkv.simulator.threads import one_intra_op_thread
+from hybridkv.simulator.timing import copy_time_model, transfer_report
 from spec.connector_api import SchedulerConnector
 
 __all__ = ["SimOptions", "simulate"]
-
-DEFAULT_REQUESTS = 32
-
-
-@dataclass(frozen=True, slots=True)
-class SimOptions:
-    """Everything ``hybridkv simulate`` was asked for (flags of the same names)."""
-
-    preset: str | None = None
-    config: str | None = None
-    trace: str = "multi-turn"
-    requests: int | None = None
-    device: str = "cpu"
-    host_bytes: int = 2**30
-    policy: str = "lru"
-    faults: float = 0.0
-    check: bool = False
-    seed: int = 0
-    connector: str = "optimized"
-    gpu_blocks: int | None = None
-    layers_per_group: int = 1
-    max_num_batched_tokens: int = 2048
-    max_num_running: int = 8
-    max_model_len: int = 32768
-    load_deadline_steps: int | None = 64
-    transfer_gbps: float = DEFAULT_GBPS
-    transfer_latency_us: float = DEFAULT_LATENCY_US
-    step_ms: float = DEFAULT_STEP_MS
-    aborts: float = 0.0
-    engine: str = "spec"
-
-    @classmethod
-    def from_args(cls, args: argparse.Namespace) -> SimOptions:
-        """The options of a parsed command line."""
-        from hybridkv.cli.simulate import parse_bytes
-
-        return cls(
-            preset=args.preset,
-            config=args.config,
-            trace=args.trace,
-            requests=args.requests,
-            device=args.device,
-            host_bytes=parse_bytes(args.host_bytes),
-            policy=args.policy,
-            faults=args.faults,
-            check=args.check,
-            seed=args.seed,
-            connector=args.connector,
-            gpu_blocks=args.gpu_blocks,
-            layers_per_group=args.layers_per_group,
-            max_num_batched_tokens=args.max_num_batched_tokens,
-            max_num_running=args.max_num_running,
-            max_model_len=args.max_model_len,
-            load_deadline_steps=args.load_deadline_steps,
-            transfer_gbps=args.transfer_gbps,
-            transfer_latency_us=args.transfer_latency_us,
-            step_ms=args.step_ms,
-            aborts=args.aborts,
-            engine=args.engine,
-        )
 
 
 def _trace(options: SimOptions) -> tuple[TraceRequest, ...]:
     if options.trace.endswith(".jsonl"):
         trace = load_trace(options.trace)
         if options.requests is not None:
-            trace = trace[: options.requests]  # sim_limits.check_flags refused < 1
+            trace = trace[: options.requests]  # limits.check_flags refused < 1
         return trace
     count = DEFAULT_REQUESTS if options.requests is None else options.requests
     return builtin_workload(options.trace, count)
@@ -245,7 +184,7 @@ def _build_connector(  # noqa: PLR0917 - every part of the plane
     model: CopyTimeModel,
 ) -> tuple[SchedulerConnector, DataPlane, Callable[[], Mapping[str, Any]] | None]:
     if options.connector == "reference":
-        from hybridkv.cli.sim_reference import ReferencePlane
+        from hybridkv.simulator.reference import ReferencePlane
         from spec.connector import ReferenceConnector
         from spec.planner import HybridOffloadPlanner
         from spec.store import HostStore
@@ -260,7 +199,7 @@ def _build_connector(  # noqa: PLR0917 - every part of the plane
         connector = ReferenceConnector.from_groups(planner, store, setup.scheduler.groups)
         plane = ReferencePlane(connector, canonical, faults, model)
         return connector, plane, connector.snapshot
-    from hybridkv.cli.sim_optimized import build_optimized
+    from hybridkv.simulator.optimized import build_optimized
 
     return build_optimized(setup, canonical, entries, faults, options.policy, model=model)
 
@@ -307,7 +246,6 @@ def _report(  # noqa: PLR0917 - the report reads every part of the run
     slot_bytes: int,
     r: SimResult,
 ) -> dict[str, Any]:
-    from hybridkv.cli.simulate import SCHEMA_VERSION
 
     return {
         "schema_version": SCHEMA_VERSION,

@@ -13,11 +13,11 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from hybridkv.cli.chunking import chunk_options, recommend
 from hybridkv.errors import HybridKVConfigError
 from hybridkv.kinds import GroupKind as LibKind
 from hybridkv.planner import HybridOffloadPlanner
 from hybridkv.sim.caches import SimGroup
+from hybridkv.simulator.chunking import chunk_options, recommend
 from spec.kinds import GroupKind
 from spec.layout import Layout, LayoutSettings, derive_layout, model_from_config
 from spec.managers.group_spec import GroupSpec

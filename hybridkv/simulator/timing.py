@@ -4,7 +4,7 @@ The model (:class:`hybridkv.sim.copy_time.CopyTimeModel`) comes from the flags
 ``--transfer-gbps``, ``--transfer-latency-us`` and ``--step-ms``, and scales the bytes the
 simulation copies up to the model's (the simulation keeps ``--layers-per-group`` of the model's
 layers per group). The report's ``transfers`` section gives the model and what its timing made
-happen (:class:`hybridkv.cli.sim_transfers.TransferCounts`); :func:`rows` renders it.
+happen (:class:`hybridkv.simulator.transfers.TransferCounts`); :func:`rows` renders it.
 """
 
 from __future__ import annotations
@@ -12,15 +12,15 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Protocol
 
-from hybridkv.cli.sim_setup import SimSetup
-from hybridkv.cli.sim_transfers import TransferCounts
 from hybridkv.sim.copy_time import CopyTimeModel
+from hybridkv.simulator.setup import SimSetup
+from hybridkv.simulator.transfers import TransferCounts
 
 __all__ = ["copy_time_model", "rows", "transfer_report"]
 
 
 class _TimingOptions(Protocol):
-    """The flags of :class:`hybridkv.cli.sim_run.SimOptions` this module reads."""
+    """The flags of :class:`hybridkv.simulator.run.SimOptions` this module reads."""
 
     @property
     def transfer_gbps(self) -> float: ...

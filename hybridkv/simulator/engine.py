@@ -18,9 +18,9 @@ One step, in vLLM's order (``v1/worker/gpu/kv_connector.py:76-160``):
 6. ``update_from_output`` with one sampled token per request whose prefill is complete.
 
 The report's figures come from the step's events, kept apart from the loop's policy: the
-:class:`~hybridkv.cli.sim_ledger.TokenLedger` counts each prompt token the first time its KV is
+:class:`~hybridkv.simulator.ledger.TokenLedger` counts each prompt token the first time its KV is
 in place (a GPU hit at admission, a load job when it lands, a forward) and again when a failure
-or a preemption took it back; the :class:`~hybridkv.cli.sim_recovery.RecoveryWatch` follows
+or a preemption took it back; the :class:`~hybridkv.simulator.recovery.RecoveryWatch` follows
 each failed job until its recovery is seen. Neither assumes a load lands in the step that
 issued it: a job issued before its request lost its blocks (preemption, abandonment at the
 deadline) serves nothing when it lands, and an abandoned load's tokens count when they are
@@ -30,7 +30,7 @@ A transfer is reported in the step the data plane's copy-time model says it comp
 (:mod:`hybridkv.sim.copy_time`), so a load may span steps; the model's time is exact, so a run
 is deterministic (the same trace and seed give the same report). What that timing made happen
 (loads across steps, deadlines, preemptions and aborts during loads) is counted by
-:class:`hybridkv.cli.sim_transfers.TransferEvents`; client aborts come from
+:class:`hybridkv.simulator.transfers.TransferEvents`; client aborts come from
 :class:`hybridkv.sim.aborts.AbortPlan` at the end of a step; an aborted request's prompt
 tokens not yet served are the identity's "unserved" term, and a load it had in flight serves
 nothing when it lands.
@@ -43,13 +43,13 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from hybridkv.cli.sim_ledger import Cause, Source, TokenLedger
-from hybridkv.cli.sim_recovery import RecoveryWatch
-from hybridkv.cli.sim_transfers import TransferCounts, TransferEvents, tr1_messages
 from hybridkv.errors import HybridKVConfigError
 from hybridkv.sim.aborts import AbortPlan
 from hybridkv.sim.content import ContentCodec, PrefixHashes
 from hybridkv.sim.trace import TraceRequest
+from hybridkv.simulator.ledger import Cause, Source, TokenLedger
+from hybridkv.simulator.recovery import RecoveryWatch
+from hybridkv.simulator.transfers import TransferCounts, TransferEvents, tr1_messages
 from spec.connector_api import (
     ConnectorMeta,
     KVConnectorOutput,

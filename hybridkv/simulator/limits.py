@@ -20,13 +20,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from hybridkv.cli.flags import require_at_least
 from hybridkv.errors import HybridKVConfigError
 from hybridkv.sim.trace import TraceRequest
+from hybridkv.simulator.flags import require_at_least
 
 if TYPE_CHECKING:
-    from hybridkv.cli.sim_run import SimOptions
-    from hybridkv.cli.sim_setup import SimSetup
+    from hybridkv.simulator.options import SimOptions
+    from hybridkv.simulator.setup import SimSetup
 
 __all__ = [
     "MAX_STEPS",
@@ -160,8 +160,8 @@ def check_trace_memory(options: SimOptions, available: int | None = None) -> Non
 
 
 def _requests_term(options: SimOptions) -> MemoryTerm:
-    from hybridkv.cli.sim_run import DEFAULT_REQUESTS
     from hybridkv.sim.workloads import builtin_workload
+    from hybridkv.simulator.options import DEFAULT_REQUESTS
 
     count = DEFAULT_REQUESTS if options.requests is None else options.requests
     sample = builtin_workload(options.trace, min(count, SAMPLE_REQUESTS))

@@ -60,7 +60,7 @@ class PlaneCounts:
 
 
 class ReferencePlane:
-    """The :class:`hybridkv.cli.sim_engine.DataPlane` over the spec connector (module docstring)."""
+    """The :class:`~hybridkv.simulator.engine.DataPlane` over the spec connector (see module)."""
 
     def __init__(
         self,

@@ -1,7 +1,7 @@
 """The optimized data plane of ``hybridkv simulate``: the connector core, its worker and engine.
 
 The spec scheduler drives :class:`hybridkv.connector.ConnectorCore` through
-:class:`hybridkv.cli.engine_adapter.CoreConnector`; the core owns the optimized
+:class:`hybridkv.simulator.engine_adapter.CoreConnector`; the core owns the optimized
 :class:`hybridkv.store.HostStore`, whose entries own host slots; the
 :class:`hybridkv.connector.worker.TransferWorker` runs the core's jobs on a transfer engine
 (:class:`~hybridkv.transfer.CpuTransferEngine`, or the CUDA engine with ``--device cuda``) over
@@ -19,9 +19,6 @@ from dataclasses import dataclass
 from typing import Any
 
 from hybridkv.canonical import CanonicalCaches
-from hybridkv.cli.engine_adapter import CoreConnector, to_core_meta, to_spec_output, window_reaches
-from hybridkv.cli.sim_reference import PlaneCounts
-from hybridkv.cli.sim_setup import SimSetup
 from hybridkv.connector import ConnectorCore
 from hybridkv.connector.api import TransferJob
 from hybridkv.connector.worker import TransferWorker
@@ -31,6 +28,14 @@ from hybridkv.kinds import GroupKind
 from hybridkv.sim.copy_time import CopyTimeModel
 from hybridkv.sim.faults import FaultPlan
 from hybridkv.sim.timed_engine import TimedTransferEngine
+from hybridkv.simulator.engine_adapter import (
+    CoreConnector,
+    to_core_meta,
+    to_spec_output,
+    window_reaches,
+)
+from hybridkv.simulator.reference import PlaneCounts
+from hybridkv.simulator.setup import SimSetup
 from hybridkv.store import HostStore, LookupResult
 from hybridkv.transfer import CpuTransferEngine, Direction, TransferEngine
 from spec.connector_api import ConnectorMeta, KVConnectorOutput, RequestId
@@ -40,7 +45,7 @@ __all__ = ["OptimizedPlane", "build_optimized"]
 
 @dataclass
 class OptimizedPlane:
-    """The :class:`hybridkv.cli.sim_engine.DataPlane` over the core's worker (module docstring)."""
+    """The :class:`~hybridkv.simulator.engine.DataPlane` over the core's worker (see the module)."""
 
     worker: TransferWorker
     store: HostStore

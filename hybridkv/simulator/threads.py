@@ -14,7 +14,7 @@ What it costs, on an idle many-core machine, is the parallel speed-up of the fil
 (docs/benchmarks/index.md has the figures).
 
 The setting is torch's process-wide one (the transfer thread follows it); it is restored when
-the run returns, so a caller that imports :func:`hybridkv.cli.sim_run.simulate` keeps its own.
+the run returns, so a caller that imports :func:`hybridkv.simulator.run.simulate` keeps its own.
 """
 
 from __future__ import annotations

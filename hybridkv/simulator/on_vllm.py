@@ -26,13 +26,13 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
-from hybridkv.cli.model_config import load_model_config
-from hybridkv.cli.sim_recovery import RecoveryWatch
-from hybridkv.cli.sim_run import SimOptions
-from hybridkv.cli.sim_setup import SimSetup, derive_setup
-from hybridkv.cli.sim_threads import one_intra_op_thread
 from hybridkv.errors import HybridKVConfigError
 from hybridkv.sim.copy_time import DEFAULT_GBPS, DEFAULT_LATENCY_US, DEFAULT_STEP_MS
+from hybridkv.simulator.model_config import load_model_config
+from hybridkv.simulator.options import SimOptions
+from hybridkv.simulator.recovery import RecoveryWatch
+from hybridkv.simulator.setup import SimSetup, derive_setup
+from hybridkv.simulator.threads import one_intra_op_thread
 
 __all__ = [
     "DEFAULT_REQUESTS",
@@ -189,13 +189,13 @@ def simulate_vllm(options: SimOptions, plot: str | None = None) -> dict[str, Any
     Refusal: :class:`HybridKVConfigError` for flags the engine cannot honour, a Python without
     vLLM 0.33, or a GPU pool too small for the trace, before anything is allocated.
     """
-    from hybridkv.cli.sim_limits import (
+    from hybridkv.simulator.limits import (
         check_arrivals,
         check_flags,
         check_run_memory,
         check_trace_memory,
     )
-    from hybridkv.cli.sim_run import _blocks_for, _longest_sequence, _trace
+    from hybridkv.simulator.run import _blocks_for, _longest_sequence, _trace
 
     if options.requests is None and not options.trace.endswith(".jsonl"):
         options = dataclasses.replace(options, requests=DEFAULT_REQUESTS)
@@ -246,7 +246,7 @@ def simulate_vllm(options: SimOptions, plot: str | None = None) -> dict[str, Any
     built = time.perf_counter()
     watch = RecoveryWatch()
     run = workload.play_workload(engine, trace, max_ticks=max_ticks, watch=watch)
-    from hybridkv.cli.sim_vllm_report import build_report
+    from hybridkv.simulator.vllm_report import build_report
 
     observed = workload.end_state(engine)
     observed = {**observed, **_recovery(watch, observed)}
