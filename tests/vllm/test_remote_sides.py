@@ -96,18 +96,24 @@ class Engine:
 
 
 def _serve_and_write(a: Engine) -> None:
-    """A computes the request's 32 tokens: one store job, its slots filled, reported done."""
+    """A computes the request's 32 claimable tokens one unit a step (as mamba align mode
+    splits a prefill: each step ends where it writes a state, MB-8), each step's store job
+    filled and reported done."""
     view = _view("a")
     table = tuple(tuple(1 + g * 100 + i for i in range(9)) for g in range(2))
-    meta = a.core.build_connector_meta(StepView(1, (ScheduledRequest(view, table, 0, 33),)))
-    assert len(meta.store_jobs) == 1
-    a.remote.stores_emitted(meta.store_jobs, {"a": view})
-    job = meta.store_jobs[0]
-    for item, slot in zip(job.items, a.core.store.slots([i.key for i in job.items]), strict=True):
-        a.host.slot(slot).copy_(bytes_tensor(_content(item.key)))
-    a.core.update_connector_output(KVConnectorOutput(completed_jobs=(JobResult(job.job_id, True),)))
-    a.remote.store_reported(int(job.job_id), True)
-    a.step()
+    for step, start in enumerate(range(0, 32, 4), start=1):
+        scheduled = ScheduledRequest(view, table, start, 4)
+        meta = a.core.build_connector_meta(StepView(step, (scheduled,)))
+        assert len(meta.store_jobs) == 1
+        a.remote.stores_emitted(meta.store_jobs, {"a": view})
+        job = meta.store_jobs[0]
+        slots = a.core.store.slots([i.key for i in job.items])
+        for item, slot in zip(job.items, slots, strict=True):
+            a.host.slot(slot).copy_(bytes_tensor(_content(item.key)))
+        done = KVConnectorOutput(completed_jobs=(JobResult(job.job_id, True),))
+        a.core.update_connector_output(done)
+        a.remote.store_reported(int(job.job_id), True)
+        a.step()
 
 
 def bytes_tensor(data: bytes):  # type: ignore[no-untyped-def]
