@@ -37,7 +37,8 @@ def read_checkpoint_rules(
             kv_cache_config, vllm_config, scheduler_block, hash_block_size
         )
     )
-    lookahead = int(vllm_config.num_hash_lookahead_tokens)
+    # vLLM 0.32 has no lookahead hashes (no such field): its checkpoint rule is 0.33's with 0.
+    lookahead = int(getattr(vllm_config, "num_hash_lookahead_tokens", 0))
     speculative = vllm_config.speculative_config
     drop = bool(speculative is not None and speculative.use_eagle_block_drop() and not lookahead)
     rules = []

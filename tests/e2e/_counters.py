@@ -27,11 +27,15 @@ _SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{[^}]*\})?\s+(\S+)$")
 
 
 def parse_prometheus(text: str) -> dict[str, float]:
-    """Counter samples of a ``/metrics`` page, ``_total`` dropped, summed over label sets."""
+    """vLLM's counter samples of a ``/metrics`` page, ``_total`` dropped, summed over label
+    sets. The process's own counters (``process_cpu_seconds``, ``python_gc_*``) are left out:
+    they move while the server idles, and nothing here reads them."""
     found: dict[str, float] = {}
     for line in text.splitlines():
         match = _SAMPLE.match(line)
         if match is None or not match.group(1).endswith("_total"):
+            continue
+        if not match.group(1).startswith("vllm:"):
             continue
         name = match.group(1)[: -len("_total")]
         found[name] = found.get(name, 0.0) + float(match.group(3))
