@@ -16,6 +16,7 @@ scheduler's publisher (``scheduler.py:2621-2637``), on a chunk of two attention 
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import pytest
@@ -24,54 +25,26 @@ pytestmark = pytest.mark.vllm
 pytest.importorskip("vllm.v1.core.sched.scheduler", reason="vLLM 0.33 is not installed")
 
 from diffharness.layouts import RECIPES, Layout  # noqa: E402
-from vllm.config import KVTransferConfig  # noqa: E402
+from test_hybridkv_inprocess import CHAT, _transfer  # noqa: E402
 from vllm.distributed.kv_events import BlockRemoved, BlockStored  # noqa: E402
 from vllm.v1.core.kv_cache_utils import maybe_convert_block_hash  # noqa: E402
 
 from hybridkv.vllm.cpu_worker import HybridKVOnCPU  # noqa: E402
 from hybridkv.vllm.inprocess import (  # noqa: E402
-    ChatTrace,
-    EngineSettings,
     InProcessEngine,
     run_trace,
 )
 
-# (settings, trace, chunk): sliding+full on a chunk of two 32-token blocks; mamba+full on one.
+# test_hybridkv_inprocess.py's chat with vLLM's KV events on: sliding + full on a chunk of two
+# 32-token blocks (an event per block, several per chunk); mamba + full on one block.
 CASES = {
-    Layout.SLIDING_FULL: (
-        EngineSettings(
-            num_gpu_blocks=30,
-            max_model_len=512,
-            block_size=32,
-            max_num_seqs=3,
-            max_num_batched_tokens=128,
-            kv_events=True,
-        ),
-        ChatTrace(convs=4, turns=3, system_len=128),
-        64,
-    ),
-    Layout.MAMBA_FULL: (
-        EngineSettings(
-            num_gpu_blocks=16,
-            max_model_len=2560,
-            max_num_seqs=2,
-            max_num_batched_tokens=1280,
-            kv_events=True,
-        ),
-        ChatTrace(convs=3, turns=3, system_len=700, user_min=150, user_max=300),
-        640,
-    ),
-}
-
-
-def _transfer(chunk: int) -> KVTransferConfig:
-    return KVTransferConfig(
-        kv_connector="HybridKVConnector",
-        kv_connector_module_path="hybridkv.vllm",
-        kv_role="kv_both",
-        kv_load_failure_policy="recompute",
-        kv_connector_extra_config={"host_memory_bytes": 64 << 20, "chunk_size": chunk},
+    layout: (
+        dataclasses.replace(settings, kv_events=True),
+        trace,
+        2 * chunk if layout is Layout.SLIDING_FULL else chunk,
     )
+    for layout, (settings, trace, chunk) in CHAT.items()
+}
 
 
 def _published(engine: InProcessEngine) -> list[Any]:

@@ -15,6 +15,7 @@ the worst a copy stream running beside the drafter can do. Issue 17, item 2d.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 from collections.abc import Sequence
 from typing import Any
@@ -25,15 +26,13 @@ pytestmark = pytest.mark.vllm
 pytest.importorskip("vllm.v1.core.sched.scheduler", reason="vLLM 0.33 is not installed")
 
 from diffharness.layouts import RECIPES, Layout  # noqa: E402
-from vllm.config import KVTransferConfig  # noqa: E402
+from test_hybridkv_inprocess import CHAT, _transfer  # noqa: E402
 
 from hybridkv.transfer import Direction, TransferEngine, TransferPair  # noqa: E402
 from hybridkv.transfer.api import EngineWrapper, JobId  # noqa: E402
 from hybridkv.vllm.cpu_worker import HybridKVOnCPU  # noqa: E402
 from hybridkv.vllm.delayed import DelayedCompletion  # noqa: E402
 from hybridkv.vllm.inprocess import (  # noqa: E402
-    ChatTrace,
-    EngineSettings,
     InProcessEngine,
     run_trace,
 )
@@ -77,49 +76,12 @@ class _Adapter(HybridKVOnCPU):
             setattr(connector, hook, logged)
 
 
-# The chat of test_hybridkv_inprocess.py: host hits on every later turn.
-CHAT = {
-    Layout.SLIDING_FULL: (
-        EngineSettings(
-            num_gpu_blocks=30,
-            max_model_len=512,
-            block_size=32,
-            max_num_seqs=3,
-            max_num_batched_tokens=128,
-            speculative_hooks=True,
-        ),
-        ChatTrace(convs=4, turns=3, system_len=128),
-        32,
-    ),
-    Layout.MAMBA_FULL: (
-        EngineSettings(
-            num_gpu_blocks=16,
-            max_model_len=2560,
-            max_num_seqs=2,
-            max_num_batched_tokens=1280,
-            speculative_hooks=True,
-        ),
-        ChatTrace(convs=3, turns=3, system_len=700, user_min=150, user_max=300),
-        640,
-    ),
-}
-
-
-def _transfer(chunk: int) -> KVTransferConfig:
-    return KVTransferConfig(
-        kv_connector="HybridKVConnector",
-        kv_connector_module_path="hybridkv.vllm",
-        kv_role="kv_both",
-        kv_load_failure_policy="recompute",
-        kv_connector_extra_config={"host_memory_bytes": 64 << 20, "chunk_size": chunk},
-    )
-
-
 @pytest.mark.parametrize("layout", list(CHAT), ids=lambda lay: lay.value)
 def test_stores_capture_the_drafters_writes_and_start_only_in_wait_for_save(
     layout: Layout,
 ) -> None:
-    settings, trace, chunk = CHAT[layout]
+    settings, trace, chunk = CHAT[layout]  # host hits on every later turn
+    settings = dataclasses.replace(settings, speculative_hooks=True)
     adapter = _Adapter()
     engine = InProcessEngine(RECIPES[layout].config_json(), settings, _transfer(chunk), adapter)
     report = run_trace(engine, trace)
