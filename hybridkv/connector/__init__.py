@@ -18,53 +18,22 @@ spec scheduler (through ``hybridkv.simulator.engine_adapter``) and vLLM's schedu
 
 from __future__ import annotations
 
-from hybridkv.connector.api import (
-    BlockTable,
-    Claim,
-    ClaimKind,
-    ConnectorMeta,
-    GpuBlockPool,
-    JobId,
-    JobResult,
-    KVConnectorOutput,
-    RequestId,
-    RequestView,
-    ScheduledRequest,
-    SchedulerConnector,
-    StepView,
-    TransferItem,
-    TransferJob,
-    TransferKind,
-    WorkerConnector,
-)
+from hybridkv.connector import api
+from hybridkv.connector.api import *  # noqa: F403  (exactly api.__all__, appended below)
 from hybridkv.connector.checkpoints import NO_CHECKPOINTS, CheckpointRule
 from hybridkv.connector.core import ConnectorCore, ConnectorStats, LoadMode
 from hybridkv.connector.geometry import ConnectorGeometry
 from hybridkv.connector.tracker import JobTracker
 
+# The core and its helpers; the boundary values of :mod:`.api` are re-exported through its own
+# ``__all__``, appended below, so the two lists cannot drift apart.
 __all__ = [
     "NO_CHECKPOINTS",
-    "BlockTable",
     "CheckpointRule",
-    "Claim",
-    "ClaimKind",
     "ConnectorCore",
     "ConnectorGeometry",
-    "ConnectorMeta",
     "ConnectorStats",
-    "GpuBlockPool",
-    "JobId",
-    "JobResult",
     "JobTracker",
-    "KVConnectorOutput",
     "LoadMode",
-    "RequestId",
-    "RequestView",
-    "ScheduledRequest",
-    "SchedulerConnector",
-    "StepView",
-    "TransferItem",
-    "TransferJob",
-    "TransferKind",
-    "WorkerConnector",
 ]
+__all__ += api.__all__
