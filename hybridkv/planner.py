@@ -170,18 +170,24 @@ class HybridOffloadPlanner:
 
         Post: a fresh dict of ints, bools, strings and tuples. Frame: nothing changes.
         """
-        return {
-            "groups": tuple((kind.value, block) for kind, block in self.groups),
-            "hash_block_size": self.hash_block_size,
-            "chunk_size": self.chunk_size,
-            "max_model_len": self.max_model_len,
-            "units": self.units,
-            "hash_factors": self.hash_factors,
-            "splittable": self.splittable,
-            "first_storable_chunks": self.first_storable_chunks,
-            "claim_unit": self.claim_unit,
-            "shortest_hit_prompt": self.shortest_hit_prompt,
-        }
+        plain: dict[str, Any] = {"groups": tuple((k.value, block) for k, block in self.groups)}
+        plain.update((name, getattr(self, name)) for name in _PLAIN_FIELDS)
+        return plain
+
+
+# What ``snapshot`` exports beside ``groups``, in the snapshot schema's order (the PL-*
+# predicates read these keys): every input and derived field is already plain data.
+_PLAIN_FIELDS = (
+    "hash_block_size",
+    "chunk_size",
+    "max_model_len",
+    "units",
+    "hash_factors",
+    "splittable",
+    "first_storable_chunks",
+    "claim_unit",
+    "shortest_hit_prompt",
+)
 
 
 def _unit_of(kind: GroupKind, block: int, chunk: int) -> int:
