@@ -35,7 +35,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from hybridkv.errors import HybridKVConfigError
+from hybridkv.errors import HybridKVConfigError, int_at_least
 from hybridkv.kinds import GroupKind
 
 __all__ = ["Group", "HybridOffloadPlanner"]
@@ -105,7 +105,7 @@ class HybridOffloadPlanner:
         ``min over g of floor(floor(n / u_g) * u_g / c)``. Frame: nothing changes.
         Agrees with ``spec.planner.HybridOffloadPlanner.chunk_count_for_tokens``.
         """
-        if isinstance(num_tokens, bool) or not isinstance(num_tokens, int) or num_tokens < 0:
+        if not int_at_least(num_tokens, 0):
             raise _bad_count("num_tokens", num_tokens)
         c = self.chunk_size
         # A unit that divides c covers every whole chunk, so n // c bounds the answer and
@@ -122,7 +122,7 @@ class HybridOffloadPlanner:
         Pre: ``num_chunks`` is an int >= 0 (else field ``"num_chunks"``). Post: entry g is
         ``ceil(num_chunks * c / u_g) * u_g``. Frame: nothing changes.
         """
-        if isinstance(num_chunks, bool) or not isinstance(num_chunks, int) or num_chunks < 0:
+        if not int_at_least(num_chunks, 0):
             raise _bad_count("num_chunks", num_chunks)
         span = num_chunks * self.chunk_size
         return tuple(-(-span // unit) * unit for unit in self.units)
@@ -138,7 +138,7 @@ class HybridOffloadPlanner:
         multiple of ``claim_unit`` <= ``num_tokens - 1`` (the last prompt token is always
         computed); 0 when ``num_tokens <= claim_unit``. Frame: nothing changes.
         """
-        if isinstance(num_tokens, bool) or not isinstance(num_tokens, int) or num_tokens < 0:
+        if not int_at_least(num_tokens, 0):
             raise _bad_count("num_tokens", num_tokens)
         claim = self.claim_unit
         if num_tokens <= claim:
@@ -152,7 +152,7 @@ class HybridOffloadPlanner:
         ``unit_index`` an int >= 0 (else field ``"unit_index"``). Post:
         ``(unit_index + 1) * hash_factors[group_index] - 1``. Frame: nothing changes.
         """
-        if isinstance(group_index, bool) or not isinstance(group_index, int) or group_index < 0:
+        if not int_at_least(group_index, 0):
             raise _bad_count("group_index", group_index)
         if group_index >= len(self.units):
             raise HybridKVConfigError(
@@ -161,7 +161,7 @@ class HybridOffloadPlanner:
                 f"there are only {len(self.units)} groups",
                 f"use an index below {len(self.units)}",
             )
-        if isinstance(unit_index, bool) or not isinstance(unit_index, int) or unit_index < 0:
+        if not int_at_least(unit_index, 0):
             raise _bad_count("unit_index", unit_index)
         return (unit_index + 1) * self.hash_factors[group_index] - 1
 
@@ -223,7 +223,7 @@ def _validated_groups(groups: object) -> tuple[Group, ...]:
 
 
 def _require_positive_int(name: str, value: object, what: str) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+    if not int_at_least(value, 1):
         raise HybridKVConfigError(
             name, value, f"{what} must be a positive int", f"set {what} to an int >= 1"
         )
