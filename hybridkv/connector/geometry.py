@@ -25,7 +25,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from hybridkv.connector.checkpoints import NO_CHECKPOINTS, CheckpointRule
-from hybridkv.errors import HybridKVConfigError
+from hybridkv.errors import HybridKVConfigError, int_at_least
 from hybridkv.kinds import GroupKind
 from hybridkv.planner import HybridOffloadPlanner
 
@@ -168,9 +168,7 @@ def _reaches(
     if not sliding_windows:
         return tuple(max_model_len for _ in range(num_groups))
     reaches = tuple(sliding_windows)
-    if len(reaches) != num_groups or any(
-        isinstance(r, bool) or not isinstance(r, int) or r < 0 for r in reaches
-    ):
+    if len(reaches) != num_groups or not all(int_at_least(r, 0) for r in reaches):
         raise HybridKVConfigError(
             "sliding_windows", sliding_windows, "must give one int >= 0 per group", _FIX_REACH
         )
