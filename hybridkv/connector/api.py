@@ -88,20 +88,6 @@ class RequestView:
 
 
 @dataclass(frozen=True, slots=True)
-class ScheduledRequest:
-    """One row of a step: the request, its block table, and the token range this step computes.
-
-    KV exists for the first ``num_computed_tokens`` tokens before the forward and for
-    ``num_computed_tokens + num_scheduled_tokens`` after it.
-    """
-
-    request: RequestView
-    block_ids: BlockTable
-    num_computed_tokens: int
-    num_scheduled_tokens: int
-
-
-@dataclass(frozen=True, slots=True)
 class StepView:
     """What ``build_connector_meta`` reads of vLLM's ``SchedulerOutput``.
 
@@ -117,6 +103,20 @@ class StepView:
     finished_ids: frozenset[RequestId] = frozenset()
     preempted_ids: frozenset[RequestId] = frozenset()
     no_unit_ids: frozenset[RequestId] = frozenset()
+
+
+@dataclass(frozen=True, slots=True)
+class ScheduledRequest:
+    """One row of a step: the request, its block table, and the token range this step computes.
+
+    KV exists for the first ``num_computed_tokens`` tokens before the forward and for
+    ``num_computed_tokens + num_scheduled_tokens`` after it.
+    """
+
+    request: RequestView
+    block_ids: BlockTable
+    num_computed_tokens: int
+    num_scheduled_tokens: int
 
 
 # --- the claim ------------------------------------------------------------------------------
@@ -193,6 +193,22 @@ class TransferKind(Enum):
     STORE = "store"
 
 
+@dataclass(frozen=True, slots=True)
+class TransferJob:
+    """One load or store job, shipped to the worker inside a step's :class:`ConnectorMeta`.
+
+    ``sync`` is set only on loads the worker must finish before this step's forward (vLLM's
+    ``TransferJob.sync``); their request is already running, so it is never reported in
+    ``finished_recving``.
+    """
+
+    job_id: JobId
+    kind: TransferKind
+    request_id: RequestId
+    items: tuple[TransferItem, ...]
+    sync: bool = False
+
+
 class TransferItem(NamedTuple):
     """One GPU block a job copies, and the host key it copies to or from.
 
@@ -212,22 +228,6 @@ class TransferItem(NamedTuple):
 
 
 @dataclass(frozen=True, slots=True)
-class TransferJob:
-    """One load or store job, shipped to the worker inside a step's :class:`ConnectorMeta`.
-
-    ``sync`` is set only on loads the worker must finish before this step's forward (vLLM's
-    ``TransferJob.sync``); their request is already running, so it is never reported in
-    ``finished_recving``.
-    """
-
-    job_id: JobId
-    kind: TransferKind
-    request_id: RequestId
-    items: tuple[TransferItem, ...]
-    sync: bool = False
-
-
-@dataclass(frozen=True, slots=True)
 class ConnectorMeta:
     """The worker's instructions for one step, as ``build_connector_meta`` returns them.
 
@@ -242,13 +242,6 @@ class ConnectorMeta:
 
 
 # --- results --------------------------------------------------------------------------------
-
-
-class JobResult(NamedTuple):
-    """The worker's report that job ``job_id`` is over, and whether it succeeded."""
-
-    job_id: JobId
-    success: bool
 
 
 @dataclass(frozen=True, slots=True)
@@ -276,23 +269,14 @@ class KVConnectorOutput:
             )
 
 
+class JobResult(NamedTuple):
+    """The worker's report that job ``job_id`` is over, and whether it succeeded."""
+
+    job_id: JobId
+    success: bool
+
+
 # --- the two sides' interfaces ----------------------------------------------------------------
-
-
-class GpuBlockPool(Protocol):
-    """What the core needs of the scheduler's GPU block pool: a reference up and down per block,
-    which is how it keeps a store job's source blocks alive.
-
-    Fitted by ``spec.block_pool.BlockPool`` and, through an adapter, by vLLM's ``BlockPool``.
-    """
-
-    def touch(self, blocks: Iterable[int]) -> None:
-        """Add a reference to each block: the core's pin on a store source."""
-        ...
-
-    def free_blocks(self, ordered_blocks: Iterable[int]) -> None:
-        """Remove a reference from each block, given in eviction-priority order."""
-        ...
 
 
 class SchedulerConnector(Protocol):
@@ -321,6 +305,22 @@ class SchedulerConnector(Protocol):
     def request_finished_all_groups(self, request: RequestView, block_ids: BlockTable) -> bool:
         """The request is done (or aborted); True asks vLLM to keep its blocks until the
         request appears in ``finished_sending``."""
+        ...
+
+
+class GpuBlockPool(Protocol):
+    """What the core needs of the scheduler's GPU block pool: a reference up and down per block,
+    which is how it keeps a store job's source blocks alive.
+
+    Fitted by ``spec.block_pool.BlockPool`` and, through an adapter, by vLLM's ``BlockPool``.
+    """
+
+    def touch(self, blocks: Iterable[int]) -> None:
+        """Add a reference to each block: the core's pin on a store source."""
+        ...
+
+    def free_blocks(self, ordered_blocks: Iterable[int]) -> None:
+        """Remove a reference from each block, given in eviction-priority order."""
         ...
 
 
