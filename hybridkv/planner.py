@@ -78,7 +78,7 @@ class HybridOffloadPlanner:
         groups = _validated_groups(self.groups)
         h, c, max_len = self.hash_block_size, self.chunk_size, self.max_model_len
         for name, value in (("hash_block_size", h), ("chunk_size", c), ("max_model_len", max_len)):
-            _require_positive_int(name, value, name)
+            _positive_int(name, value, name)
         _require_hash_contract(groups, h, c)
         units = tuple(_unit_of(kind, block, c) for kind, block in groups)
         claim = math.lcm(c, *units)
@@ -197,36 +197,45 @@ def _unit_of(kind: GroupKind, block: int, chunk: int) -> int:
     return block
 
 
+_PAIR_FIX = "pass one (kind, block_size) pair per KV cache group"
+
+
 def _validated_groups(groups: object) -> tuple[Group, ...]:
-    pair_fix = "pass one (kind, block_size) pair per KV cache group"
     if not isinstance(groups, (list, tuple)) or len(groups) == 0:
         raise HybridKVConfigError(
-            "groups", groups, "must be a non-empty list or tuple of (kind, block_size)", pair_fix
+            "groups", groups, "must be a non-empty list or tuple of (kind, block_size)", _PAIR_FIX
         )
-    result = []
-    for index, entry in enumerate(groups):
-        if not isinstance(entry, (list, tuple)) or len(entry) != 2:
-            raise HybridKVConfigError(
-                "groups", groups, f"group {index} is {entry!r}, not a pair", pair_fix
-            )
-        kind, block = entry
-        if not isinstance(kind, GroupKind):
+    return tuple(_validated_group(groups, index, entry) for index, entry in enumerate(groups))
+
+
+def _validated_group(groups: Sequence[object], index: int, entry: object) -> Group:
+    """Entry ``index`` as a ``(kind, block_size)`` pair; an error names the whole ``groups``.
+
+    Only a list or a tuple of two is a pair (a ``range`` or a string is not), hence the
+    ``isinstance`` in front of the sequence patterns.
+    """
+    match entry if isinstance(entry, (list, tuple)) else None:
+        case (GroupKind() as kind, block):
+            return kind, _positive_int("block_size", block, f"group {index} block_size")
+        case (kind, _):
             raise HybridKVConfigError(
                 "groups",
                 groups,
                 f"group {index} kind {kind!r} is not a GroupKind",
                 "use GroupKind.FULL, GroupKind.SLIDING or GroupKind.MAMBA",
             )
-        _require_positive_int("block_size", block, f"group {index} block_size")
-        result.append((kind, block))
-    return tuple(result)
+        case _:
+            raise HybridKVConfigError(
+                "groups", groups, f"group {index} is {entry!r}, not a pair", _PAIR_FIX
+            )
 
 
-def _require_positive_int(name: str, value: object, what: str) -> None:
+def _positive_int(name: str, value: object, what: str) -> int:
     if not int_at_least(value, 1):
         raise HybridKVConfigError(
             name, value, f"{what} must be a positive int", f"set {what} to an int >= 1"
         )
+    return value
 
 
 def _require_hash_contract(groups: tuple[Group, ...], h: int, c: int) -> None:
