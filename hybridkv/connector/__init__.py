@@ -1,7 +1,8 @@
 """The connector core: the scheduler-side state machine and the worker-side job bookkeeping.
 
-The optimized twin of the reference connector ``spec.connector`` (never imported here), tested
-against it call for call (tests/differential/test_connector_agreement.py). Its engine-facing
+Written from the connector contract (docs/explanation/connector-core.md), which the reference
+connector ``spec.connector`` models on its own (never imported here); the two are compared call
+for call (tests/differential/test_connector_agreement.py). Its engine-facing
 interface is vLLM's connector hooks as plain values (:mod:`hybridkv.connector.api`), so the
 spec scheduler (through ``hybridkv.simulator.engine_adapter``) and vLLM's scheduler drive it alike.
 

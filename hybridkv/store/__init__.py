@@ -1,6 +1,7 @@
 """The host store: the CPU tier's accounting (:mod:`.manager`) apart from its eviction policy
 (:mod:`.lru`, :mod:`.arc`, protocol in :mod:`.policy`), sized in chunks or from a byte budget
-(:mod:`.capacity`). The optimized twin of ``spec.store``; it never imports spec.
+(:mod:`.capacity`). Written from the store contract, which ``spec.store`` models on its own;
+it never imports spec, and the differential tests hold the two to the same answers.
 """
 
 from __future__ import annotations
