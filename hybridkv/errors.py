@@ -8,8 +8,9 @@ values, not exceptions.
 from __future__ import annotations
 
 import reprlib
+from typing import TypeGuard
 
-__all__ = ["HybridKVConfigError", "HybridKVError", "readable"]
+__all__ = ["HybridKVConfigError", "HybridKVError", "int_at_least", "readable"]
 
 # A message is one line a person reads: a value echoed whole (a 50 MB string from a bad
 # trace) would bury the fix, so values and free text are cut to these lengths.
@@ -52,7 +53,8 @@ class HybridKVError(Exception):
 class HybridKVConfigError(HybridKVError, ValueError):
     """A configuration or argument hybridkv cannot accept.
 
-    It mirrors :class:`spec.errors.ConfigError` field for field, so differential tests can
+    Its attributes carry the contract's error fields (``field``, ``value``, ``problem``,
+    ``fix``), the same the reference model's ``ConfigError`` carries, so differential tests can
     compare the two sides on ``field``. The message is one line with the value cut to a
     readable length (:func:`readable`); the attributes keep what was given.
 
@@ -64,8 +66,22 @@ class HybridKVConfigError(HybridKVError, ValueError):
     """
 
     def __init__(self, field: str, value: object, problem: str, fix: str) -> None:
+        super().__init__(_config_message(field, value, problem, fix))
         self.field = field
         self.value = value
         self.problem = problem
         self.fix = fix
-        super().__init__(f"{_line(field)}={readable(value)}: {_line(problem)}; {_line(fix)}")
+
+
+def _config_message(field: str, value: object, problem: str, fix: str) -> str:
+    """``field=value: problem; fix`` on one line, each part cut to a readable length."""
+    return f"{_line(field)}={readable(value)}: {_line(problem)}; {_line(fix)}"
+
+
+def int_at_least(value: object, least: int) -> TypeGuard[int]:
+    """Whether ``value`` is an int of at least ``least``; a bool is not an int here.
+
+    The test behind every count, size and index hybridkv checks before it raises
+    :class:`HybridKVConfigError` (``True`` passed as a block size is a mistake, not a 1).
+    """
+    return isinstance(value, int) and not isinstance(value, bool) and value >= least

@@ -22,7 +22,7 @@ import pickle
 from collections.abc import Iterator, Sequence
 from typing import NamedTuple, overload
 
-from hybridkv.errors import HybridKVConfigError
+from hybridkv.errors import HybridKVConfigError, int_at_least
 
 __all__ = [
     "DEFAULT_NONE_HASH_SEED",
@@ -50,15 +50,8 @@ class LoRAKey(NamedTuple):
     path: str
 
 
-class GroupKey(NamedTuple):
-    """One group's offload key at a chunk boundary."""
-
-    group_idx: int
-    key: bytes
-
-
 def _positive(field: str, value: object) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+    if not int_at_least(value, 1):
         raise HybridKVConfigError(field, value, "must be a positive int", "pass an int >= 1")
     return value
 
@@ -137,6 +130,13 @@ class BlockHashView(Sequence[bytes]):
         return iter(hashes[s - 1 : len(self) * s : s])
 
 
+class GroupKey(NamedTuple):
+    """One group's offload key at a chunk boundary: the entries of a :class:`ChunkKeyView`."""
+
+    group_idx: int
+    key: bytes
+
+
 class ChunkKeyView(Sequence[tuple[GroupKey, ...]]):
     """Per complete chunk, the offload keys of the groups whose unit ends at the chunk's end.
 
@@ -163,7 +163,7 @@ class ChunkKeyView(Sequence[tuple[GroupKey, ...]]):
                 "units", units, "must be a non-empty sequence", "one per group"
             )
         for u in units:
-            if isinstance(u, bool) or not isinstance(u, int) or u < 1 or u % hash_block_size:
+            if not int_at_least(u, 1) or u % hash_block_size:
                 raise HybridKVConfigError(
                     "units",
                     u,

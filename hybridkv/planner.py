@@ -35,7 +35,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from hybridkv.errors import HybridKVConfigError
+from hybridkv.errors import HybridKVConfigError, int_at_least
 from hybridkv.kinds import GroupKind
 
 __all__ = ["Group", "HybridOffloadPlanner"]
@@ -78,7 +78,7 @@ class HybridOffloadPlanner:
         groups = _validated_groups(self.groups)
         h, c, max_len = self.hash_block_size, self.chunk_size, self.max_model_len
         for name, value in (("hash_block_size", h), ("chunk_size", c), ("max_model_len", max_len)):
-            _require_positive_int(name, value, name)
+            _positive_int(name, value, name)
         _require_hash_contract(groups, h, c)
         units = tuple(_unit_of(kind, block, c) for kind, block in groups)
         claim = math.lcm(c, *units)
@@ -105,7 +105,7 @@ class HybridOffloadPlanner:
         ``min over g of floor(floor(n / u_g) * u_g / c)``. Frame: nothing changes.
         Agrees with ``spec.planner.HybridOffloadPlanner.chunk_count_for_tokens``.
         """
-        if isinstance(num_tokens, bool) or not isinstance(num_tokens, int) or num_tokens < 0:
+        if not int_at_least(num_tokens, 0):
             raise _bad_count("num_tokens", num_tokens)
         c = self.chunk_size
         # A unit that divides c covers every whole chunk, so n // c bounds the answer and
@@ -122,7 +122,7 @@ class HybridOffloadPlanner:
         Pre: ``num_chunks`` is an int >= 0 (else field ``"num_chunks"``). Post: entry g is
         ``ceil(num_chunks * c / u_g) * u_g``. Frame: nothing changes.
         """
-        if isinstance(num_chunks, bool) or not isinstance(num_chunks, int) or num_chunks < 0:
+        if not int_at_least(num_chunks, 0):
             raise _bad_count("num_chunks", num_chunks)
         span = num_chunks * self.chunk_size
         return tuple(-(-span // unit) * unit for unit in self.units)
@@ -138,7 +138,7 @@ class HybridOffloadPlanner:
         multiple of ``claim_unit`` <= ``num_tokens - 1`` (the last prompt token is always
         computed); 0 when ``num_tokens <= claim_unit``. Frame: nothing changes.
         """
-        if isinstance(num_tokens, bool) or not isinstance(num_tokens, int) or num_tokens < 0:
+        if not int_at_least(num_tokens, 0):
             raise _bad_count("num_tokens", num_tokens)
         claim = self.claim_unit
         if num_tokens <= claim:
@@ -152,7 +152,7 @@ class HybridOffloadPlanner:
         ``unit_index`` an int >= 0 (else field ``"unit_index"``). Post:
         ``(unit_index + 1) * hash_factors[group_index] - 1``. Frame: nothing changes.
         """
-        if isinstance(group_index, bool) or not isinstance(group_index, int) or group_index < 0:
+        if not int_at_least(group_index, 0):
             raise _bad_count("group_index", group_index)
         if group_index >= len(self.units):
             raise HybridKVConfigError(
@@ -161,7 +161,7 @@ class HybridOffloadPlanner:
                 f"there are only {len(self.units)} groups",
                 f"use an index below {len(self.units)}",
             )
-        if isinstance(unit_index, bool) or not isinstance(unit_index, int) or unit_index < 0:
+        if not int_at_least(unit_index, 0):
             raise _bad_count("unit_index", unit_index)
         return (unit_index + 1) * self.hash_factors[group_index] - 1
 
@@ -170,18 +170,24 @@ class HybridOffloadPlanner:
 
         Post: a fresh dict of ints, bools, strings and tuples. Frame: nothing changes.
         """
-        return {
-            "groups": tuple((kind.value, block) for kind, block in self.groups),
-            "hash_block_size": self.hash_block_size,
-            "chunk_size": self.chunk_size,
-            "max_model_len": self.max_model_len,
-            "units": self.units,
-            "hash_factors": self.hash_factors,
-            "splittable": self.splittable,
-            "first_storable_chunks": self.first_storable_chunks,
-            "claim_unit": self.claim_unit,
-            "shortest_hit_prompt": self.shortest_hit_prompt,
-        }
+        plain: dict[str, Any] = {"groups": tuple((k.value, block) for k, block in self.groups)}
+        plain.update((name, getattr(self, name)) for name in _PLAIN_FIELDS)
+        return plain
+
+
+# What ``snapshot`` exports beside ``groups``, in the snapshot schema's order (the PL-*
+# predicates read these keys): every input and derived field is already plain data.
+_PLAIN_FIELDS = (
+    "hash_block_size",
+    "chunk_size",
+    "max_model_len",
+    "units",
+    "hash_factors",
+    "splittable",
+    "first_storable_chunks",
+    "claim_unit",
+    "shortest_hit_prompt",
+)
 
 
 def _unit_of(kind: GroupKind, block: int, chunk: int) -> int:
@@ -191,36 +197,45 @@ def _unit_of(kind: GroupKind, block: int, chunk: int) -> int:
     return block
 
 
+_PAIR_FIX = "pass one (kind, block_size) pair per KV cache group"
+
+
 def _validated_groups(groups: object) -> tuple[Group, ...]:
-    pair_fix = "pass one (kind, block_size) pair per KV cache group"
     if not isinstance(groups, (list, tuple)) or len(groups) == 0:
         raise HybridKVConfigError(
-            "groups", groups, "must be a non-empty list or tuple of (kind, block_size)", pair_fix
+            "groups", groups, "must be a non-empty list or tuple of (kind, block_size)", _PAIR_FIX
         )
-    result = []
-    for index, entry in enumerate(groups):
-        if not isinstance(entry, (list, tuple)) or len(entry) != 2:
-            raise HybridKVConfigError(
-                "groups", groups, f"group {index} is {entry!r}, not a pair", pair_fix
-            )
-        kind, block = entry
-        if not isinstance(kind, GroupKind):
+    return tuple(_validated_group(groups, index, entry) for index, entry in enumerate(groups))
+
+
+def _validated_group(groups: Sequence[object], index: int, entry: object) -> Group:
+    """Entry ``index`` as a ``(kind, block_size)`` pair; an error names the whole ``groups``.
+
+    Only a list or a tuple of two is a pair (a ``range`` or a string is not), hence the
+    ``isinstance`` in front of the sequence patterns.
+    """
+    match entry if isinstance(entry, (list, tuple)) else None:
+        case (GroupKind() as kind, block):
+            return kind, _positive_int("block_size", block, f"group {index} block_size")
+        case (kind, _):
             raise HybridKVConfigError(
                 "groups",
                 groups,
                 f"group {index} kind {kind!r} is not a GroupKind",
                 "use GroupKind.FULL, GroupKind.SLIDING or GroupKind.MAMBA",
             )
-        _require_positive_int("block_size", block, f"group {index} block_size")
-        result.append((kind, block))
-    return tuple(result)
+        case _:
+            raise HybridKVConfigError(
+                "groups", groups, f"group {index} is {entry!r}, not a pair", _PAIR_FIX
+            )
 
 
-def _require_positive_int(name: str, value: object, what: str) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+def _positive_int(name: str, value: object, what: str) -> int:
+    if not int_at_least(value, 1):
         raise HybridKVConfigError(
             name, value, f"{what} must be a positive int", f"set {what} to an int >= 1"
         )
+    return value
 
 
 def _require_hash_contract(groups: tuple[Group, ...], h: int, c: int) -> None:

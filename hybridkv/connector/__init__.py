@@ -1,7 +1,8 @@
 """The connector core: the scheduler-side state machine and the worker-side job bookkeeping.
 
-The optimized twin of the reference connector ``spec.connector`` (never imported here), tested
-against it call for call (tests/differential/test_connector_agreement.py). Its engine-facing
+Written from the connector contract (docs/explanation/connector-core.md), which the reference
+connector ``spec.connector`` models on its own (never imported here); the two are compared call
+for call (tests/differential/test_connector_agreement.py). Its engine-facing
 interface is vLLM's connector hooks as plain values (:mod:`hybridkv.connector.api`), so the
 spec scheduler (through ``hybridkv.simulator.engine_adapter``) and vLLM's scheduler drive it alike.
 
@@ -18,53 +19,22 @@ spec scheduler (through ``hybridkv.simulator.engine_adapter``) and vLLM's schedu
 
 from __future__ import annotations
 
-from hybridkv.connector.api import (
-    BlockTable,
-    Claim,
-    ClaimKind,
-    ConnectorMeta,
-    GpuBlockPool,
-    JobId,
-    JobResult,
-    KVConnectorOutput,
-    RequestId,
-    RequestView,
-    ScheduledRequest,
-    SchedulerConnector,
-    StepView,
-    TransferItem,
-    TransferJob,
-    TransferKind,
-    WorkerConnector,
-)
+from hybridkv.connector import api
+from hybridkv.connector.api import *  # noqa: F403  (exactly api.__all__, appended below)
 from hybridkv.connector.checkpoints import NO_CHECKPOINTS, CheckpointRule
 from hybridkv.connector.core import ConnectorCore, ConnectorStats, LoadMode
 from hybridkv.connector.geometry import ConnectorGeometry
 from hybridkv.connector.tracker import JobTracker
 
+# The core and its helpers; the boundary values of :mod:`.api` are re-exported through its own
+# ``__all__``, appended below, so the two lists cannot drift apart.
 __all__ = [
     "NO_CHECKPOINTS",
-    "BlockTable",
     "CheckpointRule",
-    "Claim",
-    "ClaimKind",
     "ConnectorCore",
     "ConnectorGeometry",
-    "ConnectorMeta",
     "ConnectorStats",
-    "GpuBlockPool",
-    "JobId",
-    "JobResult",
     "JobTracker",
-    "KVConnectorOutput",
     "LoadMode",
-    "RequestId",
-    "RequestView",
-    "ScheduledRequest",
-    "SchedulerConnector",
-    "StepView",
-    "TransferItem",
-    "TransferJob",
-    "TransferKind",
-    "WorkerConnector",
 ]
+__all__ += api.__all__

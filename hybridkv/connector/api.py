@@ -1,13 +1,14 @@
 """The connector core's boundary values, in vLLM 0.33's words (the engine-facing interface).
 
-Field for field and method for method the twin of the reference model's ``spec.connector_api``
-(never imported here): a scheduler drives a :class:`SchedulerConnector`, a worker folds job
-results through a :class:`WorkerConnector`. The spec scheduler speaks these values through
-``hybridkv.simulator.engine_adapter``, and the vLLM connector (``hybridkv.vllm``) speaks them
-too, so the core itself never converts anything. One field has no twin: ``StepView.no_unit_ids``, a
-shortcut for requests whose step stores nothing; naming a request there answers exactly as
-listing it in ``scheduled`` (tests/connector/test_no_unit_steps.py), and the spec's callers
-leave it empty.
+Written from the connector contract (docs/explanation/connector-core.md); the reference model
+``spec.connector_api`` states the same contract on its own (never imported here), and the
+differential tests hold the two to the same names, fields and answers. A scheduler drives a
+:class:`SchedulerConnector`, a worker folds job results through a :class:`WorkerConnector`.
+The spec scheduler speaks these values through ``hybridkv.simulator.engine_adapter``, and the
+vLLM connector (``hybridkv.vllm``) speaks them too, so the core itself never converts
+anything. One field is the library's own: ``StepView.no_unit_ids``, a shortcut for requests
+whose step stores nothing; naming a request there answers exactly as listing it in
+``scheduled`` (tests/connector/test_no_unit_steps.py), and the spec's callers leave it empty.
 
 Values only: every type is immutable. :class:`TransferItem` and :class:`JobResult` are
 ``NamedTuple`` rather than frozen dataclasses because the core builds one per moved block and
@@ -48,29 +49,35 @@ __all__ = [
     "WorkerConnector",
 ]
 
+# --- shapes and ids -----------------------------------------------------------------------------
+
+BlockTable = tuple[tuple[int, ...], ...]
+"""Block ids of one request: one row per KV cache group, indexed by block position; 0 is null."""
+
 RequestId = NewType("RequestId", str)
+"""The scheduler's request id, as vLLM's ``request.request_id``."""
+
 JobId = NewType("JobId", int)
 """A connector job id (``TransferJob.job_id``); a transfer engine numbers its own jobs apart."""
 
-BlockTable = tuple[tuple[int, ...], ...]
-"""A request's block ids per KV cache group, position-indexed; 0 is the null block."""
+
+# --- what the scheduler shows the connector -------------------------------------------------
 
 
 @dataclass(frozen=True, slots=True)
 class RequestView:
-    """What a connector may read of a request.
+    """The read-only slice of a vLLM request the core works from.
 
     Attributes:
         request_id: the scheduler's id.
-        token_ids: prompt tokens followed by the output tokens produced so far; a request's
-            tokens only ever grow (the core hashes them incrementally on that promise).
-        num_prompt_tokens: how many of ``token_ids`` are the prompt.
-        cache_salt: the isolation domain; requests with different salts never share KV.
-        block_hashes: the engine's own chained hashes, one per full ``hash_block_size`` block
-            of ``token_ids`` (vLLM's ``request.block_hashes``, which fold in multimodal
-            inputs, LoRA and the salt); None: the core hashes ``token_ids`` itself. Given, the
-            offload keys are read off them, so requests that differ only in what the engine
-            hashes beside the tokens never share a key.
+        token_ids: the prompt, then every output token so far. It only grows, which is what
+            lets the core extend its hashes instead of recomputing them.
+        num_prompt_tokens: the length of the prompt prefix of ``token_ids``.
+        cache_salt: the sharing domain: two requests share KV only under the same salt.
+        block_hashes: vLLM's ``request.block_hashes`` (one chained hash per full
+            ``hash_block_size`` block, with multimodal inputs, LoRA and the salt folded in),
+            or None for the core to hash ``token_ids`` itself. When given, offload keys derive
+            from them, so requests that differ only beside their tokens never share a key.
     """
 
     request_id: RequestId
@@ -80,12 +87,47 @@ class RequestView:
     block_hashes: tuple[bytes, ...] | None = None
 
 
-class ClaimKind(Enum):
-    """The answer of ``get_num_new_matched_tokens`` (vLLM's ``(n | None, is_async)``).
+@dataclass(frozen=True, slots=True)
+class StepView:
+    """What ``build_connector_meta`` reads of vLLM's ``SchedulerOutput``.
 
-    ``DEFER`` ``(None, False)``: ask again next step; ``NONE`` ``(0, False)``: nothing to load;
-    ``SYNC`` ``(n, False)``: loaded before this step's forward; ``ASYNC`` ``(n, True)``: the
-    request waits in WAITING_FOR_REMOTE_KVS.
+    ``no_unit_ids`` is the library's shortcut (no spec counterpart): scheduled requests whose
+    computed range completes no unit of any group (``ConnectorGeometry.completes_a_unit`` is
+    false). They store nothing, so the adapter names them instead of building a view and a
+    block table each; on a decode step that is most requests. Listing such a request in
+    ``scheduled`` instead gives the same answer.
+    """
+
+    step: int
+    scheduled: tuple[ScheduledRequest, ...]
+    finished_ids: frozenset[RequestId] = frozenset()
+    preempted_ids: frozenset[RequestId] = frozenset()
+    no_unit_ids: frozenset[RequestId] = frozenset()
+
+
+@dataclass(frozen=True, slots=True)
+class ScheduledRequest:
+    """One row of a step: the request, its block table, and the token range this step computes.
+
+    KV exists for the first ``num_computed_tokens`` tokens before the forward and for
+    ``num_computed_tokens + num_scheduled_tokens`` after it.
+    """
+
+    request: RequestView
+    block_ids: BlockTable
+    num_computed_tokens: int
+    num_scheduled_tokens: int
+
+
+# --- the claim ------------------------------------------------------------------------------
+
+
+class ClaimKind(Enum):
+    """The four answers ``get_num_new_matched_tokens`` can give.
+
+    In vLLM's ``(num_tokens | None, is_async)`` form: DEFER ``(None, False)`` asks to be asked
+    again next step, NONE ``(0, False)`` loads nothing, SYNC ``(n, False)`` loads before this
+    step's forward, ASYNC ``(n, True)`` parks the request in WAITING_FOR_REMOTE_KVS.
     """
 
     DEFER = "defer"
@@ -94,60 +136,69 @@ class ClaimKind(Enum):
     ASYNC = "async"
 
 
+class _ClaimForm(NamedTuple):
+    loads: bool  # the claim names a positive token count
+    is_async: bool  # vLLM's second element: the request waits in WAITING_FOR_REMOTE_KVS
+
+
+# One row per kind: the validation and vLLM's tuple both read this table. DEFER and NONE both
+# load nothing; they differ only in DEFER's ``None`` ("ask again next step").
+_CLAIM_FORMS: dict[ClaimKind, _ClaimForm] = {
+    ClaimKind.DEFER: _ClaimForm(loads=False, is_async=False),
+    ClaimKind.NONE: _ClaimForm(loads=False, is_async=False),
+    ClaimKind.SYNC: _ClaimForm(loads=True, is_async=False),
+    ClaimKind.ASYNC: _ClaimForm(loads=True, is_async=True),
+}
+
+
 @dataclass(frozen=True, slots=True)
 class Claim:
-    """A connector's claim: ``num_tokens`` > 0 exactly when ``kind`` is SYNC or ASYNC."""
+    """The core's answer to ``get_num_new_matched_tokens``.
+
+    ``num_tokens`` is positive for SYNC and ASYNC and 0 for DEFER and NONE; any other pairing
+    raises :class:`~hybridkv.errors.HybridKVConfigError` on construction.
+    """
 
     kind: ClaimKind
     num_tokens: int = 0
 
     def __post_init__(self) -> None:
-        loads = self.kind in (ClaimKind.SYNC, ClaimKind.ASYNC)
-        if loads != (self.num_tokens > 0) or self.num_tokens < 0:
+        form = _CLAIM_FORMS.get(self.kind)
+        if form is None:
+            raise HybridKVConfigError(
+                "kind", self.kind, "is not a ClaimKind", "pass hybridkv.connector.ClaimKind"
+            )
+        tokens = self.num_tokens
+        if tokens < 0 or form.loads is not (tokens > 0):
             raise HybridKVConfigError(
                 "num_tokens",
-                self.num_tokens,
-                f"a {self.kind.value} claim of {self.num_tokens} tokens",
+                tokens,
+                f"a {self.kind.value} claim of {tokens} tokens",
                 "SYNC and ASYNC claim a positive number of tokens, DEFER and NONE claim 0",
             )
 
     def as_vllm(self) -> tuple[int | None, bool]:
-        """vLLM's tuple form."""
-        if self.kind is ClaimKind.DEFER:
-            return None, False
-        return self.num_tokens, self.kind is ClaimKind.ASYNC
+        """The ``(num_tokens | None, is_async)`` pair vLLM's scheduler expects."""
+        count = None if self.kind is ClaimKind.DEFER else self.num_tokens
+        return count, _CLAIM_FORMS[self.kind].is_async
+
+
+# --- jobs -----------------------------------------------------------------------------------
 
 
 class TransferKind(Enum):
-    """LOAD moves host chunks into GPU blocks; STORE moves GPU blocks into host chunks."""
+    """The direction of a job: LOAD copies host chunks to GPU blocks, STORE the reverse."""
 
     LOAD = "load"
     STORE = "store"
 
 
-class TransferItem(NamedTuple):
-    """One block moved by a job.
-
-    Attributes:
-        group_idx: the KV cache group (``kv_cache_group_id``).
-        block_id: the GPU block (never 0).
-        key: the host store's offload key (block hash + 4-byte big-endian group index).
-        end_token: the token position the block's content represents the prefix up to (for a
-            mamba group, the exact position of the recurrent state).
-    """
-
-    group_idx: int
-    block_id: int
-    key: bytes
-    end_token: int
-
-
 @dataclass(frozen=True, slots=True)
 class TransferJob:
-    """A load or store job handed to the worker in one step's connector metadata.
+    """One load or store job, shipped to the worker inside a step's :class:`ConnectorMeta`.
 
-    ``sync`` (loads only) marks a load the worker finishes before this step's forward (vLLM's
-    ``TransferJob.sync``): its request already runs, so it never appears in
+    ``sync`` is set only on loads the worker must finish before this step's forward (vLLM's
+    ``TransferJob.sync``); their request is already running, so it is never reported in
     ``finished_recving``.
     """
 
@@ -158,13 +209,31 @@ class TransferJob:
     sync: bool = False
 
 
+class TransferItem(NamedTuple):
+    """One GPU block a job copies, and the host key it copies to or from.
+
+    Attributes:
+        group_idx: ``kv_cache_group_id`` of the block.
+        block_id: the GPU block id; never the null block 0.
+        key: the host offload key: the block hash followed by the group index as 4 big-endian
+            bytes.
+        end_token: the prefix length the block's content stands for; for a mamba group the
+            exact token position of the saved recurrent state.
+    """
+
+    group_idx: int
+    block_id: int
+    key: bytes
+    end_token: int
+
+
 @dataclass(frozen=True, slots=True)
 class ConnectorMeta:
-    """What ``build_connector_meta`` hands to the worker for one step.
+    """The worker's instructions for one step, as ``build_connector_meta`` returns them.
 
-    ``delayed_free_ids``: the requests that finished since the last metadata and whose block
-    free the connector delayed; the worker reports each in ``finished_sending`` once all its
-    store jobs reported.
+    ``delayed_free_ids`` lists requests finished since the previous step whose block free the
+    core held back; the worker names each in ``finished_sending`` once every store job of it
+    has reported.
     """
 
     load_jobs: tuple[TransferJob, ...] = ()
@@ -172,49 +241,16 @@ class ConnectorMeta:
     delayed_free_ids: frozenset[RequestId] = frozenset()
 
 
-@dataclass(frozen=True, slots=True)
-class ScheduledRequest:
-    """A request scheduled in a step; after the forward it has KV for
-    ``num_computed_tokens + num_scheduled_tokens`` tokens."""
-
-    request: RequestView
-    block_ids: BlockTable
-    num_computed_tokens: int
-    num_scheduled_tokens: int
-
-
-@dataclass(frozen=True, slots=True)
-class StepView:
-    """The parts of vLLM's ``SchedulerOutput`` a connector reads in ``build_connector_meta``.
-
-    ``no_unit_ids``: requests scheduled in this step whose computed range completes no unit of
-    any group (``ConnectorGeometry.completes_a_unit`` is false), named here instead of listed
-    in ``scheduled``. Such a request stores nothing, so no view or block table is needed for
-    it: on a decode step that is most requests, and building their views and tables was most
-    of the adapter's per-step cost. Listing one in ``scheduled`` instead answers the same.
-    """
-
-    step: int
-    scheduled: tuple[ScheduledRequest, ...]
-    finished_ids: frozenset[RequestId] = frozenset()
-    preempted_ids: frozenset[RequestId] = frozenset()
-    no_unit_ids: frozenset[RequestId] = frozenset()
-
-
-class JobResult(NamedTuple):
-    """The worker's report for one job: it completed, successfully or not."""
-
-    job_id: JobId
-    success: bool
+# --- results --------------------------------------------------------------------------------
 
 
 @dataclass(frozen=True, slots=True)
 class KVConnectorOutput:
-    """vLLM's ``KVConnectorOutput`` as the scheduler consumes it.
+    """The part of vLLM's ``KVConnectorOutput`` the scheduler side reads after a step.
 
-    ``failed_recving`` is a subset of ``finished_recving``; ``finished_sending`` names requests
-    whose delayed block free may now happen; ``completed_jobs`` carries every job result the
-    worker folded, in report order (vLLM's ``kv_connector_worker_meta.completed_jobs``).
+    Every failed receive is also a finished one (checked on construction, as vLLM 0.33 reports
+    them); ``finished_sending`` releases delayed block frees; ``completed_jobs`` holds each
+    folded job result in report order (vLLM's ``kv_connector_worker_meta.completed_jobs``).
     """
 
     finished_recving: frozenset[RequestId] = frozenset()
@@ -223,63 +259,78 @@ class KVConnectorOutput:
     completed_jobs: tuple[JobResult, ...] = ()
 
     def __post_init__(self) -> None:
-        if not self.failed_recving <= self.finished_recving:
+        stray = self.failed_recving - self.finished_recving
+        if stray:
             raise HybridKVConfigError(
                 "failed_recving",
-                sorted(self.failed_recving - self.finished_recving),
+                sorted(stray),
                 "is not a subset of finished_recving",
                 "report a failed load as finished and failed (vLLM 0.33)",
             )
 
 
-class GpuBlockPool(Protocol):
-    """The two calls the core makes on the scheduler's GPU block pool to pin store sources.
+class JobResult(NamedTuple):
+    """The worker's report that job ``job_id`` is over, and whether it succeeded."""
 
-    ``spec.block_pool.BlockPool`` and vLLM's ``BlockPool`` (through an adapter) both fit.
-    """
+    job_id: JobId
+    success: bool
 
-    def touch(self, blocks: Iterable[int]) -> None:
-        """Take one reference on each block (the core's pin)."""
-        ...
 
-    def free_blocks(self, ordered_blocks: Iterable[int]) -> None:
-        """Drop one reference per block, in eviction-priority order."""
-        ...
+# --- the two sides' interfaces ----------------------------------------------------------------
 
 
 class SchedulerConnector(Protocol):
-    """The scheduler-side contract (vLLM's ``KVConnectorBase_V1`` + ``SupportsHMA``)."""
+    """The hooks vLLM's scheduler calls (``KVConnectorBase_V1`` with ``SupportsHMA``)."""
 
     def get_num_new_matched_tokens(self, request: RequestView, num_computed_tokens: int) -> Claim:
-        """Claim external tokens beyond ``num_computed_tokens``; may be asked repeatedly."""
+        """How many tokens past ``num_computed_tokens`` the connector can supply; asking
+        again without an event in between gives the same answer."""
         ...
 
     def update_state_after_alloc(
         self, request: RequestView, block_ids: BlockTable, num_external_tokens: int
     ) -> None:
-        """Record the allocation; load ``num_external_tokens`` into ``block_ids`` if > 0."""
+        """The allocation succeeded: plan loads of ``num_external_tokens`` (0: none) into
+        ``block_ids``."""
         ...
 
     def build_connector_meta(self, step: StepView) -> ConnectorMeta:
-        """The load and store jobs to start this step (once per ``schedule()``)."""
+        """Hand out the jobs that start in this step; called once per ``schedule()``."""
         ...
 
     def update_connector_output(self, output: KVConnectorOutput) -> None:
-        """Learn which jobs finished or failed."""
+        """Take in the finished and failed jobs of the last step."""
         ...
 
     def request_finished_all_groups(self, request: RequestView, block_ids: BlockTable) -> bool:
-        """Called once when a request finishes; True keeps its blocks until finished_sending."""
+        """The request is done (or aborted); True asks vLLM to keep its blocks until the
+        request appears in ``finished_sending``."""
+        ...
+
+
+class GpuBlockPool(Protocol):
+    """What the core needs of the scheduler's GPU block pool: a reference up and down per block,
+    which is how it keeps a store job's source blocks alive.
+
+    Fitted by ``spec.block_pool.BlockPool`` and, through an adapter, by vLLM's ``BlockPool``.
+    """
+
+    def touch(self, blocks: Iterable[int]) -> None:
+        """Add a reference to each block: the core's pin on a store source."""
+        ...
+
+    def free_blocks(self, ordered_blocks: Iterable[int]) -> None:
+        """Remove a reference from each block, given in eviction-priority order."""
         ...
 
 
 class WorkerConnector(Protocol):
-    """The worker-side contract: accept the jobs, report request-level outcomes."""
+    """The worker's half: it takes each step's jobs and folds their results per request."""
 
     def bind_connector_metadata(self, meta: ConnectorMeta) -> None:
-        """Accept this step's jobs (they are now in flight)."""
+        """Take this step's jobs; from here on they are in flight."""
         ...
 
     def get_transfer_results(self, results: tuple[JobResult, ...]) -> KVConnectorOutput:
-        """Fold job results into request-level finished/failed receives and finished sends."""
+        """Turn job results into finished/failed receives and finished sends per request."""
         ...

@@ -1,7 +1,8 @@
 """Where a step leaves mamba states: the running state and vLLM 0.33's prefill checkpoint.
 
-The twin of ``spec.connector.checkpoints`` (never imported here). In align mode a step that
-computes tokens ``[start, end)`` writes a mamba group's state in at most two table slots:
+Written from vLLM 0.33's rule (cited below); ``spec.connector.checkpoints`` models the same
+rule on its own (never imported here). In align mode a step that computes tokens
+``[start, end)`` writes a mamba group's state in at most two table slots:
 
 - the running state after ``end`` tokens, in slot ``cdiv(end, block) - 1``;
 - the prefill checkpoint, when the layers export one (``num_prefill_checkpoint_blocks`` > 0):
@@ -21,9 +22,18 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from hybridkv.errors import HybridKVConfigError
+from hybridkv.errors import HybridKVConfigError, int_at_least
 
 __all__ = ["NO_CHECKPOINTS", "CheckpointRule"]
+
+# The integer inputs and the least value vLLM can hand each, checked in this order (a
+# differential test expects the reference's first failing field when several are wrong).
+_LEAST_VALUES = (
+    ("hash_block_size", 1),
+    ("cache_hit_alignment", 1),
+    ("hash_lookahead", 0),
+    ("alignment", 1),
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -49,11 +59,14 @@ class CheckpointRule:
     hash_lookahead: int = 0
 
     def __post_init__(self) -> None:
-        for name in ("hash_block_size", "cache_hit_alignment"):
-            _check_int(name, getattr(self, name), 1)
-        _check_int("hash_lookahead", self.hash_lookahead, 0)
-        if self.alignment is not None:
-            _check_int("alignment", self.alignment, 1)
+        for name, least in _LEAST_VALUES:
+            value = getattr(self, name)
+            if value is None and name == "alignment":
+                continue  # no checkpoint export: nothing to align
+            if not int_at_least(value, least):
+                raise HybridKVConfigError(
+                    name, value, f"must be an int >= {least}", "pass vLLM's value"
+                )
         if not isinstance(self.drop_eagle_block, bool):
             raise HybridKVConfigError(
                 "drop_eagle_block", self.drop_eagle_block, "must be a bool", "pass True or False"
@@ -94,11 +107,6 @@ class CheckpointRule:
         if position:
             return ((running, end), (running - 1, position))
         return ((running, end),)
-
-
-def _check_int(name: str, value: object, least: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < least:
-        raise HybridKVConfigError(name, value, f"must be an int >= {least}", "pass vLLM's value")
 
 
 NO_CHECKPOINTS = CheckpointRule()

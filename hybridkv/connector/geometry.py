@@ -1,9 +1,10 @@
 """The connector's geometry, precomputed: per group its kind, unit, block, hash stride, reach.
 
-The twin of ``spec.connector.geometry.Geometry`` (never imported here). Unit ``j`` of group
-``g`` covers tokens ``[j * u_g, (j + 1) * u_g)``, sits in table slot ``j * u_g // block_g`` and
-is keyed by ``fine_hash[(j + 1) * f_g - 1] + suffix_g`` (``f_g = u_g / hash_block_size``,
-``suffix_g`` the 4-byte big-endian group index). What a claim ending at ``t`` from a computed
+Written from docs/explanation/geometry.md; ``spec.connector.geometry.Geometry`` states the
+same rules on its own (never imported here). Unit ``j`` of group ``g`` covers tokens
+``[j * u_g, (j + 1) * u_g)``, sits in table slot ``j * u_g // block_g`` and is keyed by
+``fine_hash[(j + 1) * f_g - 1] + suffix_g`` (``f_g = u_g / hash_block_size``, ``suffix_g`` the
+4-byte big-endian group index). What a claim ending at ``t`` from a computed
 prefix ``s`` needs per group is a unit range ``[first, t / u_g)``:
 
 - FULL: ``first = s / u_g`` (every unit);
@@ -24,7 +25,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from hybridkv.connector.checkpoints import NO_CHECKPOINTS, CheckpointRule
-from hybridkv.errors import HybridKVConfigError
+from hybridkv.errors import HybridKVConfigError, int_at_least
 from hybridkv.kinds import GroupKind
 from hybridkv.planner import HybridOffloadPlanner
 
@@ -33,37 +34,41 @@ __all__ = ["ConnectorGeometry"]
 
 @dataclass(frozen=True, slots=True)
 class ConnectorGeometry:
-    """The planner plus each group's kind and window reach, with everything derived once.
+    """Per-group tables, then whole-model numbers, all derived once by :meth:`build`.
+
+    Construct it with :meth:`build`, which checks the inputs; the fields are its output.
 
     Attributes:
-        planner: the offload geometry (units, claim unit, hash contract).
         kinds: the kind of each group.
         reaches: per group, tokens before a position a SLIDING group reads to compute it.
+        checkpoints: per group, where a step leaves mamba states (:class:`CheckpointRule`;
+            :data:`NO_CHECKPOINTS` for attention groups and mamba groups exporting none).
         units, blocks: offload unit and GPU block size per group, in tokens.
         strides: fine hashes per unit (``u_g / hash_block_size``).
         suffixes: the 4-byte big-endian group index that ends each group's offload keys.
+        planner: the offload geometry (units, claim unit, hash contract).
         scheduler_block: ``lcm`` of the block sizes (the scheduler's computed-count alignment).
         align: where a claim may end: ``lcm(claim_unit, scheduler_block)``.
         scan_order: group indices MAMBA first, then SLIDING, then FULL: the claim search asks
             the cheapest, most selective groups first.
         distinct_units: the different unit sizes, ascending (a step completes a unit of some
             group exactly when it crosses a multiple of one of them).
-        checkpoints: per group, where a step leaves mamba states (:class:`CheckpointRule`;
-            :data:`NO_CHECKPOINTS` for attention groups and mamba groups exporting none).
     """
 
-    planner: HybridOffloadPlanner
+    # one entry per KV cache group
     kinds: tuple[GroupKind, ...]
     reaches: tuple[int, ...]
+    checkpoints: tuple[CheckpointRule, ...]
     units: tuple[int, ...]
     blocks: tuple[int, ...]
     strides: tuple[int, ...]
     suffixes: tuple[bytes, ...]
+    # the model as a whole
+    planner: HybridOffloadPlanner
     scheduler_block: int
     align: int
     scan_order: tuple[int, ...]
     distinct_units: tuple[int, ...]
-    checkpoints: tuple[CheckpointRule, ...] = ()
 
     @classmethod
     def build(
@@ -96,18 +101,18 @@ class ConnectorGeometry:
         scheduler_block = math.lcm(*blocks)
         rank = {GroupKind.MAMBA: 0, GroupKind.SLIDING: 1, GroupKind.FULL: 2}
         return cls(
-            planner=planner,
             kinds=kinds,
             reaches=reaches,
+            checkpoints=_checkpoints(checkpoints, len(kinds)),
             units=planner.units,
             blocks=blocks,
             strides=planner.hash_factors,
             suffixes=tuple(g.to_bytes(4, "big") for g in range(len(kinds))),
+            planner=planner,
             scheduler_block=scheduler_block,
             align=math.lcm(planner.claim_unit, scheduler_block),
             scan_order=tuple(sorted(range(len(kinds)), key=lambda g: (rank[kinds[g]], g))),
             distinct_units=tuple(sorted(set(planner.units))),
-            checkpoints=_checkpoints(checkpoints, len(kinds)),
         )
 
     @property
@@ -163,9 +168,7 @@ def _reaches(
     if not sliding_windows:
         return tuple(max_model_len for _ in range(num_groups))
     reaches = tuple(sliding_windows)
-    if len(reaches) != num_groups or any(
-        isinstance(r, bool) or not isinstance(r, int) or r < 0 for r in reaches
-    ):
+    if len(reaches) != num_groups or not all(int_at_least(r, 0) for r in reaches):
         raise HybridKVConfigError(
             "sliding_windows", sliding_windows, "must give one int >= 0 per group", _FIX_REACH
         )

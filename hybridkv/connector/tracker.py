@@ -1,7 +1,8 @@
 """The worker side's bookkeeping: jobs in flight folded into request-level outcomes.
 
-:class:`JobTracker` is the optimized twin of ``spec.connector.ReferenceWorker`` (never imported
-here) and satisfies :class:`~hybridkv.connector.api.WorkerConnector`; it moves no byte (the
+:class:`JobTracker` follows the worker-side contract of docs/explanation/connector-core.md,
+which ``spec.connector.ReferenceWorker`` also models (never imported here), and satisfies
+:class:`~hybridkv.connector.api.WorkerConnector`; it moves no byte (the
 :class:`~hybridkv.connector.worker.TransferWorker` runs the jobs and folds through it). Rules:
 
 - an ASYNC load of a request is finished (``finished_recving``) when every load job of that
@@ -21,6 +22,7 @@ fold cost O(results).
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Any
 
 from hybridkv.connector.api import (
@@ -144,15 +146,13 @@ class JobTracker:
         ...) by id, ``load_failed`` (sorted ids), ``invalid_blocks`` and ``load_errors``
         ((request_id, (block ids...)), ...) and ``delayed`` (sorted ids). Frame: nothing
         changes."""
+        in_flight = sorted(self._jobs.items())
         return {
-            "jobs": tuple(
-                (int(j), job.kind.value, job.request_id, job.sync)
-                for j, job in sorted(self._jobs.items())
-            ),
-            "load_failed": tuple(sorted(self._load_failed)),
+            "jobs": tuple((int(j), t.kind.value, t.request_id, t.sync) for j, t in in_flight),
+            "load_failed": _sorted_ids(self._load_failed),
             "invalid_blocks": _plain_blocks(self._load_failed),
             "load_errors": _plain_blocks(self._errors),
-            "delayed": tuple(sorted(self._delayed)),
+            "delayed": _sorted_ids(self._delayed),
         }
 
 
@@ -160,3 +160,7 @@ def _plain_blocks(
     blocks: dict[RequestId, frozenset[int]],
 ) -> tuple[tuple[str, tuple[int, ...]], ...]:
     return tuple((rid, tuple(sorted(ids))) for rid, ids in sorted(blocks.items()))
+
+
+def _sorted_ids(ids: Iterable[RequestId]) -> tuple[RequestId, ...]:
+    return tuple(sorted(ids))

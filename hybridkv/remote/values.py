@@ -22,22 +22,6 @@ __all__ = [
     "WriteOutcome",
 ]
 
-REMOTE_COUNTER_NAMES = (
-    "promotions_started",
-    "promoted",
-    "missing",
-    "fault",
-    "timeout",
-    "corrupt",
-    "writes_enqueued",
-    "written",
-    "writes_failed",
-    "writes_dropped",
-    "lookups",
-    "lookup_faults",
-)
-"""The snapshot's ``counters`` keys, in the contract's order (TT-8 adds them up)."""
-
 
 @dataclass(frozen=True, slots=True)
 class Chunk:
@@ -64,6 +48,23 @@ class PromoteOutcome(Enum):
     FAULT = "fault"
     TIMEOUT = "timeout"
     CORRUPT = "corrupt"
+
+
+REMOTE_COUNTER_NAMES: tuple[str, ...] = (
+    "promotions_started",
+    *(outcome.value for outcome in PromoteOutcome),
+    "writes_enqueued",
+    "written",
+    "writes_failed",
+    "writes_dropped",
+    "lookups",
+    "lookup_faults",
+)
+"""The snapshot's ``counters`` keys, in the contract's order (TT-8 adds them up).
+
+A resolved promotion counts under its outcome's value (``RemoteTier`` does
+``counters[outcome.value]``), so those five keys are read off :class:`PromoteOutcome` rather
+than spelled a second time."""
 
 
 class PromoteRefusal(Enum):

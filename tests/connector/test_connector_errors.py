@@ -153,6 +153,15 @@ def test_the_values_refuse_contradictions() -> None:
     _refused("failed_recving", KVConnectorOutput, frozenset(), frozenset({RequestId("x")}))
 
 
+def test_a_claim_of_an_unknown_kind_is_refused_by_name() -> None:
+    """A kind that is no :class:`ClaimKind` (its value string, or another module's enum) is a
+    config error naming ``kind``. Before the claim table, a positive count crashed with
+    ``AttributeError`` (the message read ``kind.value``) and a zero count built a claim whose
+    ``as_vllm()`` answered ``(0, False)`` for a kind vLLM never defined."""
+    _refused("kind", Claim, "sync", 3)
+    _refused("kind", Claim, "defer", 0)
+
+
 def test_the_seed_refuses_a_store_too_small() -> None:
     core = ConnectorCore(_planner(), HostStore(2), (FULL, MAMBA), 2, 2)
     before = core.snapshot()
