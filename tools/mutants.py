@@ -52,6 +52,15 @@ MODULES: dict[str, tuple[str, ...]] = {
         "tests/connector/test_scheduler_side_fast_paths.py",
         "tests/differential/test_connector_agreement.py",
     ),
+    "hybridkv/planner.py": (
+        "tests/differential/test_planner_agreement.py",
+        "tests/connector/test_connector_errors.py",
+        "tests/cli/test_plan_fuzz.py",
+    ),
+    "hybridkv/hashing.py": (
+        "tests/differential/test_hashing_agreement.py",
+        "tests/connector/test_engine_hashes.py",
+    ),
     "hybridkv/vllm/config.py": ("tests/vllm/test_hybridkv_connector.py",),
     "hybridkv/vllm/ranks.py": ("tests/vllm/test_hybridkv_tensor_parallel.py",),
 }
