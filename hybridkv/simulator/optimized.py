@@ -45,7 +45,7 @@ __all__ = ["OptimizedPlane", "build_optimized"]
 
 @dataclass
 class OptimizedPlane:
-    """The :class:`~hybridkv.simulator.engine.DataPlane` over the core's worker (see the module)."""
+    """The :class:`~hybridkv.simulator.plane.DataPlane` over the core's worker (see the module)."""
 
     worker: TransferWorker
     store: HostStore

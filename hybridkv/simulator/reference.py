@@ -60,7 +60,7 @@ class PlaneCounts:
 
 
 class ReferencePlane:
-    """The :class:`~hybridkv.simulator.engine.DataPlane` over the spec connector (see module)."""
+    """The :class:`~hybridkv.simulator.plane.DataPlane` over the spec connector (see module)."""
 
     def __init__(
         self,

@@ -21,7 +21,7 @@ from hybridkv.sim.copy_time import CopyTimeModel
 from hybridkv.sim.faults import FaultPlan
 from hybridkv.sim.trace import TraceRequest, load_trace
 from hybridkv.sim.workloads import builtin_workload
-from hybridkv.simulator.engine import DataPlane, SimResult, Simulation
+from hybridkv.simulator.engine import Simulation
 from hybridkv.simulator.limits import (
     check_arrivals,
     check_flags,
@@ -30,6 +30,8 @@ from hybridkv.simulator.limits import (
 )
 from hybridkv.simulator.model_config import load_model_config
 from hybridkv.simulator.options import DEFAULT_REQUESTS, SCHEMA_VERSION, SimOptions
+from hybridkv.simulator.plane import DataPlane
+from hybridkv.simulator.result import SimResult
 from hybridkv.simulator.setup import SimSetup, derive_setup
 from hybridkv.simulator.threads import one_intra_op_thread
 from hybridkv.simulator.timing import copy_time_model, transfer_report
