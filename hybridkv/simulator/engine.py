@@ -9,7 +9,7 @@ One step, in vLLM's order (``v1/worker/gpu/kv_connector.py:76-160``):
 4. the forward: for each scheduled request, the blocks it reads are checked against what
    recomputation would have written (when they did not come from its own earlier forwards, or
    always with ``check``), and the blocks it computes get their true content
-   (:class:`hybridkv.sim.content.ContentCodec`);
+   (:class:`hybridkv.testbed.content.ContentCodec`);
 5. the data plane starts the step's stores (after the forward: a store reads what the forward
    wrote, vLLM #39306), then the transfers done by the step's end are polled and folded into
    the ``KVConnectorOutput`` and the block-level reports of failed loads (which shared
@@ -27,11 +27,11 @@ deadline) serves nothing when it lands, and an abandoned load's tokens count whe
 recomputed or reloaded.
 
 A transfer is reported in the step the data plane's copy-time model says it completes
-(:mod:`hybridkv.sim.copy_time`), so a load may span steps; the model's time is exact, so a run
+(:mod:`hybridkv.testbed.copy_time`), so a load may span steps; the model's time is exact, so a run
 is deterministic (the same trace and seed give the same report). What that timing made happen
 (loads across steps, deadlines, preemptions and aborts during loads) is counted by
 :class:`hybridkv.simulator.transfers.TransferEvents`; client aborts come from
-:class:`hybridkv.sim.aborts.AbortPlan` at the end of a step; an aborted request's prompt
+:class:`hybridkv.testbed.aborts.AbortPlan` at the end of a step; an aborted request's prompt
 tokens not yet served are the identity's "unserved" term, and a load it had in flight serves
 nothing when it lands.
 """
@@ -44,14 +44,14 @@ from dataclasses import dataclass
 from typing import Any
 
 from hybridkv.errors import HybridKVConfigError
-from hybridkv.sim.aborts import AbortPlan
-from hybridkv.sim.content import ContentCodec, PrefixHashes
-from hybridkv.sim.trace import TraceRequest
 from hybridkv.simulator.ledger import Cause, Source, TokenLedger
 from hybridkv.simulator.plane import DataPlane
 from hybridkv.simulator.recovery import RecoveryWatch
 from hybridkv.simulator.result import SimResult, StepSample
 from hybridkv.simulator.transfers import TransferEvents, tr1_messages
+from hybridkv.testbed.aborts import AbortPlan
+from hybridkv.testbed.content import ContentCodec, PrefixHashes
+from hybridkv.testbed.trace import TraceRequest
 from spec.connector_api import (
     ConnectorMeta,
     KVConnectorOutput,
