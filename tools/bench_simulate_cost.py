@@ -40,8 +40,8 @@ from typing import Any
 
 import torch
 
-from hybridkv.sim.trace import TraceRequest, dump_trace
 from hybridkv.simulator.run import SimOptions, simulate
+from hybridkv.testbed.trace import TraceRequest, dump_trace
 
 CONTEXTS = (4096, 30000)
 DECODE_STEPS = 1000

@@ -3,7 +3,7 @@
 Issue 11's goal "below the working set (0.5x), hits within 20% of the 1x run with ARC" asks
 whether the loss is the policy's or the tier's. This tool runs ``tools/bench_vs_native.py``'s
 sliding + full chat through HybridKVConnector on vLLM 0.33's real ``Scheduler`` (one-block
-chunks, copy delay 1), records the host tier's traffic (:mod:`hybridkv.sim.host_replay`: each
+chunks, copy delay 1), records the host tier's traffic (:mod:`hybridkv.testbed.host_replay`: each
 scheduled request's last ask, each ``prepare_store`` offer, steps and polls), and replays it
 against fresh stores of the same capacity under LRU, ARC, Belady's MIN (offline: evicts the key
 needed furthest in the future; pinned and STORING entries stay unevictable) and MIN with bypass
@@ -31,7 +31,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench_vs_native, _vllm_tool
 import bench_vs_native as bench
 
-from hybridkv.sim.host_replay import (
+from hybridkv.testbed.host_replay import (
     Ask,
     Event,
     Offer,
@@ -45,7 +45,7 @@ from hybridkv.sim.host_replay import (
 
 class Recorder:
     """Wraps a HybridKVConnector core's scheduler-side calls and its store's ``prepare_store``
-    to log :data:`~hybridkv.sim.host_replay.Event` values in call order.
+    to log :data:`~hybridkv.testbed.host_replay.Event` values in call order.
 
     Allocations and polls are read at the connector (``connector``), not at the core: the
     connector hands the core only allocations with external tokens and only outputs that

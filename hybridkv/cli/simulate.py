@@ -124,9 +124,9 @@ def add_parser(sub: Any) -> None:
 
 
 def _add_timing_arguments(p: Any) -> None:
-    """The copy-time model's flags (:mod:`hybridkv.sim.copy_time`) and the client's aborts."""
-    from hybridkv.sim.aborts import ABORT_WINDOW_STEPS
-    from hybridkv.sim.copy_time import DEFAULT_GBPS, DEFAULT_LATENCY_US, DEFAULT_STEP_MS
+    """The copy-time model's flags (:mod:`hybridkv.testbed.copy_time`) and the client's aborts."""
+    from hybridkv.testbed.aborts import ABORT_WINDOW_STEPS
+    from hybridkv.testbed.copy_time import DEFAULT_GBPS, DEFAULT_LATENCY_US, DEFAULT_STEP_MS
 
     p.add_argument(
         "--transfer-gbps",

@@ -12,6 +12,8 @@ a simulation without argparse::
 
 Modules: :mod:`~hybridkv.simulator.options` (what a run is asked for),
 :mod:`~hybridkv.simulator.run` (assemble and run one simulation),
-:mod:`~hybridkv.simulator.engine` (the step loop), :mod:`~hybridkv.simulator.on_vllm`
-(the same workload through vLLM's own Scheduler), and the parts they are built from.
+:mod:`~hybridkv.simulator.engine` (the step loop), :mod:`~hybridkv.simulator.plane` (the
+worker-side hooks the loop drives), :mod:`~hybridkv.simulator.result` (what a run ends with),
+:mod:`~hybridkv.simulator.on_vllm` (the same workload through vLLM's own Scheduler), and the
+parts they are built from.
 """

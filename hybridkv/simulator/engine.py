@@ -9,7 +9,7 @@ One step, in vLLM's order (``v1/worker/gpu/kv_connector.py:76-160``):
 4. the forward: for each scheduled request, the blocks it reads are checked against what
    recomputation would have written (when they did not come from its own earlier forwards, or
    always with ``check``), and the blocks it computes get their true content
-   (:class:`hybridkv.sim.content.ContentCodec`);
+   (:class:`hybridkv.testbed.content.ContentCodec`);
 5. the data plane starts the step's stores (after the forward: a store reads what the forward
    wrote, vLLM #39306), then the transfers done by the step's end are polled and folded into
    the ``KVConnectorOutput`` and the block-level reports of failed loads (which shared
@@ -27,11 +27,11 @@ deadline) serves nothing when it lands, and an abandoned load's tokens count whe
 recomputed or reloaded.
 
 A transfer is reported in the step the data plane's copy-time model says it completes
-(:mod:`hybridkv.sim.copy_time`), so a load may span steps; the model's time is exact, so a run
+(:mod:`hybridkv.testbed.copy_time`), so a load may span steps; the model's time is exact, so a run
 is deterministic (the same trace and seed give the same report). What that timing made happen
 (loads across steps, deadlines, preemptions and aborts during loads) is counted by
 :class:`hybridkv.simulator.transfers.TransferEvents`; client aborts come from
-:class:`hybridkv.sim.aborts.AbortPlan` at the end of a step; an aborted request's prompt
+:class:`hybridkv.testbed.aborts.AbortPlan` at the end of a step; an aborted request's prompt
 tokens not yet served are the identity's "unserved" term, and a load it had in flight serves
 nothing when it lands.
 """
@@ -40,16 +40,18 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import Any, Protocol
+from dataclasses import dataclass
+from typing import Any
 
 from hybridkv.errors import HybridKVConfigError
-from hybridkv.sim.aborts import AbortPlan
-from hybridkv.sim.content import ContentCodec, PrefixHashes
-from hybridkv.sim.trace import TraceRequest
 from hybridkv.simulator.ledger import Cause, Source, TokenLedger
+from hybridkv.simulator.plane import DataPlane
 from hybridkv.simulator.recovery import RecoveryWatch
-from hybridkv.simulator.transfers import TransferCounts, TransferEvents, tr1_messages
+from hybridkv.simulator.result import SimResult, StepSample
+from hybridkv.simulator.transfers import TransferEvents, tr1_messages
+from hybridkv.testbed.aborts import AbortPlan
+from hybridkv.testbed.content import ContentCodec, PrefixHashes
+from hybridkv.testbed.trace import TraceRequest
 from spec.connector_api import (
     ConnectorMeta,
     KVConnectorOutput,
@@ -71,137 +73,11 @@ from spec.scheduler import (
 )
 from spec.system.parts import failure_reports
 
-__all__ = ["DataPlane", "PlaneStats", "SimResult", "Simulation", "StepSample"]
+__all__ = ["Simulation"]
 
 _VOCAB = 100_000
 # Requests that end without their prompt served, by design of how they end.
 _ENDED = (RequestStatus.FINISHED_ABORTED, RequestStatus.FINISHED_ERROR)
-
-
-class PlaneStats(Protocol):
-    """What a data plane has moved so far."""
-
-    bytes_loaded: int
-    bytes_stored: int
-    load_seconds: float
-    store_seconds: float
-    failures_injected: int
-
-
-class DataPlane(Protocol):
-    """The worker side as the simulation drives it (vLLM's worker hooks, in step order)."""
-
-    def bind_connector_metadata(self, meta: ConnectorMeta) -> None:
-        """Accept this step's jobs."""
-        ...
-
-    def start_load_kv(self) -> None:
-        """Start this step's loads (vLLM ``start_load_kv``)."""
-        ...
-
-    def wait_for_save(self) -> None:
-        """Start this step's stores, after the forward wrote their blocks."""
-        ...
-
-    def get_transfer_results(self) -> KVConnectorOutput:
-        """Wait for every started job, fold the results (vLLM ``get_transfer_results``)."""
-        ...
-
-    def get_block_ids_with_load_errors(self) -> Mapping[RequestId, frozenset[int]]:
-        """Per failed load, the blocks its failed jobs left invalid (handed out once)."""
-        ...
-
-    def stats(self) -> PlaneStats:
-        """Bytes and seconds moved per direction, failures injected."""
-        ...
-
-    def store_occupancy(self) -> tuple[int, int]:
-        """The host store's ``(used entries, capacity)``."""
-        ...
-
-    def store_snapshot(self) -> Mapping[str, Any] | None:
-        """The host store's snapshot in the spec's schema (``None``: not available)."""
-        ...
-
-    def store_holds(self, key: bytes) -> bool:
-        """Whether the host store holds ``key`` (READY or STORING)."""
-        ...
-
-    def close(self) -> None:
-        """Release threads and memory."""
-        ...
-
-
-@dataclass(frozen=True, slots=True)
-class StepSample:
-    """One step of the timeline (``--plot``): the prompt tokens first served in the step by
-    each source (the ledger's figures, so their sums are the report's), the failed jobs it
-    reported, the bytes loaded so far and the host store's occupancy."""
-
-    step: int
-    hit_tokens: int
-    loaded_tokens: int
-    computed_tokens: int
-    failed_loads: int
-    failed_stores: int
-    bytes_loaded: int
-    host_used: int
-    host_capacity: int
-
-
-@dataclass
-class SimResult:
-    """The counts a run ends with (``hybridkv simulate``'s report)."""
-
-    requests: int = 0
-    finished: dict[str, int] = field(default_factory=dict)
-    steps: int = 0
-    seconds: float = 0.0
-    prompt_tokens: int = 0
-    prefill_tokens_computed: int = 0
-    prefill_tokens_loaded: int = 0
-    local_hit_tokens: int = 0
-    prompt_tokens_unserved: int = 0
-    served_again: dict[str, dict[str, int]] = field(default_factory=dict)
-    unaccounted_reads: int = 0
-    continuation_turns: int = 0
-    continuation_hits: int = 0
-    continuation_hit_tokens: int = 0
-    bytes_loaded: int = 0
-    bytes_stored: int = 0
-    load_seconds: float = 0.0
-    store_seconds: float = 0.0
-    load_jobs: int = 0
-    store_jobs: int = 0
-    failures_injected: int = 0
-    failed_loads: int = 0
-    failed_stores: int = 0
-    failures_recovered: int = 0
-    recovered_loads: int = 0
-    recovered_stores: int = 0
-    failures_ended: int = 0
-    tokens_discarded_by_recovery: int = 0
-    blocks_verified: int = 0
-    wrong_content_loads: int = 0
-    wrong_content_reads: int = 0
-    invariant_checks: int = 0
-    invariant_violations: int = 0
-    violations: list[str] = field(default_factory=list)
-    timeline: list[StepSample] = field(default_factory=list)
-    transfers: TransferCounts = field(default_factory=TransferCounts)
-
-    @property
-    def identity_holds(self) -> bool:
-        """Prompt tokens = first-time computed + loaded + GPU hit (+ those of requests that
-        ended before their prompt was served)."""
-        served = self.prefill_tokens_computed + self.prefill_tokens_loaded + self.local_hit_tokens
-        return self.prompt_tokens == served + self.prompt_tokens_unserved
-
-    @property
-    def hit_rate(self) -> float:
-        """Prompt tokens served from a cache (GPU prefix hit or host load) per prompt token."""
-        hits = self.local_hit_tokens + self.prefill_tokens_loaded
-        return hits / self.prompt_tokens if self.prompt_tokens else 0.0
 
 
 @dataclass

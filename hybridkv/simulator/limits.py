@@ -21,8 +21,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from hybridkv.errors import HybridKVConfigError
-from hybridkv.sim.trace import TraceRequest
 from hybridkv.simulator.flags import require_at_least
+from hybridkv.testbed.trace import TraceRequest
 
 if TYPE_CHECKING:
     from hybridkv.simulator.options import SimOptions
@@ -160,8 +160,8 @@ def check_trace_memory(options: SimOptions, available: int | None = None) -> Non
 
 
 def _requests_term(options: SimOptions) -> MemoryTerm:
-    from hybridkv.sim.workloads import builtin_workload
     from hybridkv.simulator.options import DEFAULT_REQUESTS
+    from hybridkv.testbed.workloads import builtin_workload
 
     count = DEFAULT_REQUESTS if options.requests is None else options.requests
     sample = builtin_workload(options.trace, min(count, SAMPLE_REQUESTS))

@@ -27,12 +27,12 @@ from collections.abc import Mapping
 from typing import Any
 
 from hybridkv.errors import HybridKVConfigError
-from hybridkv.sim.copy_time import DEFAULT_GBPS, DEFAULT_LATENCY_US, DEFAULT_STEP_MS
 from hybridkv.simulator.model_config import load_model_config
 from hybridkv.simulator.options import SimOptions
 from hybridkv.simulator.recovery import RecoveryWatch
 from hybridkv.simulator.setup import SimSetup, derive_setup
 from hybridkv.simulator.threads import one_intra_op_thread
+from hybridkv.testbed.copy_time import DEFAULT_GBPS, DEFAULT_LATENCY_US, DEFAULT_STEP_MS
 
 __all__ = [
     "DEFAULT_REQUESTS",

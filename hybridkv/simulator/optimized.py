@@ -7,7 +7,7 @@ The spec scheduler drives :class:`hybridkv.connector.ConnectorCore` through
 (:class:`~hybridkv.transfer.CpuTransferEngine`, or the CUDA engine with ``--device cuda``) over
 the canonical caches and exact-size host memory (pinned when CUDA is present).
 
-The engine is wrapped in a :class:`hybridkv.sim.timed_engine.TimedTransferEngine`: each job
+The engine is wrapped in a :class:`hybridkv.testbed.timed_engine.TimedTransferEngine`: each job
 is reported in the step the copy-time model says it completes, so a load may span steps. The
 report's GB/s per direction is bytes over the wall time the real copies of that direction took.
 """
@@ -25,9 +25,6 @@ from hybridkv.connector.worker import TransferWorker
 from hybridkv.errors import HybridKVConfigError
 from hybridkv.hostmem import HostMemory, PinMode
 from hybridkv.kinds import GroupKind
-from hybridkv.sim.copy_time import CopyTimeModel
-from hybridkv.sim.faults import FaultPlan
-from hybridkv.sim.timed_engine import TimedTransferEngine
 from hybridkv.simulator.engine_adapter import (
     CoreConnector,
     to_core_meta,
@@ -37,6 +34,9 @@ from hybridkv.simulator.engine_adapter import (
 from hybridkv.simulator.reference import PlaneCounts
 from hybridkv.simulator.setup import SimSetup
 from hybridkv.store import HostStore, LookupResult
+from hybridkv.testbed.copy_time import CopyTimeModel
+from hybridkv.testbed.faults import FaultPlan
+from hybridkv.testbed.timed_engine import TimedTransferEngine
 from hybridkv.transfer import CpuTransferEngine, Direction, TransferEngine
 from spec.connector_api import ConnectorMeta, KVConnectorOutput, RequestId
 
@@ -45,7 +45,7 @@ __all__ = ["OptimizedPlane", "build_optimized"]
 
 @dataclass
 class OptimizedPlane:
-    """The :class:`~hybridkv.simulator.engine.DataPlane` over the core's worker (see the module)."""
+    """The :class:`~hybridkv.simulator.plane.DataPlane` over the core's worker (see the module)."""
 
     worker: TransferWorker
     store: HostStore

@@ -4,7 +4,7 @@
 (:class:`spec.connector.ReferenceConnector`, which owns a :class:`spec.store.HostStore`) and
 folds job results with :class:`spec.connector.ReferenceWorker`, while the bytes move through
 the same CPU transfer engine the optimized path uses, timed by the same copy-time model
-(:class:`hybridkv.sim.timed_engine.TimedTransferEngine`): a job is reported in the step the
+(:class:`hybridkv.testbed.timed_engine.TimedTransferEngine`): a job is reported in the step the
 model says it completes. An injected fault fails its job at submission, as the optimized
 worker's fault hook does, so both planes fail the same jobs in the same steps. Host slots are
 assigned per key here, taken when a store job starts and given back when the store drops the
@@ -24,9 +24,9 @@ from typing import Any
 from hybridkv.canonical import CanonicalCaches
 from hybridkv.errors import HybridKVConfigError
 from hybridkv.hostmem import HostMemory, PinMode
-from hybridkv.sim.copy_time import CopyTimeModel
-from hybridkv.sim.faults import FaultPlan
-from hybridkv.sim.timed_engine import TimedTransferEngine
+from hybridkv.testbed.copy_time import CopyTimeModel
+from hybridkv.testbed.faults import FaultPlan
+from hybridkv.testbed.timed_engine import TimedTransferEngine
 from hybridkv.transfer import CpuTransferEngine, Direction, JobId, TransferPair
 from spec.connector import ReferenceConnector, ReferenceWorker
 from spec.connector_api import (
@@ -60,7 +60,7 @@ class PlaneCounts:
 
 
 class ReferencePlane:
-    """The :class:`~hybridkv.simulator.engine.DataPlane` over the spec connector (see module)."""
+    """The :class:`~hybridkv.simulator.plane.DataPlane` over the spec connector (see module)."""
 
     def __init__(
         self,

@@ -14,14 +14,7 @@ import torch
 
 from hybridkv.canonical import build_canonical_caches
 from hybridkv.errors import HybridKVConfigError
-from hybridkv.sim.aborts import AbortPlan
-from hybridkv.sim.caches import build_sim_caches
-from hybridkv.sim.content import ContentCodec
-from hybridkv.sim.copy_time import CopyTimeModel
-from hybridkv.sim.faults import FaultPlan
-from hybridkv.sim.trace import TraceRequest, load_trace
-from hybridkv.sim.workloads import builtin_workload
-from hybridkv.simulator.engine import DataPlane, SimResult, Simulation
+from hybridkv.simulator.engine import Simulation
 from hybridkv.simulator.limits import (
     check_arrivals,
     check_flags,
@@ -30,9 +23,18 @@ from hybridkv.simulator.limits import (
 )
 from hybridkv.simulator.model_config import load_model_config
 from hybridkv.simulator.options import DEFAULT_REQUESTS, SCHEMA_VERSION, SimOptions
+from hybridkv.simulator.plane import DataPlane
+from hybridkv.simulator.result import SimResult
 from hybridkv.simulator.setup import SimSetup, derive_setup
 from hybridkv.simulator.threads import one_intra_op_thread
 from hybridkv.simulator.timing import copy_time_model, transfer_report
+from hybridkv.testbed.aborts import AbortPlan
+from hybridkv.testbed.caches import build_sim_caches
+from hybridkv.testbed.content import ContentCodec
+from hybridkv.testbed.copy_time import CopyTimeModel
+from hybridkv.testbed.faults import FaultPlan
+from hybridkv.testbed.trace import TraceRequest, load_trace
+from hybridkv.testbed.workloads import builtin_workload
 from spec.connector_api import SchedulerConnector
 
 __all__ = ["SimOptions", "simulate"]

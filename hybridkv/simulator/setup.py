@@ -3,7 +3,7 @@
 The geometry is vLLM 0.33's own (:func:`spec.layout.derive_layout`, the same derivation
 ``hybridkv plan`` prints and ``nox -s vllm`` checks against vLLM): groups, block sizes, padded
 pages, mamba state shapes. From it come the simulated caches' groups
-(:class:`hybridkv.sim.caches.SimGroup`), the offload planner with the recommended chunk, and the
+(:class:`hybridkv.testbed.caches.SimGroup`), the offload planner with the recommended chunk, and the
 spec scheduler's configuration (:class:`spec.scheduler.SchedulerConfig`).
 """
 
@@ -16,8 +16,8 @@ from typing import Any
 from hybridkv.errors import HybridKVConfigError
 from hybridkv.kinds import GroupKind as LibKind
 from hybridkv.planner import HybridOffloadPlanner
-from hybridkv.sim.caches import SimGroup
 from hybridkv.simulator.chunking import chunk_options, recommend
+from hybridkv.testbed.caches import SimGroup
 from spec.kinds import GroupKind
 from spec.layout import Layout, LayoutSettings, derive_layout, model_from_config
 from spec.managers.group_spec import GroupSpec

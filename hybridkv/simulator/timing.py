@@ -1,6 +1,6 @@
 """The copy-time model of a ``hybridkv simulate`` run and its part of the report.
 
-The model (:class:`hybridkv.sim.copy_time.CopyTimeModel`) comes from the flags
+The model (:class:`hybridkv.testbed.copy_time.CopyTimeModel`) comes from the flags
 ``--transfer-gbps``, ``--transfer-latency-us`` and ``--step-ms``, and scales the bytes the
 simulation copies up to the model's (the simulation keeps ``--layers-per-group`` of the model's
 layers per group). The report's ``transfers`` section gives the model and what its timing made
@@ -12,9 +12,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any, Protocol
 
-from hybridkv.sim.copy_time import CopyTimeModel
 from hybridkv.simulator.setup import SimSetup
 from hybridkv.simulator.transfers import TransferCounts
+from hybridkv.testbed.copy_time import CopyTimeModel
 
 __all__ = ["copy_time_model", "rows", "transfer_report"]
 

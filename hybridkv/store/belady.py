@@ -6,7 +6,7 @@ furthest ahead is Belady's rule for the most reads that find their key resident;
 under the same store contract as LRU and ARC (capacity in entries; only READY unpinned keys not
 offered in the same call are evicted), so it is the yardstick, not a proven optimum of claimed
 tokens (a claim needs a whole prefix of keys). ``tools/host_tier_bound.py`` replays a real
-run's host store calls under it (:mod:`hybridkv.sim.host_replay`) to measure what an eviction
+run's host store calls under it (:mod:`hybridkv.testbed.host_replay`) to measure what an eviction
 policy could have loaded on that run.
 
 :class:`FutureUses` is the oracle: for each key, the sorted positions (``uses``) at which it is

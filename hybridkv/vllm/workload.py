@@ -1,8 +1,8 @@
-"""A ``hybridkv simulate`` workload (:mod:`hybridkv.sim.trace`) played through vLLM 0.33's real
+"""A ``hybridkv simulate`` workload (:mod:`hybridkv.testbed.trace`) played through vLLM 0.33's real
 ``Scheduler`` with ``HybridKVConnector`` (both roles) in the in-process engine
 (:mod:`hybridkv.vllm.inprocess`): the report's token figures counted from what vLLM did.
 
-Arrivals follow the trace's rules (``hybridkv.sim.trace``): a request arrives once the clock
+Arrivals follow the trace's rules (``hybridkv.testbed.trace``): a request arrives once the clock
 reaches its ``arrival_step``; a conversation's turn only after its previous turn finished, its
 prompt being that turn's prompt and answer (vLLM's own ``all_token_ids``) then its message. The
 clock ticks once per loop; an engine step runs only while vLLM has work (``has_requests``), so
@@ -42,8 +42,8 @@ from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any, Protocol
 
-from hybridkv.sim.trace import TraceRequest
 from hybridkv.store.values import LookupResult
+from hybridkv.testbed.trace import TraceRequest
 from hybridkv.vllm.inprocess import InProcessEngine, WedgedError
 
 __all__ = [

@@ -26,12 +26,12 @@ from hypothesis import strategies as st
 from hybridkv.cli.main import main
 from hybridkv.cli.plan import build_plan
 from hybridkv.errors import HybridKVConfigError
-from hybridkv.sim.trace import TraceRequest, load_trace
-from hybridkv.sim.workloads import builtin_workload
 from hybridkv.simulator import run as sim_run
 from hybridkv.simulator.limits import MAX_STEPS, check_run_memory
 from hybridkv.simulator.model_config import load_model_config
 from hybridkv.simulator.run import SimOptions
+from hybridkv.testbed.trace import TraceRequest, load_trace
+from hybridkv.testbed.workloads import builtin_workload
 from spec.errors import ConfigError
 from spec.presets import PRESETS, preset_config
 

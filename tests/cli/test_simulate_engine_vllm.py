@@ -362,7 +362,7 @@ def test_the_flags_reach_vllms_engine_and_its_observations_the_report(
 
 
 def _default_trace() -> Any:
-    from hybridkv.sim.workloads import builtin_workload
+    from hybridkv.testbed.workloads import builtin_workload
 
     return builtin_workload("multi-turn", sim_vllm.DEFAULT_REQUESTS)
 

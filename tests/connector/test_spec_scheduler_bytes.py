@@ -23,8 +23,8 @@ import torch
 from hybridkv.cache_layouts import hybrid_overlay_case
 from hybridkv.connector import TransferJob, TransferKind
 from hybridkv.connector.stack import OffloadStack, build_cpu_stack
-from hybridkv.sim.content import BlockTags
 from hybridkv.simulator.engine_adapter import CoreConnector, to_core_meta, to_spec_output
+from hybridkv.testbed.content import BlockTags
 from spec.connector_api import RequestId
 from spec.kinds import GroupKind
 from spec.managers.group_spec import GroupSpec, cdiv

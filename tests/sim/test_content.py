@@ -10,8 +10,8 @@ import torch
 from hybridkv.canonical import LayoutKind, build_canonical_caches
 from hybridkv.errors import HybridKVConfigError
 from hybridkv.kinds import GroupKind
-from hybridkv.sim.caches import SimGroup, build_sim_caches
-from hybridkv.sim.content import BlockTags, ContentCodec, PrefixHashes, words
+from hybridkv.testbed.caches import SimGroup, build_sim_caches
+from hybridkv.testbed.content import BlockTags, ContentCodec, PrefixHashes, words
 
 BS = 4
 ROW = 8  # bfloat16 elements per token per plane: 16 bytes, two words

@@ -1,4 +1,4 @@
-"""``hybridkv.sim.host_replay``: replays of hand-made host traffic under LRU, ARC and MIN.
+"""``hybridkv.testbed.host_replay``: replays of hand-made host traffic under LRU, ARC and MIN.
 
 One full-attention group of 4-token units, chunk 4, a store of 2 entries. Requests X, Y and Z
 each claim one unit (5 tokens: 4 claimable); keys a, b, c are their units. The traffic stores
@@ -17,7 +17,7 @@ from hybridkv.connector.geometry import ConnectorGeometry
 from hybridkv.errors import HybridKVConfigError
 from hybridkv.kinds import GroupKind
 from hybridkv.planner import HybridOffloadPlanner
-from hybridkv.sim.host_replay import (
+from hybridkv.testbed.host_replay import (
     Ask,
     Event,
     Offer,

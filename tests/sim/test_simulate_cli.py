@@ -10,9 +10,9 @@ from typing import Any
 import pytest
 
 from hybridkv.cli.main import main
-from hybridkv.sim.trace import TraceRequest, dump_trace
 from hybridkv.simulator import reference as sim_reference
 from hybridkv.simulator.run import SimOptions, simulate
+from hybridkv.testbed.trace import TraceRequest, dump_trace
 from hybridkv.transfer import Direction, TransferPair
 
 REQUIRED_KEYS = {

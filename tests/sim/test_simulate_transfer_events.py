@@ -23,11 +23,11 @@ from typing import Any
 import pytest
 
 from hybridkv.cli.main import main
-from hybridkv.sim.timed_engine import TimedTransferEngine
 from hybridkv.simulator import engine as sim_engine
 from hybridkv.simulator import engine_adapter
 from hybridkv.simulator import optimized as sim_optimized
 from hybridkv.simulator.run import SimOptions, simulate
+from hybridkv.testbed.timed_engine import TimedTransferEngine
 from hybridkv.transfer import Direction, FinishedJob, JobId
 from spec.connector_api import RequestId
 from spec.scheduler import Scheduler

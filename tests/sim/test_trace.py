@@ -9,8 +9,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from hybridkv.errors import HybridKVConfigError
-from hybridkv.sim.trace import TraceRequest, dump_trace, load_trace, parse_trace
-from hybridkv.sim.workloads import MultiTurn, SharedPrefix, builtin_workload
+from hybridkv.testbed.trace import TraceRequest, dump_trace, load_trace, parse_trace
+from hybridkv.testbed.workloads import MultiTurn, SharedPrefix, builtin_workload
 
 GOOD = '{"arrival_step": 0, "prompt": [1, 2, 3], "max_tokens": 4}'
 

@@ -15,10 +15,10 @@ from hybridkv.canonical import CanonicalCaches, build_canonical_caches
 from hybridkv.cli.main import main
 from hybridkv.errors import HybridKVConfigError
 from hybridkv.hostmem import HostMemory, PinMode
-from hybridkv.sim.aborts import ABORT_WINDOW_STEPS, AbortPlan
-from hybridkv.sim.copy_time import CopyTimeModel
-from hybridkv.sim.timed_engine import TimedTransferEngine
 from hybridkv.simulator.transfers import TransferEvents
+from hybridkv.testbed.aborts import ABORT_WINDOW_STEPS, AbortPlan
+from hybridkv.testbed.copy_time import CopyTimeModel
+from hybridkv.testbed.timed_engine import TimedTransferEngine
 from hybridkv.transfer import CpuTransferEngine, Direction, FinishedJob, JobId, TransferPair
 from spec.connector_api import (
     ConnectorMeta,

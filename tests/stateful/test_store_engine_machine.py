@@ -37,8 +37,8 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 from hybridkv.cache_layouts import hybrid_overlay_case
 from hybridkv.canonical import build_canonical_caches
 from hybridkv.hostmem import HostMemory, PinMode
-from hybridkv.sim.content import BlockTags
 from hybridkv.store import HostStore, LookupResult, PrepareLoadOutput, PrepareStoreOutput
+from hybridkv.testbed.content import BlockTags
 from hybridkv.transfer import CpuTransferEngine, Direction, FinishedJob, TransferPair
 from spec.block_pool import BlockId, BlockPool
 from spec.invariants import check_all

@@ -30,7 +30,7 @@ import torch
 from hybridkv.canonical import CanonicalCaches
 from hybridkv.errors import HybridKVConfigError
 from hybridkv.kinds import GroupKind
-from hybridkv.sim.caches import SimCaches
+from hybridkv.testbed.caches import SimCaches
 
 __all__ = ["BlockTags", "ContentCodec", "PrefixHashes", "words"]
 
@@ -101,10 +101,10 @@ def _as_words(t: torch.Tensor) -> torch.Tensor:
 
 
 class ContentCodec:
-    """Writes and checks content in :class:`~hybridkv.sim.caches.SimCaches`."""
+    """Writes and checks content in :class:`~hybridkv.testbed.caches.SimCaches`."""
 
     def __init__(self, caches: SimCaches) -> None:
-        """Pre: caches built by :func:`~hybridkv.sim.caches.build_sim_caches`."""
+        """Pre: caches built by :func:`~hybridkv.testbed.caches.build_sim_caches`."""
         self.caches = caches
         self.kinds = tuple(g.kind for g in caches.groups)
         self.device = caches.buffers[0].device

@@ -2,7 +2,7 @@
 
 :class:`TimedTransferEngine` wraps a real engine (the CPU or CUDA one). ``submit`` checks the
 job at once (the contract: a refused job moves no byte) and gives it a due time from the
-:class:`~hybridkv.sim.copy_time.CopyTimeModel`; the job's bytes move only when the simulation's
+:class:`~hybridkv.testbed.copy_time.CopyTimeModel`; the job's bytes move only when the simulation's
 clock reaches that time (:meth:`TimedTransferEngine.advance`), and only then does ``poll``
 report it. Moving the bytes at the modelled completion, not at submission, is the strict
 choice: a block a pending load writes holds no loaded data until the load is reported, and a
@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from hybridkv.canonical import CanonicalCaches
 from hybridkv.errors import HybridKVConfigError
 from hybridkv.hostmem import HostMemory
-from hybridkv.sim.copy_time import CopyTimeModel
+from hybridkv.testbed.copy_time import CopyTimeModel
 from hybridkv.transfer import Direction, FinishedJob, JobId, TransferEngine, TransferPair
 from hybridkv.transfer.plan import plan_copies
 

@@ -1,4 +1,4 @@
-"""Built-in workloads of ``hybridkv simulate``, as traces (:mod:`hybridkv.sim.trace`).
+"""Built-in workloads of ``hybridkv simulate``, as traces (:mod:`hybridkv.testbed.trace`).
 
 - ``multi-turn``: chat. Conversations share a few long system prompts (tenants); each turn
   appends a user message to the conversation so far, so a turn's prompt extends the previous
@@ -20,7 +20,7 @@ import random
 from dataclasses import dataclass
 
 from hybridkv.errors import HybridKVConfigError
-from hybridkv.sim.trace import TraceRequest
+from hybridkv.testbed.trace import TraceRequest
 
 __all__ = ["WORKLOADS", "MultiTurn", "SharedPrefix", "builtin_workload"]
 
