@@ -43,6 +43,7 @@ __all__ = [
     "Poll",
     "ReplayResult",
     "Step",
+    "loaded_keys",
     "needed_keys",
     "replay",
 ]
@@ -116,6 +117,21 @@ def needed_keys(geometry: ConnectorGeometry, ask: Ask, end: int) -> tuple[bytes,
     return tuple(out)
 
 
+def loaded_keys(geometry: ConnectorGeometry, ask: Ask, end: int) -> tuple[bytes, ...]:
+    """:func:`needed_keys` in the order the connector core loads and touches them: by the
+    token their unit ends at, then by group (``hybridkv.connector.loads.load_items``). The
+    order is the policy's recency order, so a replay that touched them in group order would
+    rank them differently from the run it replays (ARC's T2 most visibly)."""
+    if end <= ask.start:
+        return ()
+    ranked: list[tuple[int, int, bytes]] = []
+    for g, unit in enumerate(geometry.units):
+        first = geometry.first_needed(g, ask.start, end)
+        ranked.extend(((j + 1) * unit, g, ask.keys[g][j]) for j in range(first, end // unit))
+    ranked.sort(key=lambda item: (item[0], item[1]))
+    return tuple(key for _, _, key in ranked)
+
+
 def unlimited(events: Sequence[Event]) -> int:
     """A capacity no replay of ``events`` can fill: every offered key fits."""
     return sum(len(event.keys) for event in events if isinstance(event, Offer)) + 1
@@ -177,7 +193,7 @@ def replay(
                 failed=frozenset(),
             )
             deferred += defer
-            keys = needed_keys(geometry, event, end)
+            keys = loaded_keys(geometry, event, end)
             if keys:
                 loading = store.prepare_load(keys)
                 assert isinstance(loading, PrepareLoadOutput)  # the claim rule saw them READY
@@ -200,8 +216,10 @@ def replay(
         elif isinstance(event, Step):
             steps += 1
         else:
-            # Jobs made in step s report at the poll after step s + delay (poll index s + d).
-            due = polls - delay
+            # The worker's rule (hybridkv.vllm.delayed): a job reports at its delay-th poll
+            # counted from its own step's poll, and delays 0 and 1 both mean that first poll,
+            # so jobs made in step s report at poll index s + max(delay - 1, 0).
+            due = polls - max(delay - 1, 0)
             loads = _finish(loads, due, store.complete_load)
             stores = _finish(stores, due, lambda keys: store.complete_store(keys, success=True))
             polls += 1
