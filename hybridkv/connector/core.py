@@ -78,12 +78,14 @@ from hybridkv.store import (
     LookupResult,
     PrepareLoadOutput,
     PrepareStoreOutput,
+    StorePriority,
 )
 
 __all__ = ["ConnectorCore", "ConnectorStats", "LoadMode"]
 
 _LOAD, _STORE = TransferKind.LOAD, TransferKind.STORE
 _MISS = LookupResult.MISS
+_PREFIX, _CONTINUATION = StorePriority.PREFIX, StorePriority.CONTINUATION
 
 
 class LoadMode(Enum):
@@ -702,8 +704,12 @@ class ConnectorCore:
         keys = self._keys(request)
         taken: list[TransferItem] = []
         store = self.store
+        prompt = request.num_prompt_tokens
         for part in items_by_end(store_items(geometry, keys, block_ids, start, end)):
-            prepared = store.prepare_store([item.key for item in part])
+            # Units past the prompt are continuations: stored where there is room, never in
+            # place of a prompt prefix (the store's admission rule).
+            priority = _CONTINUATION if part[0].end_token > prompt else _PREFIX
+            prepared = store.prepare_store([item.key for item in part], priority)
             if not isinstance(prepared, PrepareStoreOutput):
                 self._count["stores_refused"] += 1
                 break  # NO_SPACE: later ends would leave a hole in the stored prefix

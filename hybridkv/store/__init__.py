@@ -21,6 +21,7 @@ from hybridkv.store.values import (
     PrepareStoreOutput,
     Refusal,
     StoreEvent,
+    StorePriority,
     StoreStats,
 )
 
@@ -41,6 +42,7 @@ __all__ = [
     "PrepareStoreOutput",
     "Refusal",
     "StoreEvent",
+    "StorePriority",
     "StoreStats",
     "make_policy",
 ]

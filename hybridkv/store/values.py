@@ -20,6 +20,7 @@ __all__ = [
     "PrepareStoreOutput",
     "Refusal",
     "StoreEvent",
+    "StorePriority",
     "StoreStats",
 ]
 
@@ -59,6 +60,18 @@ class Refusal(Enum):
     NO_SPACE = "no_space"
     MISSING = "missing"
     NOT_READY = "not_ready"
+
+
+class StorePriority(Enum):
+    """Admission class of a ``prepare_store`` call, kept by the entries it reserves.
+
+    PREFIX (prompt units) may displace any evictable entry; CONTINUATION (units a decode step
+    completed, past the prompt) may displace CONTINUATION entries only, so it is stored where
+    there is room and refused where the room would cost a prompt prefix.
+    """
+
+    PREFIX = "prefix"
+    CONTINUATION = "continuation"
 
 
 class EventKind(Enum):

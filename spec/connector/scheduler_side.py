@@ -87,7 +87,13 @@ from spec.hashing import request_block_hashes
 from spec.kinds import GroupKind
 from spec.managers.group_spec import GroupSpec
 from spec.planner import HybridOffloadPlanner
-from spec.store import HostStore, LookupResult, PrepareLoadOutput, PrepareStoreOutput
+from spec.store import (
+    HostStore,
+    LookupResult,
+    PrepareLoadOutput,
+    PrepareStoreOutput,
+    StorePriority,
+)
 
 __all__ = ["LoadMode", "ReferenceConnector"]
 
@@ -539,7 +545,11 @@ class ReferenceConnector:
         hashes = self._hashes(request)
         taken: list[TransferItem] = []
         for part in items_by_end(self._store_items(hashes, block_ids, start, end)):
-            prepared = self.store.prepare_store([item.key for item in part])
+            # Admission: a part whose units end past the prompt was computed by decode steps
+            # (a continuation), so it may only displace other continuations.
+            past_prompt = part[0].end_token > request.num_prompt_tokens
+            priority = StorePriority.CONTINUATION if past_prompt else StorePriority.PREFIX
+            prepared = self.store.prepare_store([item.key for item in part], priority)
             if not isinstance(prepared, PrepareStoreOutput):
                 break  # NO_SPACE: later ends would leave a hole in the stored prefix
             fresh = set(prepared.keys_to_store)
