@@ -10,13 +10,13 @@ an :class:`~spec.policies.EvictionPolicy` only orders resident keys and picks vi
 - Keys passed in one call are in prefix order, head first. The store feeds them to the policy
   tail first, so the head of a prefix ends most recently used and tails are evicted first (as
   vLLM's request-ordered ranks do).
-- Admission (issue 18): a store request carries a :class:`StorePriority`. PREFIX, the default,
-  is a prompt's units; CONTINUATION is units past the prompt (decode steps' blocks and states:
-  reused only if the same conversation comes back, and only once, while a prompt prefix such as
-  a system prompt serves every request that shares it). An entry keeps the priority it was
-  reserved with. A CONTINUATION request may evict CONTINUATION entries only: where free slots
-  and those fall short it is refused, so a continuation never displaces a prompt prefix, and
-  it is stored whenever there is room. A PREFIX request evicts as before (any class).
+- Admission (issue 18): a store request carries a :class:`StorePriority`, and an entry keeps
+  the priority it was reserved with. NORMAL, the default, evicts as before (any class). LOW is
+  for units less likely to be claimed than a prompt's prefix (the connector sends continuation
+  units, past the prompt, and sliding-window units too far before the prompt's end to serve a
+  claim there): a LOW request may evict LOW entries only, and where free slots and those fall
+  short it is refused. So a LOW unit never displaces a NORMAL one, and is stored whenever
+  there is room.
 - An expected refusal (no space, not ready) is a returned :class:`Refusal` and changes nothing.
   A call that breaks its pre-condition (unknown key, duplicate keys, not bytes) raises
   :class:`~spec.errors.ConfigError` before changing anything.
@@ -29,7 +29,7 @@ Snapshot schema (``snapshot()``; the optimized store exports the same plain dict
     evictable: int                   hand-kept count of READY entries with 0 pins
     entries:   tuple[(key_hex, state, pins), ...] sorted by key_hex;
                state is "storing" | "ready", pins an int >= 0
-    continuation: tuple[key_hex, ...]  sorted: the entries reserved CONTINUATION
+    low:       tuple[key_hex, ...]   sorted: the entries reserved LOW
     policy:    {"name": str, "resident": (key_hex, ...), "ghosts": (key_hex, ...),
                 "extra": {...}}      see EvictionPolicy.snapshot (ARC: t1/t2/b1/b2/target)
     counters:  {"reserved", "stored", "removed", "evicted", "loads_prepared",
@@ -114,8 +114,8 @@ class Refusal(Enum):
 class StorePriority(Enum):
     """The class of a store request (module docstring, admission): what its entries may evict."""
 
-    PREFIX = "prefix"
-    CONTINUATION = "continuation"
+    NORMAL = "normal"
+    LOW = "low"
 
 
 class EventKind(Enum):
@@ -170,7 +170,7 @@ class StoreStats(NamedTuple):
 class _Entry:
     state: EntryState
     pins: int
-    priority: StorePriority = StorePriority.PREFIX
+    priority: StorePriority = StorePriority.NORMAL
 
 
 class HostStore:
@@ -277,7 +277,7 @@ class HostStore:
     # --- stores ---
 
     def prepare_store(
-        self, keys: Sequence[bytes], priority: StorePriority = StorePriority.PREFIX
+        self, keys: Sequence[bytes], priority: StorePriority = StorePriority.NORMAL
     ) -> PrepareStoreOutput | Refusal:
         """Reserve STORING entries for the absent ``keys``, evicting to make room.
 
@@ -285,13 +285,13 @@ class HostStore:
         Post: every absent key is STORING with ``priority`` (``keys_to_store``, in the given
         order); keys already present are skipped and untouched (their priority too); if the
         free slots fall short, the policy's victims among READY, unpinned entries that are not
-        in ``keys`` -- CONTINUATION ones only for a CONTINUATION request -- were evicted
+        in ``keys`` -- LOW ones only, for a LOW request -- were evicted
         (``evicted_keys``, one EVICTED event). Refusal NO_SPACE when that cannot make room; a
         refused call changes nothing, the policy included.
         """
         if not isinstance(priority, StorePriority):
             raise ConfigError(
-                "priority", priority, "is not a StorePriority", "pass StorePriority.PREFIX"
+                "priority", priority, "is not a StorePriority", "pass StorePriority.NORMAL"
             )
         checked = _checked_keys(keys, distinct=True)
         incoming = tuple(key for key in checked if key not in self._entries)
@@ -305,7 +305,7 @@ class HostStore:
                 entry.state is EntryState.READY
                 and entry.pins == 0
                 and key not in offered
-                and (priority is StorePriority.PREFIX or entry.priority is priority)
+                and (priority is StorePriority.NORMAL or entry.priority is priority)
             )
 
         tail_first = incoming[::-1]
@@ -418,11 +418,9 @@ class HostStore:
             "entries": tuple(
                 sorted((key.hex(), e.state.value, e.pins) for key, e in self._entries.items())
             ),
-            "continuation": tuple(
+            "low": tuple(
                 sorted(
-                    key.hex()
-                    for key, e in self._entries.items()
-                    if e.priority is StorePriority.CONTINUATION
+                    key.hex() for key, e in self._entries.items() if e.priority is StorePriority.LOW
                 )
             ),
             "policy": self._policy.snapshot(),

@@ -14,16 +14,16 @@ The contract in brief:
 - STORING (reserved, being written) then READY (loadable); a load pins READY entries; an
   eviction takes READY entries with no pin that the same call does not name;
 - admission (issue 18): ``prepare_store`` takes a :class:`StorePriority`, and each entry keeps
-  the one it was reserved with. A CONTINUATION call (units past a prompt) may only displace
-  CONTINUATION entries, so a full host keeps its prompt prefixes and a continuation is stored
-  where there is room;
+  the one it was reserved with. A LOW call (the connector's continuation units and far
+  sliding-window units) may only displace LOW entries, so a full host keeps its NORMAL entries
+  (prompt prefixes) and a LOW unit is stored where there is room;
 - a refusal is a :class:`Refusal` value and leaves everything as it was; a call with bad
   arguments raises :class:`HybridKVConfigError` before touching anything.
 
 Where the speed comes from:
 
 - plain dicts and sets: ``_state`` (key -> EntryState), ``_pins`` (pinned keys only),
-  ``_continuation`` (CONTINUATION keys only), and running counts of STORING entries, so
+  ``_low`` (LOW keys only), and running counts of STORING entries, so
   :meth:`HostStore.stats` costs O(1) (ST-2, ST-5 and ST-6 recount them);
 - a store that could not make room even by evicting every candidate is refused in O(1), before
   the policy walks anything;
@@ -62,7 +62,7 @@ __all__ = ["HostStore"]
 
 _READY = EntryState.READY
 _STORING = EntryState.STORING
-_CONTINUATION = StorePriority.CONTINUATION
+_LOW = StorePriority.LOW
 _NOTHING_STORED = PrepareStoreOutput((), ())
 
 
@@ -84,7 +84,7 @@ class HostStore:
         self._policy = _fresh_policy(policy, capacity)
         self._state: dict[bytes, EntryState] = {}
         self._pins: dict[bytes, int] = {}  # pinned keys only (count >= 1)
-        self._continuation: set[bytes] = set()  # resident keys reserved CONTINUATION
+        self._low: set[bytes] = set()  # resident keys reserved LOW
         self._storing = 0
         self._slots: dict[bytes, int] = {}
         self._recycled: list[int] = []  # slots given back by departed entries
@@ -208,20 +208,20 @@ class HostStore:
     # --- stores ---
 
     def prepare_store(
-        self, keys: Sequence[bytes], priority: StorePriority = StorePriority.PREFIX
+        self, keys: Sequence[bytes], priority: StorePriority = StorePriority.NORMAL
     ) -> PrepareStoreOutput | Refusal:
         """Reserve a STORING entry and a slot for each absent key, evicting if the host is full.
 
         ``keys``: distinct; present ones are left as they are (priority included).
-        ``priority`` (field ``priority``): the class the new entries keep; a CONTINUATION call
-        may only evict CONTINUATION entries. The victims, chosen by the policy among READY
+        ``priority`` (field ``priority``): the class the new entries keep; a LOW call may
+        only evict LOW entries. The victims, chosen by the policy among READY
         unpinned entries the call does not name, leave in one EVICTED event
         (``evicted_keys``); ``keys_to_store`` lists the reserved keys in the given order.
         NO_SPACE when no such victims make room; then nothing changes, the policy included.
         """
         if not isinstance(priority, StorePriority):
             raise HybridKVConfigError(
-                "priority", priority, "is not a StorePriority", "pass StorePriority.PREFIX"
+                "priority", priority, "is not a StorePriority", "pass StorePriority.NORMAL"
             )
         valid = _valid_keys(keys, distinct=True)
         state = self._state
@@ -238,8 +238,8 @@ class HostStore:
         for key in reverse:
             state[key] = _STORING
             policy.on_insert(key)
-        if priority is _CONTINUATION:
-            self._continuation.update(new)
+        if priority is _LOW:
+            self._low.update(new)
         slots = self._slots
         for key in new:
             slots[key] = self._free_slot()
@@ -332,7 +332,7 @@ class HostStore:
             "storing": stats.storing,
             "evictable": stats.evictable,
             "entries": tuple(sorted(rows)),
-            "continuation": tuple(sorted(key.hex() for key in self._continuation)),
+            "low": tuple(sorted(key.hex() for key in self._low)),
             "policy": self._policy.snapshot(),
             "counters": dict(self._counters),
             "events": tuple((e.kind.value, tuple(k.hex() for k in e.keys)) for e in self._events),
@@ -348,7 +348,7 @@ class HostStore:
             _policy=self._policy.copy(),
             _state=dict(self._state),
             _pins=dict(self._pins),
-            _continuation=set(self._continuation),
+            _low=set(self._low),
             _storing=self._storing,
             _slots=dict(self._slots),
             _recycled=list(self._recycled),
@@ -368,24 +368,21 @@ class HostStore:
         missing = len(new) - (self._capacity - len(self._state))
         if missing <= 0:
             return ()
-        continuation_only = priority is _CONTINUATION
+        low_only = priority is _LOW
         # Cheap upper bounds on the candidates: refuse before the policy walks anything.
-        pool = self._continuation if continuation_only else self._state
+        pool = self._low if low_only else self._state
         if missing > len(pool) or missing > len(self._state) - self._storing - len(self._pins):
             return None
         named = frozenset(valid) if len(new) != len(valid) else frozenset()
-        chosen = self._policy.victims(missing, self._candidate(named, continuation_only), new[::-1])
+        chosen = self._policy.victims(missing, self._candidate(named, low_only), new[::-1])
         return chosen if len(chosen) == missing else None
 
-    def _candidate(self, named: frozenset[bytes], continuation_only: bool) -> Evictable:
+    def _candidate(self, named: frozenset[bytes], low_only: bool) -> Evictable:
         """The evictability test handed to the policy (``named``: resident keys of the call)."""
-        state, pins, continuation = self._state, self._pins, self._continuation
-        if continuation_only:
+        state, pins, low = self._state, self._pins, self._low
+        if low_only:
             return lambda key: (
-                key in continuation
-                and state[key] is _READY
-                and key not in pins
-                and key not in named
+                key in low and state[key] is _READY and key not in pins and key not in named
             )
         if named:
             return lambda key: state[key] is _READY and key not in pins and key not in named
@@ -405,7 +402,7 @@ class HostStore:
         for key in keys:
             del state[key]
             self._recycled.append(slots.pop(key))
-        self._continuation.difference_update(keys)
+        self._low.difference_update(keys)
         self._events.append(StoreEvent(kind, keys))
         self._counters[kind.value] += len(keys)
 

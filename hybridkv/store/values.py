@@ -65,13 +65,13 @@ class Refusal(Enum):
 class StorePriority(Enum):
     """Admission class of a ``prepare_store`` call, kept by the entries it reserves.
 
-    PREFIX (prompt units) may displace any evictable entry; CONTINUATION (units a decode step
-    completed, past the prompt) may displace CONTINUATION entries only, so it is stored where
-    there is room and refused where the room would cost a prompt prefix.
+    NORMAL may displace any evictable entry. LOW (units less likely to be claimed: past the
+    prompt, or a sliding window's units far before its end) may displace LOW entries only, so
+    it is stored where there is room and refused where the room would cost a NORMAL entry.
     """
 
-    PREFIX = "prefix"
-    CONTINUATION = "continuation"
+    NORMAL = "normal"
+    LOW = "low"
 
 
 class EventKind(Enum):

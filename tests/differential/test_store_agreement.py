@@ -189,8 +189,8 @@ def _draw_operation(
     if name == "complete_store":
         kwargs["success"] = data.draw(_sampled((True, True, True, False)))
     if name == "prepare_store" and data.draw(_sampled((False, True))):
-        # Admission classes: a continuation store may evict continuation entries only.
-        kwargs["priority"] = data.draw(_sampled(("prefix", "continuation")))
+        # Admission classes: a LOW store may evict LOW entries only.
+        kwargs["priority"] = data.draw(_sampled(("normal", "low")))
     return name, (keys,), kwargs
 
 
