@@ -94,10 +94,10 @@ class Recorder:
                 self._in_meta = False
                 self.events.append(Step())
 
-        def offered(keys: Any) -> Any:
+        def offered(keys: Any, *priority: Any) -> Any:
             if self._in_meta:
-                self.events.append(Offer(tuple(keys)))
-            return prepare_store(keys)
+                self.events.append(Offer(tuple(keys), *priority))
+            return prepare_store(keys, *priority)
 
         def reported(connector_output: Any) -> Any:
             self.events.append(Poll())

@@ -19,7 +19,9 @@ MIN (:class:`~hybridkv.store.belady.BeladyPolicy`) reads the future from the ask
 *used* at an ask when the ask's claim in a store that never evicts would load it
 (:func:`future_uses`). With ``bypass`` the replay may also decline to
 store a key a full store would only keep by evicting a key needed sooner (MIN with bypass: the
-optimum over every admission and eviction rule on this sequence, counted in key reads).
+optimum over every admission and eviction rule on this sequence, counted in key reads). LRU
+and ARC replays keep each offer's admission class (:class:`~hybridkv.store.StorePriority`), as
+the run's store did; MIN ignores it: it is the yardstick, not the store's rule.
 """
 
 from __future__ import annotations
@@ -30,7 +32,13 @@ from dataclasses import dataclass
 from hybridkv.connector.claims import decide_claim
 from hybridkv.connector.geometry import ConnectorGeometry
 from hybridkv.errors import HybridKVConfigError
-from hybridkv.store import HostStore, LookupResult, PrepareLoadOutput, PrepareStoreOutput
+from hybridkv.store import (
+    HostStore,
+    LookupResult,
+    PrepareLoadOutput,
+    PrepareStoreOutput,
+    StorePriority,
+)
 from hybridkv.store.belady import NEVER, BeladyPolicy, FutureUses
 from hybridkv.store.policy import EvictionPolicy
 
@@ -65,9 +73,11 @@ class Ask:
 
 @dataclass(frozen=True, slots=True)
 class Offer:
-    """One ``prepare_store`` call of a step's store job: ``keys`` head first."""
+    """One ``prepare_store`` call of a step's store job: ``keys`` head first, at ``priority``
+    (the admission class the connector gave them)."""
 
     keys: tuple[bytes, ...]
+    priority: StorePriority = StorePriority.NORMAL
 
 
 @dataclass(frozen=True, slots=True)
@@ -207,7 +217,9 @@ def replay(
                 pinned = frozenset(key for _, held in loads for key in held)
                 keys, declined = _admitted(store, chosen, keys, pinned)
                 bypassed += declined
-            prepared = store.prepare_store(keys)
+            # LRU and ARC keep the run's admission classes; MIN, the yardstick, ignores them.
+            priority = StorePriority.NORMAL if policy == "min" else event.priority
+            prepared = store.prepare_store(keys, priority)
             if isinstance(prepared, PrepareStoreOutput):
                 if prepared.keys_to_store:
                     stores.append((steps, prepared.keys_to_store))

@@ -29,6 +29,7 @@ from hybridkv.sim.host_replay import (
     replay,
     unlimited,
 )
+from hybridkv.store import StorePriority
 
 FULL, SLIDING = GroupKind.FULL, GroupKind.SLIDING
 
@@ -182,3 +183,19 @@ def test_delay_one_reports_at_the_first_poll_like_delay_zero() -> None:
     assert replay(events, _geometry(), 1, "lru", delay=1).ends == (4,)
     late = replay(events, _geometry(), 1, "lru", delay=2)
     assert (late.ends, late.deferred) == ((0,), 1)
+
+
+def test_lru_and_arc_keep_the_offers_admission_class_min_ignores_it() -> None:
+    # One entry holds a (NORMAL). b, offered LOW, may not displace it under LRU or ARC, so X
+    # still claims a; MIN (no class) evicts a for b, which is never used, and X misses.
+    events: list[Event] = [
+        *_stored(b"a"),
+        Offer((b"b",), StorePriority.LOW),
+        Step(),
+        Poll(),
+        _ask("X", b"a"),
+    ]
+    for policy in ("lru", "arc"):
+        result = replay(events, _geometry(), 1, policy, delay=0)
+        assert (result.ends, result.refused) == ((4,), 1)
+    assert replay(events, _geometry(), 1, "min", delay=0).ends == (0,)
