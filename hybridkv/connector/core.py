@@ -43,7 +43,7 @@ The core owns its store: keys enter and leave it through the core (``seed`` incl
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from enum import Enum
 from typing import Any, NamedTuple
 
@@ -68,7 +68,7 @@ from hybridkv.connector.geometry import ConnectorGeometry
 from hybridkv.connector.loads import LoadRecord, load_items, resume_point, segments
 from hybridkv.connector.memory import KeyMemory
 from hybridkv.connector.requests import RequestKeys
-from hybridkv.connector.stores import items_by_end, store_items
+from hybridkv.connector.stores import items_by_end, low_priority, store_items
 from hybridkv.errors import HybridKVConfigError
 from hybridkv.kinds import GroupKind
 from hybridkv.planner import HybridOffloadPlanner
@@ -78,12 +78,14 @@ from hybridkv.store import (
     LookupResult,
     PrepareLoadOutput,
     PrepareStoreOutput,
+    StorePriority,
 )
 
 __all__ = ["ConnectorCore", "ConnectorStats", "LoadMode"]
 
 _LOAD, _STORE = TransferKind.LOAD, TransferKind.STORE
 _MISS = LookupResult.MISS
+_NORMAL, _LOW = StorePriority.NORMAL, StorePriority.LOW
 
 
 class LoadMode(Enum):
@@ -702,18 +704,28 @@ class ConnectorCore:
         keys = self._keys(request)
         taken: list[TransferItem] = []
         store = self.store
+        prompt = request.num_prompt_tokens
         for part in items_by_end(store_items(geometry, keys, block_ids, start, end)):
-            prepared = store.prepare_store([item.key for item in part])
-            if not isinstance(prepared, PrepareStoreOutput):
-                self._count["stores_refused"] += 1
-                break  # NO_SPACE: later ends would leave a hole in the stored prefix
-            self._memory.departed(prepared.evicted_keys)
-            fresh = prepared.keys_to_store
-            if len(fresh) == len(part):
-                taken.extend(part)
-            elif fresh:
-                wanted = set(fresh)
-                taken.extend(item for item in part if item.key in wanted)
+            # Admission (hybridkv.connector.stores.low_priority): the part's NORMAL units, then
+            # its LOW ones, which may only displace LOW entries. A refusal that leaves a hole in
+            # a claimable prefix (a NORMAL unit or a continuation) ends the job.
+            low = [item for item in part if low_priority(geometry, item, prompt)]
+            calls = ((part, _NORMAL),) if not low else ((_without(part, low), _NORMAL), (low, _LOW))
+            accepted: set[bytes] = set()
+            ended = False
+            for items, priority in calls:
+                if not items:
+                    continue
+                prepared = store.prepare_store([item.key for item in items], priority)
+                if not isinstance(prepared, PrepareStoreOutput):
+                    self._count["stores_refused"] += 1
+                    ended = priority is _NORMAL or items[0].end_token > prompt
+                    break
+                self._memory.departed(prepared.evicted_keys)
+                accepted.update(prepared.keys_to_store)
+            taken.extend(item for item in part if item.key in accepted)
+            if ended:
+                break  # later ends would leave a hole in the stored prefix
         if not taken:
             return None
         salt = request.cache_salt
@@ -827,3 +839,9 @@ def _plain_load(rid: RequestId, rec: LoadRecord) -> tuple[Any, ...]:
         tuple(sorted(int(j) for j in rec.failed)),
         tuple(_plain_item(item) for item in rec.items),
     )
+
+
+def _without(part: Sequence[TransferItem], low: list[TransferItem]) -> list[TransferItem]:
+    """The items of ``part`` not in ``low`` (a sublist of it), in order."""
+    skipped = {item.key for item in low}
+    return [item for item in part if item.key not in skipped]
