@@ -17,6 +17,7 @@ from hybridkv.connector.geometry import ConnectorGeometry
 from hybridkv.errors import HybridKVConfigError
 from hybridkv.kinds import GroupKind
 from hybridkv.planner import HybridOffloadPlanner
+from hybridkv.store import StorePriority
 from hybridkv.testbed.host_replay import (
     Ask,
     Event,
@@ -29,7 +30,6 @@ from hybridkv.testbed.host_replay import (
     replay,
     unlimited,
 )
-from hybridkv.store import StorePriority
 
 FULL, SLIDING = GroupKind.FULL, GroupKind.SLIDING
 
