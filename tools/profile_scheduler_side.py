@@ -7,8 +7,8 @@ timed run with the profiler off (per-hook figures) and a run with the profiler o
 Runs one variant of bench_vs_native (layout, connector, policy, delay, 2x host tier in equal
 bytes, hybridkv at its default chunk as the bench gives it) through the same in-process engine
 and times exactly what the bench times: the outermost scheduler-side connector hooks that
-:class:`hybridkv.vllm.inprocess._ConnectorClock` wraps. Prints per hook: calls, total µs and µs
-per engine step; then cProfile's top functions by internal time, collected only inside those
+:class:`hybridkv.vllm.harness.inprocess._ConnectorClock` wraps. Prints per hook: calls, total µs and
+µs per engine step; then cProfile's top functions by internal time, collected only inside those
 hooks (the profiler's own overhead inflates them; the per-hook totals are taken with the
 profiler off, in a separate run).
 
@@ -129,7 +129,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sort", default="tottime", help="pstats key: tottime, cumulative")
     args = parser.parse_args(argv)
     bench = _bench()
-    from hybridkv.vllm import inprocess
+    from hybridkv.vllm.harness import inprocess
 
     case = next(c for c in bench._cases(False) if c.name == args.layout)
     trace = replace(case.trace, output_len=args.answers)

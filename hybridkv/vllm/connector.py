@@ -539,8 +539,8 @@ class HybridKVConnector(KVConnectorBase_V1, SupportsHMA):
         wrap_engine: Callable[[TransferEngine], TransferEngine] | None = None,
     ) -> None:
         """``register_kv_caches`` with fault hooks and an engine wrapper (in-package only: the
-        in-process engine's adapter, :mod:`hybridkv.vllm.cpu_worker`, injects faults and delays
-        reports this way; never a user setting)."""
+        in-process engine's adapter, :mod:`hybridkv.vllm.harness.cpu_worker`, injects faults and
+        delays reports this way; never a user setting)."""
         caches = build_canonical_caches(kv_caches, self.layout.groups, self.layout.num_blocks)
         measured = max(caches.group_bytes(g) for g in range(len(self.layout.groups)))
         if measured != self.layout.slot_bytes:

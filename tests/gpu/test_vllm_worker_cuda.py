@@ -1,7 +1,8 @@
 """``HybridKVConnector``'s worker side on CUDA caches and the CUDA transfer engine, inside
 vLLM 0.33's real ``Scheduler``, against the same run on CPU caches (markers ``gpu``; needs vLLM).
 
-The in-process engine (:mod:`hybridkv.vllm.inprocess`) runs a multi-turn chat twice with the same
+The in-process engine (:mod:`hybridkv.vllm.harness.inprocess`) runs a multi-turn chat twice with the
+same
 settings: once with the caches vLLM's own ``allocate_kv_cache`` builds on the CPU (the connector's
 worker picks the CPU engine), once with the same call on ``cuda`` (it picks
 :class:`~hybridkv.transfer.cuda_engine.CudaTransferEngine`, pinned host memory, CUDA streams). The
@@ -49,8 +50,8 @@ pytest.importorskip(
 from vllm.config import KVTransferConfig  # noqa: E402
 
 from hybridkv.transfer.cuda_engine import CudaTransferEngine  # noqa: E402
-from hybridkv.vllm.cpu_worker import HybridKVOnCPU  # noqa: E402
-from hybridkv.vllm.inprocess import (  # noqa: E402
+from hybridkv.vllm.harness.cpu_worker import HybridKVOnCPU  # noqa: E402
+from hybridkv.vllm.harness.inprocess import (  # noqa: E402
     ChatTrace,
     EngineSettings,
     InProcessEngine,

@@ -47,8 +47,8 @@ from vllm.v1.outputs import KVConnectorOutput, ModelRunnerOutput  # noqa: E402
 from hybridkv.connector import TransferKind  # noqa: E402
 from hybridkv.kinds import GroupKind  # noqa: E402
 from hybridkv.vllm.connector import HybridKVConnector  # noqa: E402
-from hybridkv.vllm.cpu_worker import FaultPlan, HybridKVOnCPU  # noqa: E402
-from hybridkv.vllm.inprocess import (  # noqa: E402
+from hybridkv.vllm.harness.cpu_worker import FaultPlan, HybridKVOnCPU  # noqa: E402
+from hybridkv.vllm.harness.inprocess import (  # noqa: E402
     ChatTrace,
     EngineSettings,
     InProcessEngine,

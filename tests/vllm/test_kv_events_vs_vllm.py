@@ -29,8 +29,8 @@ from test_hybridkv_inprocess import CHAT, _transfer  # noqa: E402
 from vllm.distributed.kv_events import BlockRemoved, BlockStored  # noqa: E402
 from vllm.v1.core.kv_cache_utils import maybe_convert_block_hash  # noqa: E402
 
-from hybridkv.vllm.cpu_worker import HybridKVOnCPU  # noqa: E402
-from hybridkv.vllm.inprocess import (  # noqa: E402
+from hybridkv.vllm.harness.cpu_worker import HybridKVOnCPU  # noqa: E402
+from hybridkv.vllm.harness.inprocess import (  # noqa: E402
     InProcessEngine,
     run_trace,
 )

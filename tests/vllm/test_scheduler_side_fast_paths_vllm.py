@@ -25,8 +25,8 @@ from diffharness.layouts import RECIPES, Layout  # noqa: E402
 from vllm.config import KVTransferConfig  # noqa: E402
 
 from hybridkv.connector import ScheduledRequest, StepView  # noqa: E402
-from hybridkv.vllm.cpu_worker import HybridKVOnCPU  # noqa: E402
-from hybridkv.vllm.inprocess import (  # noqa: E402
+from hybridkv.vllm.harness.cpu_worker import HybridKVOnCPU  # noqa: E402
+from hybridkv.vllm.harness.inprocess import (  # noqa: E402
     ChatTrace,
     EngineSettings,
     InProcessEngine,

@@ -6,8 +6,8 @@ Built (:class:`InProcessEngine`) from a config.json, :class:`EngineSettings` and
 ``KVTransferConfig`` (or none):
 
 1. ``VllmConfig`` with prefix caching, chunked prefill, sync scheduling; vLLM's own planning
-   (:func:`hybridkv.vllm.planning.plan_kv_caches`) derives the KV-cache config and block sizes;
-   HMA must stay on.
+   (:func:`hybridkv.vllm.harness.planning.plan_kv_caches`) derives the KV-cache config and block
+   sizes; HMA must stay on.
 2. The adapter's ``configure`` (e.g. the host tier size) before ``Scheduler(...)``, which builds
    the connector's scheduler role as the engine core does.
 3. The worker role: the same class built with ``KVConnectorRole.WORKER``; the CPU caches come from
@@ -16,8 +16,8 @@ Built (:class:`InProcessEngine`) from a config.json, :class:`EngineSettings` and
    ``v1/worker/gpu/kv_connector.py`` does).
 
 Tensor parallel (``EngineSettings.tensor_parallel_size`` > 1), simulated in this one process:
-vLLM plans each rank's shard (:func:`hybridkv.vllm.planning.plan_tensor_parallel`: each rank's
-model built on the meta device while the one-rank TP group reads as that rank) and hands each
+vLLM plans each rank's shard (:func:`hybridkv.vllm.harness.planning.plan_tensor_parallel`: each
+rank's model built on the meta device while the one-rank TP group reads as that rank) and hands each
 rank its ``KVCacheConfig``; each rank gets its own caches from ``allocate_kv_cache``, its own
 worker-role connector and adapter, and its own copy of each step's metadata (the executor
 pickles it to each worker); the forward writes and checks every rank's caches, with rank-salted
@@ -44,7 +44,7 @@ target forward, ``start_load_kv``, ``get_transfer_results`` and the rest of the 
 drafter's layer written, then ``wait_for_save`` and ``clear_connector_metadata``; a step with
 nothing scheduled keeps the plain order (``kv_connector_no_forward`` never defers).
 
-The forward (:mod:`hybridkv.vllm.content`): a mamba layer copies the state of block
+The forward (:mod:`hybridkv.vllm.harness.content`): a mamba layer copies the state of block
 ``(c0 - 1) // block`` to ``cdiv(c1, block) - 1`` as ``preprocess_mamba`` does, checks it holds
 the prefix ``[:c0]`` and writes the prefix ``[:c1]``, and, for a spec with prefill checkpoint
 blocks, writes the prefix ``[:p]`` into the column vLLM's ``compute_mamba_prefill_checkpoints``
@@ -72,8 +72,8 @@ from typing import Any, Protocol
 
 import torch
 
-from hybridkv.vllm.content import LayerTags, layer_tags, prefix_tags
-from hybridkv.vllm.planning import init_distributed, plan_kv_caches, plan_tensor_parallel
+from hybridkv.vllm.harness.content import LayerTags, layer_tags, prefix_tags
+from hybridkv.vllm.harness.planning import init_distributed, plan_kv_caches, plan_tensor_parallel
 
 __all__ = [
     "ChatTrace",
