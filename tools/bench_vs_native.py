@@ -71,15 +71,12 @@ require_vllm("bench_vs_native")
 
 from vllm.config import KVTransferConfig  # noqa: E402
 
+from hybridkv.vllm.harness.chat import ChatTrace, run_trace  # noqa: E402
 from hybridkv.vllm.harness.cpu_worker import HybridKVOnCPU  # noqa: E402
-from hybridkv.vllm.harness.inprocess import (  # noqa: E402
-    ChatTrace,
-    EngineSettings,
-    InProcessEngine,
-    InProcessReport,
-    run_trace,
-)
+from hybridkv.vllm.harness.engine_config import EngineSettings  # noqa: E402
+from hybridkv.vllm.harness.inprocess import InProcessEngine  # noqa: E402
 from hybridkv.vllm.harness.native_cpu import NativeOffloadOnCPU  # noqa: E402
+from hybridkv.vllm.harness.report import InProcessReport  # noqa: E402
 from hybridkv.vllm.layout import read_layout, recommended_chunk_size  # noqa: E402
 
 

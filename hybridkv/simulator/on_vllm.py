@@ -4,8 +4,8 @@ vLLM's scheduler admits, preempts and finishes the requests; ``HybridKVConnector
 roles, its worker side in-process on CPU tensors in the model runner's hook order, and the
 stand-in forward checks every KV slot and mamba state it reads
 (:mod:`hybridkv.vllm.harness.inprocess`, :mod:`hybridkv.vllm.harness.workload`). vLLM is imported
-only here, lazily, and only for this engine; without it the run stops with one line naming ``nox -s
-vllm`` and the install command.
+only here, lazily, and only for this engine; without it the run stops with one line naming
+``nox -s vllm`` and the install command.
 
 The model: vLLM on CPU allocates every layer's cache for real, so a preset becomes its
 :func:`spec.presets.tiny_config` (one period of its layer pattern per simulated layer per group:

@@ -50,14 +50,11 @@ pytest.importorskip(
 from vllm.config import KVTransferConfig  # noqa: E402
 
 from hybridkv.transfer.cuda_engine import CudaTransferEngine  # noqa: E402
+from hybridkv.vllm.harness.chat import ChatTrace, run_trace  # noqa: E402
 from hybridkv.vllm.harness.cpu_worker import HybridKVOnCPU  # noqa: E402
-from hybridkv.vllm.harness.inprocess import (  # noqa: E402
-    ChatTrace,
-    EngineSettings,
-    InProcessEngine,
-    InProcessReport,
-    run_trace,
-)
+from hybridkv.vllm.harness.engine_config import EngineSettings  # noqa: E402
+from hybridkv.vllm.harness.inprocess import InProcessEngine  # noqa: E402
+from hybridkv.vllm.harness.report import InProcessReport  # noqa: E402
 from spec.presets import tiny_config  # noqa: E402
 
 HOST_BYTES = 64 << 20

@@ -26,14 +26,11 @@ from _redis_server import BINARIES, RedisServer, find_binary
 from diffharness.layouts import RECIPES, Layout
 from vllm.config import KVTransferConfig
 
+from hybridkv.vllm.harness.chat import ChatTrace
 from hybridkv.vllm.harness.cpu_worker import HybridKVOnCPU
-from hybridkv.vllm.harness.inprocess import (
-    ChatTrace,
-    EngineSettings,
-    InProcessEngine,
-    InProcessReport,
-    WedgedError,
-)
+from hybridkv.vllm.harness.engine_config import EngineSettings, WedgedError
+from hybridkv.vllm.harness.inprocess import InProcessEngine
+from hybridkv.vllm.harness.report import InProcessReport
 
 __all__ = [
     "SHAPES",

@@ -24,7 +24,8 @@ from diffharness.layouts import RECIPES, Layout  # noqa: E402
 from vllm.config import KVTransferConfig  # noqa: E402
 
 from hybridkv.vllm.harness.cpu_worker import HybridKVOnCPU  # noqa: E402
-from hybridkv.vllm.harness.inprocess import EngineSettings, InProcessEngine  # noqa: E402
+from hybridkv.vllm.harness.engine_config import EngineSettings  # noqa: E402
+from hybridkv.vllm.harness.inprocess import InProcessEngine  # noqa: E402
 
 CHUNK = 32
 PROMPT = [random.Random(9).randint(3, 999) for _ in range(200)]

@@ -32,8 +32,9 @@ from diffharness.layouts import RECIPES, Layout  # noqa: E402
 from test_hybridkv_inprocess import CHAT, HOST_BYTES, _quiescent  # noqa: E402
 from vllm.config import KVTransferConfig  # noqa: E402
 
+from hybridkv.vllm.harness.chat import run_trace  # noqa: E402
 from hybridkv.vllm.harness.cpu_worker import HybridKVOnCPU  # noqa: E402
-from hybridkv.vllm.harness.inprocess import InProcessEngine, run_trace  # noqa: E402
+from hybridkv.vllm.harness.inprocess import InProcessEngine  # noqa: E402
 
 POOL = {Layout.MAMBA_FULL: 16, Layout.SLIDING_FULL: 30}  # GPU blocks (module docstring)
 

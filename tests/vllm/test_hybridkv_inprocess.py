@@ -37,15 +37,11 @@ from diffharness.layouts import RECIPES, Layout  # noqa: E402
 from hypothesis import settings  # noqa: E402
 from vllm.config import KVTransferConfig  # noqa: E402
 
+from hybridkv.vllm.harness.chat import ChatTrace, run_trace  # noqa: E402
 from hybridkv.vllm.harness.cpu_worker import FaultPlan, HybridKVOnCPU  # noqa: E402
-from hybridkv.vllm.harness.inprocess import (  # noqa: E402
-    ChatTrace,
-    EngineSettings,
-    InProcessEngine,
-    InProcessReport,
-    WedgedError,
-    run_trace,
-)
+from hybridkv.vllm.harness.engine_config import EngineSettings, WedgedError  # noqa: E402
+from hybridkv.vllm.harness.inprocess import InProcessEngine  # noqa: E402
+from hybridkv.vllm.harness.report import InProcessReport  # noqa: E402
 
 HOST_BYTES = 64 << 20
 

@@ -27,7 +27,8 @@ from vllm.config import KVTransferConfig  # noqa: E402
 
 from hybridkv.store import LookupResult  # noqa: E402
 from hybridkv.vllm.harness.cpu_worker import HybridKVOnCPU  # noqa: E402
-from hybridkv.vllm.harness.inprocess import EngineSettings, InProcessEngine  # noqa: E402
+from hybridkv.vllm.harness.engine_config import EngineSettings  # noqa: E402
+from hybridkv.vllm.harness.inprocess import InProcessEngine  # noqa: E402
 
 # Sliding window + full attention, one 32-token block per chunk (test_hybridkv_inprocess's).
 SETTINGS = EngineSettings(

@@ -55,14 +55,10 @@ from vllm.v1.outputs import EMPTY_MODEL_RUNNER_OUTPUT, KVConnectorOutput  # noqa
 from hybridkv.connector import JobResult  # noqa: E402
 from hybridkv.errors import HybridKVConfigError  # noqa: E402
 from hybridkv.vllm.connector import HybridKVConnector, HybridKVWorkerMeta  # noqa: E402
+from hybridkv.vllm.harness.chat import ChatTrace, run_trace  # noqa: E402
 from hybridkv.vllm.harness.cpu_worker import FaultPlan, HybridKVOnCPU  # noqa: E402
-from hybridkv.vllm.harness.inprocess import (  # noqa: E402
-    ChatTrace,
-    EngineSettings,
-    InProcessEngine,
-    WedgedError,
-    run_trace,
-)
+from hybridkv.vllm.harness.engine_config import EngineSettings, WedgedError  # noqa: E402
+from hybridkv.vllm.harness.inprocess import InProcessEngine  # noqa: E402
 from hybridkv.vllm.metrics import HybridKVStats  # noqa: E402
 from hybridkv.vllm.ranks import (  # noqa: E402
     JobQuorum,

@@ -70,13 +70,10 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorBase_V1
 from vllm.v1.kv_cache_interface import MambaSpec, SlidingWindowSpec  # noqa: E402
 
 from hybridkv.connector import Claim, ClaimKind  # noqa: E402
+from hybridkv.vllm.harness.chat import run_trace  # noqa: E402
 from hybridkv.vllm.harness.cpu_worker import FaultPlan, HybridKVOnCPU  # noqa: E402
-from hybridkv.vllm.harness.inprocess import (  # noqa: E402
-    EngineSettings,
-    InProcessEngine,
-    WedgedError,
-    run_trace,
-)
+from hybridkv.vllm.harness.engine_config import EngineSettings, WedgedError  # noqa: E402
+from hybridkv.vllm.harness.inprocess import InProcessEngine  # noqa: E402
 from spec.connector import ReferenceConnector  # noqa: E402
 from spec.connector_api import (  # noqa: E402
     JobId,

@@ -30,12 +30,10 @@ from test_hybridkv_inprocess import CHAT, _transfer  # noqa: E402
 
 from hybridkv.transfer import Direction, TransferEngine, TransferPair  # noqa: E402
 from hybridkv.transfer.api import EngineWrapper, JobId  # noqa: E402
+from hybridkv.vllm.harness.chat import run_trace  # noqa: E402
 from hybridkv.vllm.harness.cpu_worker import HybridKVOnCPU  # noqa: E402
 from hybridkv.vllm.harness.delayed import DelayedCompletion  # noqa: E402
-from hybridkv.vllm.harness.inprocess import (  # noqa: E402
-    InProcessEngine,
-    run_trace,
-)
+from hybridkv.vllm.harness.inprocess import InProcessEngine  # noqa: E402
 
 
 class _StoresCopyAtSubmit(EngineWrapper):

@@ -59,9 +59,10 @@ from vllm.v1.request import RequestStatus
 from hybridkv.connector import LoadMode
 from hybridkv.errors import HybridKVConfigError
 from hybridkv.vllm.config import parse_extra_config
+from hybridkv.vllm.harness.chat import ChatTrace, run_trace
 from hybridkv.vllm.harness.cpu_worker import FaultPlan, HybridKVOnCPU
-from hybridkv.vllm.harness.inprocess import ChatTrace, InProcessEngine, run_trace
-from hybridkv.vllm.harness.inprocess import EngineSettings as InProcessSettings
+from hybridkv.vllm.harness.engine_config import EngineSettings as InProcessSettings
+from hybridkv.vllm.harness.inprocess import InProcessEngine
 
 pytestmark = [pytest.mark.vllm, pytest.mark.known_vllm_behaviour]
 

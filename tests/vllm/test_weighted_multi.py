@@ -53,17 +53,13 @@ from vllm.distributed.kv_transfer.kv_connector.v1.metrics import KVConnectorProm
 
 from hybridkv.errors import HybridKVConfigError  # noqa: E402
 from hybridkv.vllm.connector import HybridKVConnector  # noqa: E402
+from hybridkv.vllm.harness.chat import ChatTrace, run_trace  # noqa: E402
 from hybridkv.vllm.harness.cpu_worker import FaultPlan, HybridKVOnCPU  # noqa: E402
-from hybridkv.vllm.harness.inprocess import (  # noqa: E402
-    ChatTrace,
-    EngineSettings,
-    InProcessEngine,
-    InProcessReport,
-    WedgedError,
-    run_trace,
-)
+from hybridkv.vllm.harness.engine_config import EngineSettings, WedgedError  # noqa: E402
+from hybridkv.vllm.harness.inprocess import InProcessEngine  # noqa: E402
 from hybridkv.vllm.harness.multi_cpu import MultiOnCPU  # noqa: E402
 from hybridkv.vllm.harness.native_cpu import NativeOffloadOnCPU  # noqa: E402
+from hybridkv.vllm.harness.report import InProcessReport  # noqa: E402
 from hybridkv.vllm.multi import WeightedMultiConnector, WeightedMultiStats  # noqa: E402
 
 LAYOUT = Layout.SLIDING_FULL
@@ -227,7 +223,7 @@ def test_a_child_without_hma_is_taken_on_a_one_group_model(tmp_path: Path) -> No
     from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory
     from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
 
-    from hybridkv.vllm.harness.inprocess import _process_setup, _vllm_config
+    from hybridkv.vllm.harness.engine_config import _process_setup, _vllm_config
     from hybridkv.vllm.harness.planning import plan_kv_caches
 
     _process_setup()
@@ -414,7 +410,7 @@ def test_the_docs_config_builds_through_vllms_factory() -> None:
     from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory
     from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
 
-    from hybridkv.vllm.harness.inprocess import _process_setup, _vllm_config
+    from hybridkv.vllm.harness.engine_config import _process_setup, _vllm_config
     from hybridkv.vllm.harness.planning import plan_kv_caches
 
     _process_setup()  # vLLM's one-rank distributed state, as the engine sets it up

@@ -44,212 +44,38 @@ target forward, ``start_load_kv``, ``get_transfer_results`` and the rest of the 
 drafter's layer written, then ``wait_for_save`` and ``clear_connector_metadata``; a step with
 nothing scheduled keeps the plain order (``kv_connector_no_forward`` never defers).
 
-The forward (:mod:`hybridkv.vllm.harness.content`): a mamba layer copies the state of block
-``(c0 - 1) // block`` to ``cdiv(c1, block) - 1`` as ``preprocess_mamba`` does, checks it holds
-the prefix ``[:c0]`` and writes the prefix ``[:c1]``, and, for a spec with prefill checkpoint
-blocks, writes the prefix ``[:p]`` into the column vLLM's ``compute_mamba_prefill_checkpoints``
-names (the backend's checkpoint export); an attention layer writes the tags of ``[c0, c1)`` and
-checks the positions ``[lo, c0)`` it attends (``lo`` = 0, or the window's start). With
-``EngineSettings.speculative`` only the scheduler side of speculative decoding runs: the runner
-proposes no draft tokens.
+The forward (:mod:`hybridkv.vllm.harness.forward`) writes every layer's KV of the step's
+tokens and checks what each layer reads. The settings and the ``VllmConfig`` are in
+:mod:`hybridkv.vllm.harness.engine_config`, the report in
+:mod:`hybridkv.vllm.harness.report`, the chat trace that most runs play in
+:mod:`hybridkv.vllm.harness.chat`.
 """
 
 from __future__ import annotations
 
 import copy
-import functools
-import hashlib
-import json
 import logging
-import os
-import random
-import tempfile
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Protocol
 
 import torch
 
-from hybridkv.vllm.harness.content import LayerTags, layer_tags, prefix_tags
-from hybridkv.vllm.harness.planning import init_distributed, plan_kv_caches, plan_tensor_parallel
+from hybridkv.vllm.harness.content import LayerTags, layer_tags
+from hybridkv.vllm.harness.engine_config import (
+    EngineSettings,
+    _checkpoint_settings,
+    _process_setup,
+    _vllm_config,
+)
+from hybridkv.vllm.harness.forward import StandInForward
+from hybridkv.vllm.harness.planning import plan_kv_caches, plan_tensor_parallel
+from hybridkv.vllm.harness.report import ConnectorClock, InProcessReport, Tally
 
-__all__ = [
-    "ChatTrace",
-    "EngineSettings",
-    "InProcessEngine",
-    "InProcessReport",
-    "WedgedError",
-    "WorkerAdapter",
-    "run_trace",
-]
+__all__ = ["InProcessEngine", "RegisterCaches", "WorkerAdapter"]
 
 logging.getLogger("vllm").setLevel(logging.ERROR)
-
-_SCHEDULER_HOOKS = (
-    "get_num_new_matched_tokens",
-    "update_state_after_alloc",
-    "get_external_cache_hit_sources",
-    "build_connector_meta",
-    "update_connector_output",
-    "request_finished",
-    "request_finished_all_groups",
-    "on_new_request",
-    "take_events",
-    "has_pending_push_work",
-    "has_pending_block_frees",
-    "get_kv_connector_stats",
-    "get_loaded_kv_cache_group_ids",
-    "register_finished_partial_tail",
-)
-
-
-class WedgedError(RuntimeError):
-    """The run did not finish within ``max_steps`` engine steps."""
-
-
-@dataclass(frozen=True, slots=True)
-class EngineSettings:
-    """The engine's knobs.
-
-    Attributes:
-        num_gpu_blocks: the GPU pool (``num_gpu_blocks_override``).
-        max_model_len: ``--max-model-len``.
-        block_size: ``--block-size`` (``None``: the platform's choice).
-        max_num_seqs / max_num_batched_tokens: the scheduler's limits (chunked prefill).
-        max_steps: the wedge guard.
-        tensor_parallel_size: ranks simulated in this process (module docstring).
-        device: where ``allocate_kv_cache`` puts the caches (``"cuda"``: the connector's
-            worker picks its CUDA transfer engine; tests/gpu).
-        max_loras: > 0 turns LoRA on (``LoRAConfig(max_loras=...)``) so requests may name an
-            adapter (:meth:`InProcessEngine.add`); no adapter weights are loaded.
-        kv_events: turn vLLM's KV cache events on (``KVEventsConfig``, the null publisher):
-            the scheduler then drains the block pool's and the connector's ``take_events``.
-        replicated_kv: under tensor parallel, simulate KV replicated on every rank (module
-            docstring).
-        model_name: names the model's directory (vLLM's ``model``, with a digest of the
-            config.json): engines of equal names and configs serve the same model path, like
-            two replicas; another name is another model of the same geometry.
-        speculative: ``SpeculativeConfig`` fields (e.g. ``{"method": "mtp",
-            "num_speculative_tokens": 1}``; the target model is the draft's ``model``): the
-            scheduler side of speculative decoding (EAGLE's block drop, speculative mamba
-            blocks). The stand-in runner proposes no draft tokens, so every step schedules the
-            request's real tokens only.
-        prefix_match_unit: ``--prefix-match-unit`` (the hash block, below the block size: vLLM's
-            partial hash hits and its ``cache_hit_alignment_tokens``).
-        speculative_hooks: follow the runner's hook order under speculative decoding (module
-            docstring): the model's last attention layer stands in for the drafter's layer
-            (an EAGLE head shares its group's block table); the target forward writes every
-            other layer, ``get_transfer_results`` runs, then the "drafter" writes that layer's
-            KV of the step's tokens, then ``wait_for_save``. No draft tokens are proposed:
-            only the order of the writes and the hooks is the runner's.
-    """
-
-    num_gpu_blocks: int
-    max_model_len: int
-    block_size: int | None = None
-    max_num_seqs: int = 4
-    max_num_batched_tokens: int = 256
-    max_steps: int = 5000
-    tensor_parallel_size: int = 1
-    device: str = "cpu"
-    max_loras: int = 0
-    kv_events: bool = False
-    replicated_kv: bool = False
-    model_name: str = "model"
-    speculative: dict[str, Any] | None = None
-    prefix_match_unit: int | None = None
-    speculative_hooks: bool = False
-
-
-@dataclass(frozen=True, slots=True)
-class ChatTrace:
-    """Multi-turn chat: ``convs`` conversations of ``turns`` turns sharing a system prompt.
-
-    Turn ``t + 1``'s prompt is turn ``t``'s prompt, its output and new user tokens; it arrives
-    ``think`` steps after turn ``t`` finished (closed loop); conversation ``c`` starts at step
-    ``c * stagger``. Tokens come from ``random.Random(seed)``.
-    """
-
-    convs: int = 4
-    turns: int = 3
-    system_len: int = 128
-    user_min: int = 40
-    user_max: int = 80
-    output_len: int = 4
-    think: int = 2
-    stagger: int = 2
-    seed: int = 1234
-
-    def system(self) -> list[int]:
-        rng = random.Random(self.seed)
-        return [rng.randint(3, 999) for _ in range(self.system_len)]
-
-    def user(self, conv: int, turn: int) -> list[int]:
-        rng = random.Random(self.seed * 7919 + conv * 101 + turn + 1)
-        return [rng.randint(3, 999) for _ in range(rng.randint(self.user_min, self.user_max))]
-
-
-@dataclass(frozen=True, slots=True)
-class InProcessReport:
-    """What a run observed. Token figures count prompt positions only.
-
-    Attributes:
-        connector: the connector class name (``""`` without one).
-        requests / finished: requests added and finished.
-        steps: engine steps executed (idle think-time ticks not counted).
-        prompt_tokens: prompt tokens of all requests.
-        prefill_computed: prompt positions the scheduler scheduled (recompute included).
-        external_loaded: the ``num_external_tokens > 0`` vLLM handed ``update_state_after_alloc``.
-        gpu_prefix_hits / external_hits: vLLM's ``PrefillStats`` (local / external cached).
-        preemptions: requests preempted.
-        slots_checked / wrong_reads: KV slots and mamba states the forward checked, and those
-            holding other content (a wrong load or a wrong reuse).
-        schedule_us / connector_us: mean per step of ``schedule() + update_from_output()`` and of
-            the scheduler-side connector calls inside them (wall clock).
-        schedule_cpu_us / connector_cpu_us: the same spans in the calling thread's CPU time
-            (``time.thread_time``): what the calls cost, without the time the thread waited
-            for a core. On a shared machine the wall clock charges a call for every other job
-            that held the core meanwhile, so the two connectors' wall figures are compared
-            under whatever load each run met; their CPU figures are not.
-        leaked_blocks: GPU blocks not back in vLLM's free pool after everything finished.
-        transfers: the worker adapters' counters (e.g. jobs and bytes moved), summed over ranks.
-        failed_loads: requests vLLM got in ``failed_recving`` (after aggregation over ranks).
-
-    The engine also keeps every ``SchedulerStats.kv_connector_stats`` payload vLLM produced
-    (``InProcessEngine.connector_stats``: the workers' stats aggregated, then the scheduler's).
-    """
-
-    connector: str
-    requests: int
-    finished: int
-    steps: int
-    prompt_tokens: int
-    prefill_computed: int
-    external_loaded: int
-    gpu_prefix_hits: int
-    external_hits: int
-    preemptions: int
-    slots_checked: int
-    wrong_reads: int
-    schedule_us: float
-    connector_us: float
-    leaked_blocks: int
-    schedule_cpu_us: float = 0.0
-    connector_cpu_us: float = 0.0
-    transfers: dict[str, int] = field(default_factory=dict)
-    failed_loads: int = 0
-
-    @property
-    def connector_share(self) -> float:
-        """The scheduler-side connector's share of the scheduler's time."""
-        return self.connector_us / self.schedule_us if self.schedule_us else 0.0
-
-    @property
-    def connector_cpu_share(self) -> float:
-        """The same share in CPU time (see ``connector_cpu_us``)."""
-        return self.connector_cpu_us / self.schedule_cpu_us if self.schedule_cpu_us else 0.0
 
 
 class WorkerAdapter(Protocol):
@@ -302,177 +128,6 @@ def _adapters(
     return found
 
 
-@functools.cache
-def _process_setup() -> None:
-    # With AVX-512 BF16 vLLM makes the SSM state float32 and the hybrid block doubles: pin "no"
-    # so the geometry does not depend on the host CPU.
-    torch.cpu._is_avx512_bf16_supported = lambda: False  # type: ignore[attr-defined]
-    init_distributed(23000)
-
-
-def _config_dir(config_json: dict[str, Any], name: str) -> str:
-    """The model directory ``name`` + a digest of the config: equal for equal arguments (the
-    remote tier keys chunks by the model path, so two replicas must serve the same one)."""
-    text = json.dumps(config_json, sort_keys=True)
-    digest = hashlib.sha256(text.encode()).hexdigest()[:16]
-    directory = (
-        Path(tempfile.gettempdir()) / f"hybridkv-inprocess-{os.getuid()}" / (f"{name}-{digest}")
-    )
-    target = directory / "config.json"
-    if not target.exists():
-        directory.mkdir(parents=True, exist_ok=True)
-        # Written whole, then renamed: a process building the same engine never reads half.
-        fd, partial = tempfile.mkstemp(dir=directory, suffix=".json")
-        with os.fdopen(fd, "w") as out:
-            out.write(text)
-        os.replace(partial, target)
-    return str(directory)
-
-
-def _vllm_config(config_json: dict[str, Any], settings: EngineSettings, kv_transfer: Any) -> Any:
-    from vllm.config import CacheConfig, ModelConfig, ParallelConfig, SchedulerConfig, VllmConfig
-
-    directory = _config_dir(config_json, settings.model_name)
-    cache: dict[str, Any] = {
-        "enable_prefix_caching": True,
-        "num_gpu_blocks_override": settings.num_gpu_blocks,
-    }
-    if settings.block_size is not None:
-        cache["block_size"] = settings.block_size
-    if settings.prefix_match_unit is not None:
-        cache["prefix_match_unit"] = settings.prefix_match_unit
-    model_config = ModelConfig(
-        model=directory,
-        tokenizer=directory,
-        skip_tokenizer_init=True,
-        max_model_len=settings.max_model_len,
-        seed=0,
-        enforce_eager=True,
-    )
-    parallel_config = ParallelConfig(tensor_parallel_size=settings.tensor_parallel_size)
-    vllm_config = VllmConfig(
-        model_config=model_config,
-        cache_config=CacheConfig(**cache),
-        scheduler_config=SchedulerConfig(
-            max_model_len=settings.max_model_len,
-            max_num_batched_tokens=settings.max_num_batched_tokens,
-            max_num_seqs=settings.max_num_seqs,
-            enable_chunked_prefill=True,
-            is_encoder_decoder=False,
-            async_scheduling=False,
-        ),
-        parallel_config=parallel_config,
-        speculative_config=_speculative_config(settings.speculative, model_config, parallel_config),
-        kv_transfer_config=copy.deepcopy(kv_transfer),
-        lora_config=_lora_config(settings.max_loras),
-        kv_events_config=_kv_events_config(settings.kv_events),
-    )
-    if vllm_config.scheduler_config.disable_hybrid_kv_cache_manager:
-        raise ValueError(
-            f"kv_transfer_config={kv_transfer!r}: vLLM switched the hybrid KV cache manager off "
-            "(the connector class must subclass SupportsHMA)"
-        )
-    return vllm_config
-
-
-def _speculative_config(fields: dict[str, Any] | None, model: Any, parallel: Any) -> Any:
-    if fields is None:
-        return None
-    from vllm.config import SpeculativeConfig
-
-    return SpeculativeConfig(
-        **{"model": model.model, **fields},
-        target_model_config=model,
-        target_parallel_config=parallel,
-    )
-
-
-def _lora_config(max_loras: int) -> Any:
-    if max_loras <= 0:
-        return None
-    from vllm.config import LoRAConfig
-
-    return LoRAConfig(max_loras=max_loras)
-
-
-def _kv_events_config(enabled: bool) -> Any:
-    from vllm.config import KVEventsConfig
-
-    return KVEventsConfig(enable_kv_cache_events=enabled, publisher="null")
-
-
-def _checkpoint_settings(
-    vllm_config: Any, kv_cache_config: Any, block_size: int, hash_block_size: int
-) -> tuple[int, bool]:
-    """``(cache_hit_alignment_tokens, drop_eagle_block)`` as the worker's
-    ``MambaPrefillCheckpointBuilder`` reads them (vLLM's own resolution of the first)."""
-    from vllm.v1.core.kv_cache_utils import resolve_cache_hit_alignment_tokens
-
-    alignment = resolve_cache_hit_alignment_tokens(
-        kv_cache_config, vllm_config, block_size, hash_block_size
-    )
-    spec = vllm_config.speculative_config
-    drop = (
-        spec is not None
-        and spec.use_eagle_block_drop()
-        and not vllm_config.num_hash_lookahead_tokens
-    )
-    return alignment, bool(drop)
-
-
-class _ConnectorClock:
-    """Times the scheduler-side connector calls (outermost call only) and sums the external
-    tokens vLLM hands ``update_state_after_alloc``."""
-
-    def __init__(self, connector: Any):
-        self.seconds = 0.0
-        self.cpu_seconds = 0.0
-        self.external = 0
-        self._depth = 0
-        for name in _SCHEDULER_HOOKS:
-            method = getattr(connector, name, None)
-            if callable(method):
-                setattr(connector, name, self._wrap(name, method))
-
-    def _wrap(self, name: str, method: Any) -> Any:
-        def timed(*args: Any, **kwargs: Any) -> Any:
-            if name == "update_state_after_alloc":
-                external = args[2] if len(args) > 2 else kwargs["num_external_tokens"]
-                self.external += max(0, external)
-            if self._depth:
-                return method(*args, **kwargs)
-            self._depth += 1
-            # The CPU span nests inside the wall span, so CPU time <= wall time per call.
-            start = time.perf_counter()
-            start_cpu = time.thread_time()
-            try:
-                return method(*args, **kwargs)
-            finally:
-                self.cpu_seconds += time.thread_time() - start_cpu
-                self.seconds += time.perf_counter() - start
-                self._depth -= 1
-
-        return timed
-
-
-@dataclass(slots=True)
-class _Tally:
-    steps: int = 0
-    prompt_tokens: int = 0
-    prefill_computed: int = 0
-    gpu_hits: int = 0
-    external_hits: int = 0
-    preemptions: int = 0
-    checked: int = 0
-    wrong: int = 0
-    wrong_by: dict[str, int] = field(default_factory=dict)  # per request, where any
-    schedule_s: float = 0.0
-    connector_s: float = 0.0
-    schedule_cpu_s: float = 0.0
-    connector_cpu_s: float = 0.0
-    failed_loads: int = 0
-
-
 @dataclass(slots=True)
 class _Rank:
     """One tensor-parallel rank: its KV cache config, caches, layer tags, adapter and worker."""
@@ -485,7 +140,7 @@ class _Rank:
     worker: Any = None
 
 
-class InProcessEngine:
+class InProcessEngine(StandInForward):
     """vLLM's Scheduler, a connector's two roles and the stand-in runner (module docstring)."""
 
     def __init__(
@@ -545,10 +200,10 @@ class InProcessEngine:
             for r, config in enumerate(rank_configs)
         ]
         self.kv_caches = self.ranks[0].kv_caches
-        self.clock: _ConnectorClock | None = None
+        self.clock: ConnectorClock | None = None
         self._aggregator: Any = None
         if self.scheduler.connector is not None:
-            self.clock = _ConnectorClock(self.scheduler.connector)
+            self.clock = ConnectorClock(self.scheduler.connector)
             for rank in self.ranks:
                 rank.worker = type(self.scheduler.connector)(
                     self._rank_config(rank.rank),
@@ -574,7 +229,7 @@ class InProcessEngine:
         self.requests: dict[str, Any] = {}
         self._hashes: dict[str, list[int]] = {}
         self._state_idx: dict[str, int] = {}
-        self.tally = _Tally()
+        self.tally = Tally()
         self.connector_stats: list[dict[str, Any]] = []
 
     # ------------------------------------------------------------ set-up helpers
@@ -775,150 +430,6 @@ class InProcessEngine:
             runner_outputs.append(runner_output)
         return self._aggregator.aggregate(runner_outputs).kv_connector_output
 
-    def _spans(self, output: Any) -> Iterator[tuple[str, int, int]]:
-        for rid, n in output.num_scheduled_tokens.items():
-            c1 = self.requests[rid].num_computed_tokens
-            yield rid, c1 - n, c1
-
-    def _forward(self, output: Any) -> list[list[int]]:
-        spans = list(self._spans(output))
-        tables = {}
-        for rid, c0, c1 in spans:
-            request = self.requests[rid]
-            prefix_tags(request.all_token_ids, self._hashes[rid])
-            tables[rid] = self.scheduler.kv_cache_manager.get_block_ids(rid)
-            prompt = request.num_prompt_tokens
-            self.tally.prefill_computed += max(0, min(c1, prompt) - c0)
-        for rid in output.finished_req_ids:
-            self._state_idx.pop(rid, None)
-        for rid in output.preempted_req_ids or ():
-            self._state_idx.pop(rid, None)
-        self._mamba_precopy(spans, tables)
-        self._draft_spans, self._draft_tables = spans, tables
-        for rank in self.ranks:
-            w = rank.worker
-            for gid, tags, spec in rank.layers:
-                if tags.name == self._draft_layer:
-                    continue  # the drafter writes it (_draft)
-                attention = not tags.is_mamba
-                if attention and w is not None:
-                    w.wait_for_layer_load(tags.name)
-                for rid, c0, c1 in spans:
-                    if tags.is_mamba:
-                        self._mamba_layer(tags, tables[rid][gid], (rid, c0, c1), spec)
-                    else:
-                        self._attention_layer(tags, tables[rid][gid], (rid, c0, c1), spec)
-                if attention and w is not None:
-                    w.save_kv_layer(tags.name, rank.kv_caches[tags.name], None)
-        sampled = []
-        for rid, _c0, c1 in spans:
-            request = self.requests[rid]
-            done = c1 >= request.num_tokens
-            sampled.append([3 + (self._hashes[rid][c1 - 1] % 997)] if done else [])
-        return sampled
-
-    def _draft(self) -> None:
-        """The stand-in drafter (``EngineSettings.speculative_hooks``): writes and checks its
-        layer's KV of the step's tokens, after the target forward; nothing without one."""
-        spans, tables = self._draft_spans, self._draft_tables
-        self._draft_spans, self._draft_tables = [], {}
-        if self._draft_layer is None:
-            return
-        for rank in self.ranks:
-            w = rank.worker
-            for gid, tags, spec in rank.layers:
-                if tags.name != self._draft_layer:
-                    continue
-                if w is not None:
-                    w.wait_for_layer_load(tags.name)
-                for rid, c0, c1 in spans:
-                    self._attention_layer(tags, tables[rid][gid], (rid, c0, c1), spec)
-                if w is not None:
-                    w.save_kv_layer(tags.name, rank.kv_caches[tags.name], None)
-
-    def _mamba_precopy(self, spans: list[tuple[str, int, int]], tables: dict[str, Any]) -> None:
-        """``preprocess_mamba``: the running state moves to the last block before the forward
-        (on every rank)."""
-        for rank in self.ranks:
-            for gid, tags, spec in rank.layers:
-                if not tags.is_mamba:
-                    continue
-                size = spec.block_size
-                for rid, c0, c1 in spans:
-                    prev = self._state_idx.get(rid, (c0 - 1) // size) if c0 > 0 else -1
-                    curr = -(-c1 // size) - 1
-                    if prev not in (-1, curr):
-                        table = tables[rid][gid]
-                        tags.copy_state(table[prev], table[curr], rank.kv_caches[tags.name])
-        for rid, _c0, c1 in spans:
-            size = next((s.block_size for _, t, s in self._layers if t.is_mamba), 0)
-            if size:
-                self._state_idx[rid] = -(-c1 // size) - 1
-
-    def _mamba_layer(
-        self, tags: LayerTags, table: Any, span: tuple[str, int, int], spec: Any
-    ) -> None:
-        rid, c0, c1 = span
-        size = spec.block_size
-        block = torch.tensor([table[-(-c1 // size) - 1]])
-        slot = torch.zeros(1, dtype=torch.long)
-        hashes = self._hashes[rid]
-        if c0 > 0:
-            self._count(rid, tags.check(block, slot, tags.expected(hashes, range(c0 - 1, c0))))
-        tags.write(block, slot, tags.expected(hashes, range(c1 - 1, c1)))
-        self._mamba_checkpoint(tags, table, span, spec)
-
-    def _mamba_checkpoint(
-        self, tags: LayerTags, table: Any, span: tuple[str, int, int], spec: Any
-    ) -> None:
-        """The backend's prefill checkpoint export: the state after ``position`` tokens into
-        the column vLLM's ``compute_mamba_prefill_checkpoints`` names, where it names one (the
-        null block absorbs the export when the manager reserved no block there)."""
-        if not spec.num_prefill_checkpoint_blocks:
-            return
-        from vllm.model_executor.layers.mamba.checkpoint import compute_mamba_prefill_checkpoints
-
-        _rid, c0, c1 = span
-        (offset,), (col,) = compute_mamba_prefill_checkpoints(
-            [c1],
-            [c1 - c0],
-            hash_block_size=self.hash_block_size,
-            mamba_block_size=spec.block_size,
-            checkpoint_alignment=spec.prefill_checkpoint_alignment,
-            drop_eagle_block=self._drop_eagle_block,
-            cache_hit_alignment_tokens=self._cache_hit_alignment,
-            num_hash_lookahead_tokens=self.vllm_config.num_hash_lookahead_tokens,
-        )
-        if col < 0 or not table[col]:
-            return
-        position = c0 + offset
-        block = torch.tensor([table[col]])
-        slot = torch.zeros(1, dtype=torch.long)
-        tags.write(block, slot, tags.expected(self._hashes[_rid], range(position - 1, position)))
-
-    def _attention_layer(
-        self, tags: LayerTags, table: Any, span: tuple[str, int, int], spec: Any
-    ) -> None:
-        rid, c0, c1 = span
-        size = spec.block_size
-        hashes = self._hashes[rid]
-        ids = torch.tensor(list(table), dtype=torch.long)
-        new = torch.arange(c0, c1)
-        tags.write(ids[new // size], new % size, tags.expected(hashes, range(c0, c1)))
-        window = getattr(spec, "sliding_window", None)
-        lo = 0 if not window else max(0, c0 - (window - 1))
-        if lo < c0:
-            old = torch.arange(lo, c0)
-            self._count(
-                rid, tags.check(ids[old // size], old % size, tags.expected(hashes, range(lo, c0)))
-            )
-
-    def _count(self, rid: str, counts: Any) -> None:
-        self.tally.checked += counts.checked
-        self.tally.wrong += counts.wrong
-        if counts.wrong:
-            self.tally.wrong_by[rid] = self.tally.wrong_by.get(rid, 0) + counts.wrong
-
     # ------------------------------------------------------------ end of run
     def close(self) -> None:
         """Shut both connector roles down, as the engine core does at exit
@@ -970,48 +481,3 @@ class InProcessEngine:
     def pending(self) -> int:
         """Transfer jobs in flight on any rank."""
         return sum(rank.adapter.pending() for rank in self.ranks)
-
-
-def run_trace(engine: InProcessEngine, trace: ChatTrace) -> InProcessReport:
-    """Play ``trace`` closed-loop on ``engine`` until every turn finished and the connector has
-    nothing in flight; :class:`WedgedError` after ``settings.max_steps`` steps."""
-    system = trace.system()
-    arrive: dict[int, int] = {c: c * trace.stagger for c in range(trace.convs)}
-    turn = dict.fromkeys(range(trace.convs), 0)
-    history: dict[int, list[int]] = {c: [] for c in range(trace.convs)}
-    owner: dict[str, int] = {}
-    finished = 0
-    clock = 0
-    while True:
-        for conv, at in list(arrive.items()):
-            if at <= clock:
-                del arrive[conv]
-                t = turn[conv]
-                prompt = (history[conv] or system) + trace.user(conv, t)
-                rid = f"c{conv}-t{t}"
-                owner[rid] = conv
-                history[conv] = prompt
-                engine.add(rid, prompt, trace.output_len)
-        clock += 1
-        if not engine.busy():
-            if not arrive:
-                break
-            continue
-        if engine.tally.steps >= engine.settings.max_steps:
-            raise WedgedError(
-                f"max_steps={engine.settings.max_steps}: {finished} of "
-                f"{len(engine.requests)} requests finished; raise max_steps or look for a "
-                "request that never leaves WAITING_FOR_REMOTE_KVS"
-            )
-        for out in engine.step():
-            if out.finish_reason is None:
-                continue
-            finished += 1
-            conv = owner[out.request_id]
-            history[conv] = list(engine.requests[out.request_id].all_token_ids)
-            turn[conv] += 1
-            if turn[conv] < trace.turns:
-                arrive[conv] = clock + trace.think
-    if engine.pending():
-        raise WedgedError(f"{engine.pending()} transfer jobs still in flight at the end")
-    return engine.report(finished)

@@ -44,7 +44,8 @@ from typing import Any, Protocol
 
 from hybridkv.sim.trace import TraceRequest
 from hybridkv.store.values import LookupResult
-from hybridkv.vllm.harness.inprocess import InProcessEngine, WedgedError
+from hybridkv.vllm.harness.engine_config import WedgedError
+from hybridkv.vllm.harness.inprocess import InProcessEngine
 
 __all__ = [
     "Cause",
@@ -344,8 +345,8 @@ def play_workload(
     """Play ``trace`` on ``engine`` until every request finished and nothing is in flight;
     ``watch`` follows failed jobs (module docstring).
 
-    Refusal: :class:`~hybridkv.vllm.harness.inprocess.WedgedError` past ``max_ticks`` clock ticks or
-    ``engine.settings.max_steps`` engine steps, or with transfer jobs in flight at the end.
+    Refusal: :class:`~hybridkv.vllm.harness.engine_config.WedgedError` past ``max_ticks`` clock
+    ticks or ``engine.settings.max_steps`` engine steps, or with transfer jobs in flight at the end.
     """
     run = WorkloadRun(requests=len(trace))
     ledger = _Ledger(run, _NoWatch() if watch is None else watch)
@@ -451,7 +452,7 @@ class WorkloadEngine:
         from vllm.config import KVTransferConfig
 
         from hybridkv.vllm.harness.cpu_worker import FaultPlan, HybridKVOnCPU
-        from hybridkv.vllm.harness.inprocess import EngineSettings
+        from hybridkv.vllm.harness.engine_config import EngineSettings
 
         transfer = KVTransferConfig(
             kv_connector="HybridKVConnector",
