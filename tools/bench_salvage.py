@@ -18,11 +18,11 @@ switched off (``ConnectorCore._set_salvage(False)``, a benchmark control): the r
 failure claims nothing, the request recomputes everything past its local hit. Only that differs.
 
 Each case plays a multi-turn chat (:class:`hybridkv.vllm.harness.chat.ChatTrace`) on the in-process
-engine (both connector roles, CPU tensors, every KV slot and mamba state read is checked), twice
-per seed: salvage on and off. Load jobs fail by a keyed draw (request, first key, how often that
-request has loaded from that key), so both runs fail the same loads while they make the same
-ones; faults fire before submission (the job's blocks stay unwritten, so a read of them before
-recompute would be a wrong read).
+engine (both connector roles, CPU tensors, every KV slot and mamba state read is checked), twice per
+seed: salvage on and off. Load jobs fail by a keyed draw (request, first key, how often that request
+has loaded from that key), so both runs fail the same loads while they make the same ones; faults
+fire before submission (the job's blocks stay unwritten, so a read of them before recompute would be
+a wrong read).
 
 Counted from observed events (:class:`SalvageWatch`): a *failed load* is a request in the
 worker's ``failed_recving``; its claim is what vLLM handed ``update_state_after_alloc`` and

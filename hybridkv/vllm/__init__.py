@@ -8,6 +8,8 @@ can rebuild :class:`HybridKVStats` by class name.
 
 - :mod:`hybridkv.vllm.config`: ``kv_connector_extra_config``, validated at start-up;
 - :mod:`hybridkv.vllm.connector`: ``HybridKVConnector`` (both roles) over the connector core;
+  its hooks in :mod:`hybridkv.vllm.scheduler_role` and :mod:`hybridkv.vllm.worker_role`, what
+  crosses between the roles each step in :mod:`hybridkv.vllm.step_metadata`;
 - :mod:`hybridkv.vllm.versions`: the vLLM versions it supports (0.32.x CPU build, 0.33.x),
   any other refused at start-up;
 - :mod:`hybridkv.vllm.metrics`: its counters through vLLM's stats and Prometheus pipeline, and
@@ -22,8 +24,8 @@ can rebuild :class:`HybridKVStats` by class name.
   loading child chosen by ``matched_tokens * load_weight`` (:mod:`hybridkv.connector.selection`),
   named children and name-keyed stats.
 
-These, with the modules they import (checkpoints, events, layout, platform_check and the
-connector's own parts), are what ``vllm serve`` loads. :mod:`hybridkv.vllm.harness`, the
+These, with the modules they import (checkpoints, events, layout, platform_check), are what
+``vllm serve`` loads. :mod:`hybridkv.vllm.harness`, the
 in-process engine that tests, benchmarks and ``hybridkv simulate --engine vllm`` run, is a
 subpackage that none of them imports (import-linter contract "connector does not import
 harness"; ``tests/vllm/test_server_imports.py``).

@@ -2,14 +2,13 @@
 vLLM 0.33's real ``Scheduler``, against the same run on CPU caches (markers ``gpu``; needs vLLM).
 
 The in-process engine (:mod:`hybridkv.vllm.harness.inprocess`) runs a multi-turn chat twice with the
-same
-settings: once with the caches vLLM's own ``allocate_kv_cache`` builds on the CPU (the connector's
-worker picks the CPU engine), once with the same call on ``cuda`` (it picks
+same settings: once with the caches vLLM's own ``allocate_kv_cache`` builds on the CPU (the
+connector's worker picks the CPU engine), once with the same call on ``cuda`` (it picks
 :class:`~hybridkv.transfer.cuda_engine.CudaTransferEngine`, pinned host memory, CUDA streams). The
-stand-in forward writes and checks content tags in the CUDA caches themselves, so every KV slot
-and mamba state a request reads after a load is checked on the GPU. Reports complete in the same
-steps on both (copies report through ``DelayedCompletion``), so the two runs must agree on every
-count and end with byte-identical caches.
+stand-in forward writes and checks content tags in the CUDA caches themselves, so every KV slot and
+mamba state a request reads after a load is checked on the GPU. Reports complete in the same steps
+on both (copies report through ``DelayedCompletion``), so the two runs must agree on every count and
+end with byte-identical caches.
 
 vLLM plans with its CPU platform (``VLLM_TARGET_DEVICE=cpu``, as in ``nox -s vllm``): the
 ``KVCacheConfig`` and the ``[B, H, N, C]`` cache layout are the ones vLLM resolves for its CPU

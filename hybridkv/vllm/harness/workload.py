@@ -432,7 +432,7 @@ class WorkloadEngine:
             inside the copy, :class:`hybridkv.vllm.harness.cpu_worker.FaultPlan`); ``seed`` seeds
             it.
         delay: polls before a transfer reports
-        (:class:`hybridkv.vllm.harness.delayed.DelayedCompletion`).
+            (:class:`hybridkv.vllm.harness.delayed.DelayedCompletion`).
     """
 
     num_gpu_blocks: int
