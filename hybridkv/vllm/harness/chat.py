@@ -44,7 +44,7 @@ class ChatTrace:
 
 def run_trace(engine: InProcessEngine, trace: ChatTrace) -> InProcessReport:
     """Play ``trace`` closed-loop on ``engine`` until every turn finished and the connector has
-    nothing in flight; :class:`WedgedError` after ``settings.max_steps`` steps."""
+    nothing in flight; :class:`~.engine_config.WedgedError` after ``settings.max_steps`` steps."""
     system = trace.system()
     arrive: dict[int, int] = {c: c * trace.stagger for c in range(trace.convs)}
     turn = dict.fromkeys(range(trace.convs), 0)

@@ -33,7 +33,7 @@ class WedgedError(RuntimeError):
 
 @dataclass(frozen=True, slots=True)
 class EngineSettings:
-    """The engine's knobs.
+    """The engine's knobs ("the engine's docstring": :mod:`hybridkv.vllm.harness.inprocess`'s).
 
     Attributes:
         num_gpu_blocks: the GPU pool (``num_gpu_blocks_override``).
@@ -41,15 +41,16 @@ class EngineSettings:
         block_size: ``--block-size`` (``None``: the platform's choice).
         max_num_seqs / max_num_batched_tokens: the scheduler's limits (chunked prefill).
         max_steps: the wedge guard.
-        tensor_parallel_size: ranks simulated in this process (module docstring).
+        tensor_parallel_size: ranks simulated in this process (the engine's docstring).
         device: where ``allocate_kv_cache`` puts the caches (``"cuda"``: the connector's
             worker picks its CUDA transfer engine; tests/gpu).
         max_loras: > 0 turns LoRA on (``LoRAConfig(max_loras=...)``) so requests may name an
-            adapter (:meth:`InProcessEngine.add`); no adapter weights are loaded.
+            adapter (:meth:`~hybridkv.vllm.harness.inprocess.InProcessEngine.add`); no adapter
+            weights are loaded.
         kv_events: turn vLLM's KV cache events on (``KVEventsConfig``, the null publisher):
             the scheduler then drains the block pool's and the connector's ``take_events``.
-        replicated_kv: under tensor parallel, simulate KV replicated on every rank (module
-            docstring).
+        replicated_kv: under tensor parallel, simulate KV replicated on every rank (the
+            engine's docstring).
         model_name: names the model's directory (vLLM's ``model``, with a digest of the
             config.json): engines of equal names and configs serve the same model path, like
             two replicas; another name is another model of the same geometry.
@@ -60,8 +61,8 @@ class EngineSettings:
             request's real tokens only.
         prefix_match_unit: ``--prefix-match-unit`` (the hash block, below the block size: vLLM's
             partial hash hits and its ``cache_hit_alignment_tokens``).
-        speculative_hooks: follow the runner's hook order under speculative decoding (module
-            docstring): the model's last attention layer stands in for the drafter's layer
+        speculative_hooks: follow the runner's hook order under speculative decoding (the
+            engine's docstring): the model's last attention layer stands in for the drafter's layer
             (an EAGLE head shares its group's block table); the target forward writes every
             other layer, ``get_transfer_results`` runs, then the "drafter" writes that layer's
             KV of the step's tokens, then ``wait_for_save``. No draft tokens are proposed:

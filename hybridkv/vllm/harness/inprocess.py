@@ -2,7 +2,7 @@
 stand-in model runner that drives the connector's worker side in the runner's hook order and
 checks every KV slot and mamba state it reads against the content the request's tokens imply.
 
-Built (:class:`InProcessEngine`) from a config.json, :class:`EngineSettings` and a
+Built (:class:`InProcessEngine`) from a config.json, :class:`~.engine_config.EngineSettings` and a
 ``KVTransferConfig`` (or none):
 
 1. ``VllmConfig`` with prefix caching, chunked prefill, sync scheduling; vLLM's own planning
