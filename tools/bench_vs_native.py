@@ -1,14 +1,14 @@
 """hybridkv's HybridKVConnector beside vLLM 0.33's native OffloadingConnector, in one process.
 
 Every variant plays the same multi-turn chat trace on vLLM 0.33's real ``Scheduler`` through
-:class:`hybridkv.vllm.inprocess.InProcessEngine` (both connector roles in-process on CPU
+:class:`hybridkv.vllm.harness.inprocess.InProcessEngine` (both connector roles in-process on CPU
 tensors, content-checked): (a) no connector; (b) the native ``OffloadingConnector`` (CPU
 offloading spec, LRU and ARC, both built into vLLM 0.33's ``CachePolicyFactory``) with its
-worker on :class:`hybridkv.vllm.native_cpu.NativeOffloadOnCPU`; (c) ``HybridKVConnector``
+worker on :class:`hybridkv.vllm.harness.native_cpu.NativeOffloadOnCPU`; (c) ``HybridKVConnector``
 (``eviction_policy`` lru and arc; ``chunk_size`` left to its default, which on every layout
 here is one scheduler block, native's chunk) with its real CPU transfer engine under
-:class:`hybridkv.vllm.cpu_worker.HybridKVOnCPU`. Both connectors' copies report ``delay`` steps
-after submission by the same rule (0, 1, 4).
+:class:`hybridkv.vllm.harness.cpu_worker.HybridKVOnCPU`. Both connectors' copies report ``delay``
+steps after submission by the same rule (0, 1, 4).
 
 Layouts: mamba align + full (Qwen3-Next cut to 4 layers, the platform's block) and sliding +
 full (gpt-oss cut to 2 layers, block 32); ``mamba+full-tight`` is mamba + full with more
@@ -71,16 +71,13 @@ require_vllm("bench_vs_native")
 
 from vllm.config import KVTransferConfig  # noqa: E402
 
-from hybridkv.vllm.cpu_worker import HybridKVOnCPU  # noqa: E402
-from hybridkv.vllm.inprocess import (  # noqa: E402
-    ChatTrace,
-    EngineSettings,
-    InProcessEngine,
-    InProcessReport,
-    run_trace,
-)
+from hybridkv.vllm.harness.chat import ChatTrace, run_trace  # noqa: E402
+from hybridkv.vllm.harness.cpu_worker import HybridKVOnCPU  # noqa: E402
+from hybridkv.vllm.harness.engine_config import EngineSettings  # noqa: E402
+from hybridkv.vllm.harness.inprocess import InProcessEngine  # noqa: E402
+from hybridkv.vllm.harness.native_cpu import NativeOffloadOnCPU  # noqa: E402
+from hybridkv.vllm.harness.report import InProcessReport  # noqa: E402
 from hybridkv.vllm.layout import read_layout, recommended_chunk_size  # noqa: E402
-from hybridkv.vllm.native_cpu import NativeOffloadOnCPU  # noqa: E402
 
 
 @dataclass(frozen=True, slots=True)

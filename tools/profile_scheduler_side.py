@@ -7,7 +7,7 @@ timed run with the profiler off (per-hook figures) and a run with the profiler o
 Runs one variant of bench_vs_native (layout, connector, policy, delay, 2x host tier in equal
 bytes, hybridkv at its default chunk as the bench gives it) through the same in-process engine
 and times exactly what the bench times: the outermost scheduler-side connector hooks that
-:class:`hybridkv.vllm.inprocess._ConnectorClock` wraps. Prints per hook: calls, total µs and µs
+:class:`hybridkv.vllm.harness.report.ConnectorClock` wraps. Prints per hook: calls, total µs and µs
 per engine step; then cProfile's top functions by internal time, collected only inside those
 hooks (the profiler's own overhead inflates them; the per-hook totals are taken with the
 profiler off, in a separate run).
@@ -53,7 +53,7 @@ class _HookTimes:
         self.calls: dict[str, int] = defaultdict(int)
         self.profiler = profiler
 
-    def install(self, inprocess: Any) -> None:
+    def install(self, harness_report: Any) -> None:
         times = self
 
         def _wrap(clock: Any, name: str, method: Any) -> Any:
@@ -85,21 +85,23 @@ class _HookTimes:
 
             return timed
 
-        inprocess._ConnectorClock._wrap = _wrap
+        harness_report.ConnectorClock._wrap = _wrap
 
 
 def _run(setup: tuple[Any, Any, Any, Any, int], variant: Any, times: _HookTimes) -> Any:
-    """One run of ``variant`` with ``times`` on the clock; ``setup``: bench, inprocess, case,
-    trace, chunk bytes."""
-    bench, inprocess, case, trace, chunk_bytes = setup
-    original = inprocess._ConnectorClock._wrap
-    times.install(inprocess)
+    """One run of ``variant`` with ``times`` on the clock; ``setup``: bench, the harness's report
+    module (its clock), case, trace, chunk bytes."""
+    from hybridkv.vllm.harness.chat import run_trace
+
+    bench, harness_report, case, trace, chunk_bytes = setup
+    original = harness_report.ConnectorClock._wrap
+    times.install(harness_report)
     try:
         engine, _ = bench._engine(case, variant, chunk_bytes)
-        report = inprocess.run_trace(engine, trace)
+        report = run_trace(engine, trace)
         engine.close()
     finally:
-        inprocess._ConnectorClock._wrap = original
+        harness_report.ConnectorClock._wrap = original
     return report
 
 
@@ -129,7 +131,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sort", default="tottime", help="pstats key: tottime, cumulative")
     args = parser.parse_args(argv)
     bench = _bench()
-    from hybridkv.vllm import inprocess
+    from hybridkv.vllm.harness import inprocess
+    from hybridkv.vllm.harness import report as harness_report
 
     case = next(c for c in bench._cases(False) if c.name == args.layout)
     trace = replace(case.trace, output_len=args.answers)
@@ -138,7 +141,7 @@ def main(argv: list[str] | None = None) -> int:
     # default chunk (bench_vs_native's module docstring).
     chunk_bytes = bench.native_chunk_bytes(probe)
     big = 2 * bench.working_set_chunks(trace, probe)
-    setup = (bench, inprocess, case, trace, chunk_bytes)
+    setup = (bench, harness_report, case, trace, chunk_bytes)
     variants = {}
     for kind in args.kinds.split(","):
         variants[kind] = bench.Variant(kind, args.policy, args.delay, big)

@@ -228,7 +228,7 @@ def replay(
         elif isinstance(event, Step):
             steps += 1
         else:
-            # The worker's rule (hybridkv.vllm.delayed): a job reports at its delay-th poll
+            # The worker's rule (hybridkv.vllm.harness.delayed): a job reports at its delay-th poll
             # counted from its own step's poll, and delays 0 and 1 both mean that first poll,
             # so jobs made in step s report at poll index s + max(delay - 1, 0).
             due = polls - max(delay - 1, 0)

@@ -176,7 +176,7 @@ def test_loads_touch_keys_in_the_cores_order_by_end_then_group() -> None:
 
 
 def test_delay_one_reports_at_the_first_poll_like_delay_zero() -> None:
-    # The worker's rule (hybridkv.vllm.delayed): delays 0 and 1 both report a job at the
+    # The worker's rule (hybridkv.vllm.harness.delayed): delays 0 and 1 both report a job at the
     # first poll after its submission, its own step's; delay 2 one poll later.
     events: list[Event] = [Offer((b"a",)), Step(), Poll(), _ask("X", b"a"), Step(), Poll()]
     assert replay(events, _geometry(), 1, "lru", delay=0).ends == (4,)

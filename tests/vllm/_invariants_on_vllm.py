@@ -1,6 +1,6 @@
 """The spec's invariants evaluated on vLLM 0.33's real state and HybridKVConnector's, each step.
 
-:class:`InvariantChecker` watches an :class:`hybridkv.vllm.inprocess.InProcessEngine` whose
+:class:`InvariantChecker` watches an :class:`hybridkv.vllm.harness.inprocess.InProcessEngine` whose
 connector is HybridKVConnector. After every engine step (:meth:`InvariantChecker.after_step`) it
 converts what it can observe into the plain snapshots the spec's predicates read and runs the
 predicates of :data:`CHECKED` on them; a violation raises :class:`spec.errors.InvariantViolation`

@@ -1,7 +1,7 @@
 """Two in-process vLLM 0.33 engines sharing one Redis server through HybridKVConnector's remote
 tier (:mod:`hybridkv.vllm.remote`), for tests/vllm/test_remote_two_engines.py.
 
-Each engine is :class:`hybridkv.vllm.inprocess.InProcessEngine`: vLLM's real ``Scheduler``,
+Each engine is :class:`hybridkv.vllm.harness.inprocess.InProcessEngine`: vLLM's real ``Scheduler``,
 its own scheduler-role and worker-role ``HybridKVConnector`` (separate host tiers), every KV
 slot and mamba state the forward reads content-checked. The only thing the engines share is the
 server. The server fixtures come from tests/remote (``_redis_server``: a real ``redis-server``
@@ -26,14 +26,11 @@ from _redis_server import BINARIES, RedisServer, find_binary
 from diffharness.layouts import RECIPES, Layout
 from vllm.config import KVTransferConfig
 
-from hybridkv.vllm.cpu_worker import HybridKVOnCPU
-from hybridkv.vllm.inprocess import (
-    ChatTrace,
-    EngineSettings,
-    InProcessEngine,
-    InProcessReport,
-    WedgedError,
-)
+from hybridkv.vllm.harness.chat import ChatTrace
+from hybridkv.vllm.harness.cpu_worker import HybridKVOnCPU
+from hybridkv.vllm.harness.engine_config import EngineSettings, WedgedError
+from hybridkv.vllm.harness.inprocess import InProcessEngine
+from hybridkv.vllm.harness.report import InProcessReport
 
 __all__ = [
     "SHAPES",

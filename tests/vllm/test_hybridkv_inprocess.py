@@ -1,14 +1,15 @@
-"""``HybridKVConnector`` inside the in-process vLLM 0.33 engine (:mod:`hybridkv.vllm.inprocess`):
-vLLM's real Scheduler with HMA on, the caches vLLM's own ``allocate_kv_cache`` builds (the hybrid
-stride, mamba pages viewed as vLLM's runner registers them), every read content-checked.
+"""``HybridKVConnector`` inside the in-process vLLM 0.33 engine
+(:mod:`hybridkv.vllm.harness.inprocess`): vLLM's real Scheduler with HMA on, the caches vLLM's own
+``allocate_kv_cache`` builds (the hybrid stride, mamba pages viewed as vLLM's runner registers
+them), every read content-checked.
 
 - The multi-turn chat of ``test_inprocess_engine.py`` on mamba-align + full and sliding + full:
   host hits, 0 wrong reads, 0 leaked GPU blocks, and at the end nothing in flight, no store
   entry pinned or storing, no block held, no request left in the core.
 - Random traces (a seeded generator; ``max_examples`` of the Hypothesis profile, split over three
   layouts: ``ci`` 201 traces, ``nightly`` 2,001) with load and store failures injected before
-  submission and inside the copy (:class:`hybridkv.vllm.cpu_worker.FaultPlan`), tight GPU pools
-  (preemptions on every layout), aborts of requests waiting for their load, random aborts, and
+  submission and inside the copy (:class:`hybridkv.vllm.harness.cpu_worker.FaultPlan`), tight GPU
+  pools (preemptions on every layout), aborts of requests waiting for their load, random aborts, and
   load deadlines (a third of the traces draw ``load_deadline_steps`` 1 or 2 against copies 0-3
   steps late, so some loads outlive it: abandoned, their copies cancelled, their requests
   recomputed): 0 wrong reads, 0 wedges, 0 leaks, 0 violations of the spec's invariants
@@ -36,15 +37,11 @@ from diffharness.layouts import RECIPES, Layout  # noqa: E402
 from hypothesis import settings  # noqa: E402
 from vllm.config import KVTransferConfig  # noqa: E402
 
-from hybridkv.vllm.cpu_worker import FaultPlan, HybridKVOnCPU  # noqa: E402
-from hybridkv.vllm.inprocess import (  # noqa: E402
-    ChatTrace,
-    EngineSettings,
-    InProcessEngine,
-    InProcessReport,
-    WedgedError,
-    run_trace,
-)
+from hybridkv.vllm.harness.chat import ChatTrace, run_trace  # noqa: E402
+from hybridkv.vllm.harness.cpu_worker import FaultPlan, HybridKVOnCPU  # noqa: E402
+from hybridkv.vllm.harness.engine_config import EngineSettings, WedgedError  # noqa: E402
+from hybridkv.vllm.harness.inprocess import InProcessEngine  # noqa: E402
+from hybridkv.vllm.harness.report import InProcessReport  # noqa: E402
 
 HOST_BYTES = 64 << 20
 

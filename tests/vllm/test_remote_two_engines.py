@@ -55,7 +55,8 @@ from hypothesis import strategies as st  # noqa: E402
 from hybridkv.errors import HybridKVConfigError  # noqa: E402
 from hybridkv.remote import redis_key  # noqa: E402
 from hybridkv.vllm.config import RemoteSettings, parse_extra_config  # noqa: E402
-from hybridkv.vllm.inprocess import InProcessEngine, InProcessReport  # noqa: E402
+from hybridkv.vllm.harness.inprocess import InProcessEngine  # noqa: E402
+from hybridkv.vllm.harness.report import InProcessReport  # noqa: E402
 from hybridkv.vllm.remote import FetchOrder  # noqa: E402
 
 OUTCOMES = ("promoted", "missing", "fault", "timeout", "corrupt")
