@@ -5,13 +5,15 @@ connector in vLLM's real model runner, vLLM's CPU build, tiny models).
 Every session that needs torch installs torch==2.13.0 first: on a CPU machine that pin is the
 CPU build, and installing it before the project stops pip from pulling the multi-GB CUDA build
 that a bare `torch` requirement would bring. A GPU user runs `nox -s gpu`, which reuses the
-CUDA torch already installed in the interpreter nox runs under.
+CUDA torch already installed in the interpreter nox runs under; `nox -s gpu_offline` does the
+same with nothing installed, for a GPU machine without a registry.
 """
 
 from __future__ import annotations
 
 import os
 import shutil
+import sys
 from pathlib import Path
 
 import nox
@@ -235,42 +237,47 @@ def remote(session: nox.Session) -> None:
     )
 
 
+GPU_CHECKS = "tools/gpu_checks.py"
+
+
 @nox.session(venv_params=["--system-site-packages"])
 def gpu(session: nox.Session) -> None:
-    """CUDA tests and GPU benchmarks, with the CUDA torch of the interpreter nox runs under."""
-    probe = (
-        "import sys\n"
-        "try:\n    import torch\nexcept ImportError:\n    sys.exit(3)\n"
-        "sys.exit(0 if torch.cuda.is_available() else 4)\n"
-    )
+    """CUDA tests and GPU benchmarks, with the CUDA torch of the interpreter nox runs under.
+
+    Installs vLLM and the project from the registry, then runs tools/gpu_checks.py (tests/gpu,
+    the vLLM worker test included, and tools/bench_gpu_*.py). Without a registry: ``nox -s
+    gpu_offline`` (docs/howto/gpu-offline.md).
+    """
+    # Before any download: the same one-line refusal as gpu_offline on a machine without CUDA.
     try:
-        session.run("python", "-c", probe, silent=True)
+        session.run("python", GPU_CHECKS, "--probe")
     except nox.command.CommandFailed:
-        session.error(
-            "no CUDA device visible to torch here: `nox -s gpu` needs a GPU and a CUDA build "
-            "of torch in the interpreter that runs nox (README: install the CUDA build of torch "
-            "first, then `pip install .`); the CPU tests run in `nox -s tests`"
-        )
+        session.error("no CUDA here (the line above says what is missing)")
     session.install("--no-deps", ".")
     session.install("pytest>=8", "hypothesis>=6.100")
-    # tests/gpu/test_vllm_worker_cuda.py: vLLM plans on its CPU platform (VLLM_CPU_ENV), the
-    # connector's worker runs on CUDA caches; installed as in `nox -s vllm`, without the CPU
-    # torch pin (its compiled CUDA kernels are deleted there: the CPU platform never calls them).
-    # Only tests/gpu is collected: tests/vllm's conftest declares torchvision operators for CPU
+    # tests/gpu/test_vllm_worker_cuda.py: vLLM plans on its CPU platform, the connector's
+    # worker runs on CUDA caches; installed as in `nox -s vllm`, without the CPU torch pin (its
+    # compiled CUDA kernels are deleted there: the CPU platform never calls them). Only
+    # tests/gpu is collected: tests/vllm's conftest declares torchvision operators for CPU
     # torch, which a CUDA torchvision registers itself.
     _install_vllm(session)
-    session.run(
-        "pytest",
-        "-m",
-        "gpu",
-        "tests/gpu",
-        "-p",
-        "no:cacheprovider",
-        *session.posargs,
-        env=VLLM_CPU_ENV,
-    )
-    for bench in sorted((ROOT / "tools").glob("bench_gpu_*.py")):
-        session.run("python", str(bench))
+    session.run("python", GPU_CHECKS, *session.posargs)
+
+
+@nox.session(python=False)
+def gpu_offline(session: nox.Session) -> None:
+    """``nox -s gpu`` with nothing installed: the interpreter nox runs under, as it is.
+
+    For a GPU machine with CUDA torch and no registry. What it lacks (vLLM 0.33 without its
+    compiled kernels, vLLM's pure dependencies, pytest, the project) comes from the archive of
+    tools/pack_gpu_run.py, unpacked and put on PYTHONPATH (docs/howto/gpu-offline.md gives the
+    exact commands). Without CUDA it stops at once with one line saying what is missing.
+    """
+    try:
+        session.run(sys.executable, GPU_CHECKS, "--probe", external=True)
+    except nox.command.CommandFailed:
+        session.error("no CUDA here (the line above says what is missing)")
+    session.run(sys.executable, GPU_CHECKS, *session.posargs, external=True)
 
 
 @nox.session
