@@ -366,9 +366,9 @@ def _render(report: Mapping[str, Any]) -> None:
         console.print(f"[red]violation {v['invariant']}[/]: {'; '.join(v['messages'])}")
         for i, step in enumerate(v["trace"], 1):
             console.print(f"  {i:2}. {step}")
-    if report["bound"] is not None:
+    if report["verdict"] == "cut":
         # The last line a cut search prints: which flag to raise, and that nothing past what
-        # it counts was checked.
+        # it counts was checked. (A violation found before the cut keeps its verdict line.)
         console.print(report["bound"]["message"], highlight=False, soft_wrap=True)
     else:
         colour = "green" if report["verdict"] == "pass" else "red"
