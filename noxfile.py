@@ -332,7 +332,8 @@ def gpu(session: nox.Session) -> None:
     except nox.command.CommandFailed:
         session.error("no CUDA here (the line above says what is missing)")
     session.install("--no-deps", ".")
-    session.install("pytest>=8", "hypothesis>=6.100")
+    # pytest-cov: tools/gpu_checks.py prints the CUDA files' own coverage figure with it.
+    session.install("pytest>=8", "hypothesis>=6.100", "pytest-cov>=5", COVERAGE)
     # tests/gpu/test_vllm_worker_cuda.py: vLLM plans on its CPU platform, the connector's
     # worker runs on CUDA caches; installed as in `nox -s vllm`, without the CPU torch pin (its
     # compiled CUDA kernels are deleted there: the CPU platform never calls them). Only

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import re
 import subprocess
 import sys
@@ -20,6 +21,11 @@ from types import ModuleType
 
 import pytest
 import torch
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:
+    import tomli as tomllib  # pytest itself needs tomli below 3.11
 
 ROOT = Path(__file__).resolve().parents[1]
 DOC = ROOT / "docs" / "howto" / "gpu-offline.md"
@@ -159,3 +165,24 @@ def test_nox_gpu_offline_installs_nothing_and_stops_without_cuda() -> None:
     assert "Session gpu_offline aborted: no CUDA here" in said
     assert "install" not in said  # neither pip nor uv was called
     assert not (ROOT / ".nox" / "gpu_offline").exists()  # no environment was made
+
+
+def test_the_cuda_figure_covers_exactly_what_the_cpu_figure_omits(tmp_path: Path) -> None:
+    pytest.importorskip("pytest_cov")
+    gpu_checks = _load("gpu_checks")
+    omitted = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["coverage"]["run"]
+    assert sorted(gpu_checks.CUDA_FILES) == sorted(omitted["omit"])
+    args = gpu_checks.cuda_coverage_args(tmp_path)
+    done = subprocess.run(
+        [sys.executable, "-m", "pytest", "-m", "gpu", "tests/gpu/test_cuda_engine.py", *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+        env={**os.environ, "COVERAGE_FILE": str(tmp_path / ".coverage.gpu")},
+    )
+    assert done.returncode == 0, done.stdout[-2000:]
+    reported = set(re.findall(r"^(hybridkv/\S+\.py) ", done.stdout, re.MULTILINE))
+    assert reported == {pattern.removeprefix("*/") for pattern in gpu_checks.CUDA_FILES}
+    assert re.search(r"^TOTAL\s+\d+", done.stdout, re.MULTILINE)

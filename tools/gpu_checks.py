@@ -2,9 +2,11 @@
 
 Runs ``pytest -m gpu tests/gpu`` (the CUDA transfer engine, and the connector's worker on CUDA
 caches inside vLLM 0.33's real ``Scheduler``: tests/gpu/test_vllm_worker_cuda.py), then every
-``tools/bench_gpu_*.py``. ``nox -s gpu`` runs it after installing vLLM and the project from the
-registry; ``nox -s gpu_offline`` and an unpacked ``tools/pack_gpu_run.py`` archive run it as it
-is, for a GPU machine with CUDA torch and no registry (docs/howto/gpu-offline.md).
+``tools/bench_gpu_*.py``. Where pytest-cov is installed, the tests also print the coverage of
+the CUDA modules the CPU figure omits (their own figure, data in ``.coverage.gpu``).
+``nox -s gpu`` runs it after installing vLLM and the project from the registry; ``nox -s
+gpu_offline`` and an unpacked ``tools/pack_gpu_run.py`` archive run it as it is, for a GPU
+machine with CUDA torch and no registry (docs/howto/gpu-offline.md).
 
 Before running anything it checks what the run needs, and stops with one line saying what is
 missing and how to get it: a CUDA device visible to torch; vLLM (the worker test would
@@ -25,6 +27,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -71,6 +74,34 @@ def setup_problem() -> str | None:
     return None
 
 
+# The files the CPU figure omits (pyproject.toml [tool.coverage.run]): only a GPU runs them.
+CUDA_FILES = (
+    "*/hybridkv/transfer/cuda_engine.py",
+    "*/hybridkv/transfer/cuda_batch.py",
+    "*/hybridkv/transfer/cuda_kernels.py",
+    "*/hybridkv/cuda_driver.py",
+)
+
+
+def cuda_coverage_args(scratch: Path) -> list[str]:
+    """pytest-cov arguments printing the CUDA files' own figure (statements and branches),
+    or none where pytest-cov is not installed (the run is the same without it)."""
+    if importlib.util.find_spec("pytest_cov") is None:
+        return []
+    config = scratch / "coveragerc"
+    # The package is measured and the report narrowed to the files: naming the modules in
+    # source_pkgs instead crashed coverage 7.17's tracer (a segfault) on the CPU dry run.
+    files = "".join(f"    {pattern}\n" for pattern in CUDA_FILES)
+    text = f"[run]\nbranch = True\nsource_pkgs = hybridkv\n[report]\ninclude =\n{files}"
+    config.write_text(text, encoding="utf-8")
+    return [
+        "--cov",
+        f"--cov-config={config}",
+        "--cov-report=term-missing",
+        "--cov-fail-under=0",
+    ]
+
+
 def main(argv: list[str]) -> int:
     """Check this machine, then run the tests and the benchmarks; returns the exit code."""
     probe_only = "--probe" in argv
@@ -88,9 +119,11 @@ def main(argv: list[str]) -> int:
         return EXIT_CANNOT_RUN
     if probe_only:
         return 0
-    env = {**os.environ, **VLLM_CPU_ENV}
+    env = {**os.environ, **VLLM_CPU_ENV, "COVERAGE_FILE": str(ROOT / ".coverage.gpu")}
     tests = [sys.executable, "-m", "pytest", "-m", "gpu", "tests/gpu", "-p", "no:cacheprovider"]
-    failed = subprocess.run([*tests, *pytest_args], cwd=ROOT, env=env, check=False).returncode
+    with tempfile.TemporaryDirectory() as scratch:
+        command = [*tests, *cuda_coverage_args(Path(scratch)), *pytest_args]
+        failed = subprocess.run(command, cwd=ROOT, env=env, check=False).returncode
     for bench in sorted((ROOT / "tools").glob("bench_gpu_*.py")):
         failed |= subprocess.run([sys.executable, str(bench)], cwd=ROOT, check=False).returncode
     return 1 if failed else 0

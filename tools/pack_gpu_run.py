@@ -11,8 +11,9 @@ It writes ``dist/hybridkv-gpu-run.tar.gz``, one folder ``hybridkv-gpu-run/`` hol
   (spec/, hybridkv/, tests/, tools/, pyproject.toml...), at the folder's top;
 - ``site/``: vLLM 0.33's Python sources WITHOUT its compiled kernels (every ``*.so`` of vllm
   is left out: the worker test plans on vLLM's CPU platform and never calls them), and the
-  packages importing vLLM's scheduler needs (tests/vllm/requirements-vllm.txt), pytest and
-  hypothesis, each copied from this interpreter's site-packages with its ``.dist-info``;
+  packages importing vLLM's scheduler needs (tests/vllm/requirements-vllm.txt), pytest,
+  hypothesis, pytest-cov and coverage, each copied from this interpreter's site-packages with
+  its ``.dist-info``;
 - ``gpu-run.json``: the Python version and platform the packed compiled packages (pydantic_core,
   msgspec...) were built for, each package's version, and the commands to run on the target.
 
@@ -64,7 +65,16 @@ TORCH_BRINGS = {
     "typing-extensions",
 }
 # What running tests/gpu takes besides vLLM: the test runner, its plugins' needs, hypothesis.
-TEST_RUNNER = ["pytest", "pluggy", "iniconfig", "hypothesis", "sortedcontainers"]
+# pytest-cov and coverage print the CUDA files' own coverage figure (tools/gpu_checks.py).
+TEST_RUNNER = [
+    "pytest",
+    "pluggy",
+    "iniconfig",
+    "hypothesis",
+    "sortedcontainers",
+    "pytest-cov",
+    "coverage",
+]
 COMMANDS = [
     f"tar -xzf {ARCHIVE}",
     f"cd {TOP}",
