@@ -14,8 +14,10 @@ the forward reads content-checked) share one real ``redis-server`` through the r
   its members are dropped, B recomputes exactly what is missing (every prompt token computed or
   hit exactly once), nothing wrong loaded, nothing wedged.
 - Random two-engine traces (Hypothesis; ``HYPOTHESIS_PROFILE=ci``: 20 traces, ``nightly``: 200;
-  ``HYBRIDKV_TWO_ENGINE_TRACES`` overrides) with remote faults injected before fetches: 0 wrong
-  loads, 0 cross-tenant hits, 0 wedges, the promotion counters add up.
+  ``HYBRIDKV_TWO_ENGINE_TRACES`` overrides; each a seed of ``_two_engine_traces``, which
+  ``nox -s soak`` plays by the thousand) with remote faults injected before fetches: 0 wrong
+  loads, 0 cross-tenant hits, 0 wedges, 0 leaks, the promotion counters add up, and the spec's
+  invariants hold on each engine after every step (``_invariants_on_vllm``).
 
 The slow-server fault uses ``CLIENT PAUSE`` (the server stops answering for longer than
 ``remote_timeout_ms``): ``DEBUG SLEEP`` needs ``enable-debug-command``, off by default in
