@@ -12,7 +12,6 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -52,12 +51,13 @@ def test_a_handful_of_traces_over_two_workers(soak: Any, capsys: Any) -> None:
     for layout in IN_PROCESS:
         assert re.search(rf"^  {re.escape(layout)}: 2 traces ", out, re.MULTILINE), layout
     checked = re.search(r"the spec's invariants after (\d+) steps", out)
-    assert checked and int(checked.group(1)) == _counts(out, "steps")
+    assert checked
+    assert int(checked.group(1)) == _counts(out, "steps")
     assert "0 wrong reads, 0 wedges, 0 leaks, 0 violations, 0 errors" in out
 
 
 @pytest.fixture
-def violation_on_seed_1(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+def violation_on_seed_1(monkeypatch: pytest.MonkeyPatch) -> None:
     """The checker reports BP-1 after every step of trace seed 1 (and only that trace)."""
     playing: list[int] = []
     real_play = _random_traces.play
@@ -73,7 +73,6 @@ def violation_on_seed_1(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
 
     monkeypatch.setattr(_random_traces, "play", play)
     monkeypatch.setattr(_invariants_on_vllm.InvariantChecker, "violations", violations)
-    yield
 
 
 @pytest.mark.usefixtures("violation_on_seed_1")
@@ -86,7 +85,7 @@ def test_a_failing_trace_prints_the_command_that_replays_it(soak: Any, capsys: A
     assert "violation: BP-1: step 1: BP-1: injected by the test" in captured.err
     replay = "nox -s soak -- --layout sliding+full --seed 1"
     assert f"replay: {replay}" in captured.err
-    assert f"tools/soak.py --layout sliding+full --seed 1" in captured.err
+    assert "tools/soak.py --layout sliding+full --seed 1" in captured.err
     assert f"FAILED: 1 traces; replay each with one command:\n  {replay}" in captured.out
     # The replay command's arguments replay that trace alone, and it fails again.
     assert soak.main(replay.split(" -- ")[1].split()) == 1
