@@ -40,7 +40,6 @@ import json
 import multiprocessing
 import os
 import platform
-import queue
 import random
 import sys
 import tempfile
@@ -49,6 +48,7 @@ import traceback
 from collections import Counter
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
+from multiprocessing.connection import Connection, wait
 from pathlib import Path
 from typing import Any
 
@@ -248,7 +248,7 @@ def _work(tasks: Sequence[Task], results: Any) -> None:
         server = _Server(Path(workdir))
         try:
             for task in tasks:
-                results.put(play_one(task, server))
+                results.send(play_one(task, server))  # synchronous: a crash loses none
         finally:
             server.stop()
 
@@ -257,59 +257,104 @@ def _shards(tasks: Sequence[Task], workers: int) -> list[list[Task]]:
     return [list(tasks[i::workers]) for i in range(workers)]
 
 
-def run_tasks(tasks: Sequence[Task], workers: int, hang_s: float) -> Iterator[Played]:
-    """Every task's result as it comes, over ``workers`` forked processes (1: in this process).
-
-    A worker silent for ``hang_s`` seconds is killed; its trace counts as a wedge and a fresh
-    worker takes the rest of its shard."""
-    if workers <= 1:
-        with tempfile.TemporaryDirectory(prefix="hybridkv-soak-") as workdir:
-            server = _Server(Path(workdir))
-            try:
-                for task in tasks:
-                    yield play_one(task, server)
-            finally:
-                server.stop()
+def run_tasks(
+    tasks: Sequence[Task], workers: int, hang_s: float, recycle: int = 500
+) -> Iterator[Played]:
+    """Every task's result as it comes, over ``workers`` forked processes (1: in this process;
+    see :class:`_Workers`)."""
+    if workers > 1:
+        yield from _Workers(tasks, workers, hang_s, recycle).results()
         return
-    context = multiprocessing.get_context("fork")  # the workers inherit the imported vLLM
-    results = context.Queue()
-    shards = _shards(tasks, workers)
-    done = [0] * len(shards)
-    owner = {task: i for i, shard in enumerate(shards) for task in shard}
-    procs = {i: _start(context, shard, results) for i, shard in enumerate(shards) if shard}
-    last = dict.fromkeys(procs, time.monotonic())
-    while any(done[i] < len(shards[i]) for i in procs):
+    with tempfile.TemporaryDirectory(prefix="hybridkv-soak-") as workdir:
+        server = _Server(Path(workdir))
         try:
-            played = results.get(timeout=5)
-        except queue.Empty:
-            played = None
+            for task in tasks:
+                yield play_one(task, server)
+        finally:
+            server.stop()
+
+
+class _Workers:
+    """Forked workers, each playing its shard (every ``workers``-th task) ``recycle`` traces
+    per process: a fresh fork takes the next ones, so whatever a process accumulates stays
+    bounded. Each sends its results down its own pipe, one per trace as it ends. A worker
+    silent for ``hang_s`` seconds is killed, and one that died is noticed; either way its
+    current trace counts (a wedge, an error) and a fresh worker goes on after it."""
+
+    def __init__(self, tasks: Sequence[Task], workers: int, hang_s: float, recycle: int) -> None:
+        self.context = multiprocessing.get_context("fork")  # they inherit the imported vLLM
+        self.shards = [s for s in _shards(tasks, workers) if s]
+        self.done = [0] * len(self.shards)
+        self.hang_s = hang_s
+        self.recycle = recycle
+        self.procs: dict[int, tuple[Any, int, Connection]] = {}
+        self.last: dict[int, float] = {}
+        self.ended: set[int] = set()  # workers whose pipe reached EOF (everything read)
+
+    def _start(self, i: int) -> None:
+        end = min(self.done[i] + self.recycle, len(self.shards[i]))
+        tasks = self.shards[i][self.done[i] : end]
+        reader, writer = self.context.Pipe(duplex=False)
+        proc = self.context.Process(target=_work, args=(tasks, writer), daemon=True)
+        proc.start()
+        writer.close()  # the child's copy is the only writer: its exit reads as EOF here
+        self.procs[i] = (proc, end, reader)
+        self.last[i] = time.monotonic()
+        self.ended.discard(i)
+
+    def _busy(self) -> dict[Connection, int]:
+        return {
+            conn: i
+            for i, (_p, end, conn) in self.procs.items()
+            if self.done[i] < end and i not in self.ended
+        }
+
+    def results(self) -> Iterator[Played]:
+        for i in range(len(self.shards)):
+            self._start(i)
+        while any(d < len(shard) for d, shard in zip(self.done, self.shards, strict=True)):
+            busy = self._busy()
+            for conn in wait(list(busy), timeout=5):
+                i = busy[conn]  # type: ignore[index]
+                try:
+                    played = conn.recv()  # type: ignore[union-attr]
+                except EOFError:
+                    self.ended.add(i)  # it exited with a trace unreported: _stalled counts it
+                    continue
+                self.done[i] += 1
+                self.last[i] = time.monotonic()
+                yield played
+                proc, end, conn_ = self.procs[i]
+                if self.done[i] == end:
+                    proc.join()
+                    conn_.close()
+                    if end < len(self.shards[i]):
+                        self._start(i)
+            yield from self._stalled()
+        for proc, _end, conn in self.procs.values():
+            proc.join(timeout=30)
+            conn.close()
+
+    def _stalled(self) -> Iterator[Played]:
+        """Workers silent past ``hang_s`` or dead with traces left: count their trace, go on."""
         now = time.monotonic()
-        if played is not None:
-            i = owner[played.task]
-            done[i] += 1
-            last[i] = now
+        for i, (proc, end, conn) in list(self.procs.items()):
+            silent = now - self.last[i] > self.hang_s
+            if self.done[i] == end or not (silent or i in self.ended):
+                continue  # busy, or died with results still to read first
+            proc.kill()
+            proc.join()
+            conn.close()
+            if silent:
+                played = Played(self.shards[i][self.done[i]], Counter(traces=1, wedges=1))
+                played.failures.append(f"wedge: the trace hung for {self.hang_s:.0f}s")
+            else:
+                played = Played(self.shards[i][self.done[i]], Counter(traces=1, errors=1))
+                played.failures.append(f"error: its worker died (exit code {proc.exitcode})")
             yield played
-            continue
-        for i, proc in list(procs.items()):
-            if done[i] < len(shards[i]) and now - last[i] > hang_s:
-                proc.kill()
-                proc.join()
-                task = shards[i][done[i]]
-                done[i] += 1
-                last[i] = now
-                yield Played(task, Counter(traces=1, wedges=1), [f"wedge: hung {hang_s:.0f}s"])
-                procs[i] = _start(context, shards[i][done[i] :], results)
-    for proc in procs.values():
-        proc.join(timeout=30)
-
-
-def _start(context: Any, tasks: Sequence[Task], results: Any) -> Any:
-    proc = context.Process(target=_work, args=(tasks, results), daemon=True)
-    proc.start()
-    return proc
-
-
-# ------------------------------------------------------------------ the run
+            self.done[i] += 1
+            if self.done[i] < len(self.shards[i]):
+                self._start(i)
 
 
 def plan(families: Sequence[str], traces: int, first_seed: int) -> list[Task]:
@@ -336,12 +381,13 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--first-seed", type=int, default=0, help="each family's first seed")
     parser.add_argument("--workers", type=int, default=os.cpu_count() or 1, help="processes")
     parser.add_argument("--hang-s", type=float, default=300.0, help="a silent worker's limit")
+    parser.add_argument("--recycle", type=int, default=500, help="traces per worker process")
     parser.add_argument("--log", type=Path, help="also append the summary (JSON) to this file")
     args = parser.parse_args(argv)
     if args.seed is not None and (args.layout is None or len(args.layout) != 1):
         parser.error("--seed replays one trace: name its family with exactly one --layout")
-    if args.traces < 1 or args.workers < 1:
-        parser.error("--traces and --workers must be at least 1")
+    if min(args.traces, args.workers, args.recycle) < 1:
+        parser.error("--traces, --workers and --recycle must be at least 1")
     return args
 
 
@@ -363,7 +409,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     per_family: dict[str, Counter[str]] = {f: Counter() for f in families}
     failed: list[Played] = []
     next_note = started + 60
-    for played in run_tasks(tasks, workers, args.hang_s):
+    for played in run_tasks(tasks, workers, args.hang_s, args.recycle):
         total.update(played.counts)
         per_family[played.task.family].update(played.counts)
         if played.failures:

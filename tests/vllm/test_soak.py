@@ -6,12 +6,15 @@
   :class:`_invariants_on_vllm.InvariantChecker`, the workers inherit it) is counted as a
   violation of that trace only, the run exits 1, and the printed replay command names the
   family and the seed; replaying that seed alone fails again, a neighbour passes.
+- A worker that dies mid-trace or hangs: its trace counted, the rest played by fresh workers.
 - The two-engine remote family on a real redis-server (marked ``remote``: ``nox -s remote``).
 """
 
 from __future__ import annotations
 
+import os
 import re
+import time
 from typing import Any
 
 import pytest
@@ -108,3 +111,34 @@ def test_the_two_engine_family_on_a_real_server(soak: Any, capsys: Any) -> None:
     assert _counts(out, "traces") == 3
     assert _counts(out, "remote_fetches") > 0
     assert _counts(out, "steps") > 0
+
+
+@pytest.mark.parametrize(
+    ("fault", "counted"),
+    [("exit", "errors"), ("hang", "wedges")],
+    ids=["worker-dies", "trace-hangs"],
+)
+def test_a_dead_or_hung_worker_counts_its_trace_and_the_rest_run(
+    soak: Any, capsys: Any, monkeypatch: pytest.MonkeyPatch, fault: str, counted: str
+) -> None:
+    """Seed 1's worker exits mid-trace or hangs past ``--hang-s``: that trace is counted (an
+    error, a wedge) with its replay command, a fresh worker plays the rest of its shard
+    (recycled every 2 traces, so the restarts and the recycling meet)."""
+    real_play = _random_traces.play
+
+    def play(shape: Any, seed: int) -> Any:
+        if seed == 1 and fault == "exit":
+            os._exit(3)
+        if seed == 1:
+            time.sleep(60)
+        return real_play(shape, seed)
+
+    monkeypatch.setattr(_random_traces, "play", play)
+    args = ["--layout", "2sliding+full", "--traces", "6", "--workers", "2", "--recycle", "2"]
+    assert soak.main([*args, "--hang-s", "8"]) == 1
+    captured = capsys.readouterr()
+    assert _counts(captured.out, "traces") == 6
+    assert _counts(captured.out, counted) == 1
+    assert _counts(captured.out, "steps") > 0
+    assert "FAILED 2sliding+full seed 1:" in captured.err
+    assert "replay: nox -s soak -- --layout 2sliding+full --seed 1" in captured.err
