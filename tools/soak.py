@@ -41,6 +41,7 @@ import multiprocessing
 import os
 import platform
 import random
+import signal
 import sys
 import tempfile
 import time
@@ -310,6 +311,16 @@ class _Workers:
         }
 
     def results(self) -> Iterator[Played]:
+        try:
+            yield from self._results()
+        finally:  # the run was cut short: stop every worker (its server stops with it)
+            for proc, _end, conn in self.procs.values():
+                if proc.is_alive():
+                    proc.terminate()
+                proc.join(timeout=30)
+                conn.close()
+
+    def _results(self) -> Iterator[Played]:
         for i in range(len(self.shards)):
             self._start(i)
         while any(d < len(shard) for d, shard in zip(self.done, self.shards, strict=True)):
@@ -331,9 +342,6 @@ class _Workers:
                     if end < len(self.shards[i]):
                         self._start(i)
             yield from self._stalled()
-        for proc, _end, conn in self.procs.values():
-            proc.join(timeout=30)
-            conn.close()
 
     def _stalled(self) -> Iterator[Played]:
         """Workers silent past ``hang_s`` or dead with traces left: count their trace, go on."""
@@ -342,8 +350,11 @@ class _Workers:
             silent = now - self.last[i] > self.hang_s
             if self.done[i] == end or not (silent or i in self.ended):
                 continue  # busy, or died with results still to read first
-            proc.kill()
-            proc.join()
+            proc.terminate()  # SIGTERM first: the worker stops its server on the way out
+            proc.join(timeout=10)
+            if proc.is_alive():
+                proc.kill()
+                proc.join()
             conn.close()
             if silent:
                 played = Played(self.shards[i][self.done[i]], Counter(traces=1, wedges=1))
@@ -359,12 +370,16 @@ class _Workers:
 
 def plan(families: Sequence[str], traces: int, first_seed: int) -> list[Task]:
     """``traces`` tasks split evenly over ``families`` (the first ones take the remainder),
-    interleaved so each worker's shard mixes them; seeds ``first_seed`` upward per family."""
+    seeds ``first_seed`` upward per family. Round ``n`` lists the families rotated by ``n``, so
+    every worker's shard (every ``workers``-th task) mixes all of them: without the rotation,
+    2 workers over 4 families would get 2 families each, one shard twice as slow."""
     per, extra = divmod(traces, len(families))
     counts = {f: per + (i < extra) for i, f in enumerate(families)}
     tasks = []
     for n in range(max(counts.values(), default=0)):
-        tasks += [Task(f, first_seed + n) for f in families if n < counts[f]]
+        turn = n % len(families)
+        rotated = (*families[turn:], *families[:turn])
+        tasks += [Task(f, first_seed + n) for f in rotated if n < counts[f]]
     return tasks
 
 
@@ -392,6 +407,9 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """Exit 0 when every trace ran clean, 1 on any wrong read, wedge, leak, violation or error,
+    2 when stopped (SIGINT, SIGTERM) before the end without one: the summary then counts the
+    traces that finished."""
     args = _parse(argv)
     families = tuple(args.layout or FAMILIES)
     if args.seed is not None:
@@ -408,31 +426,54 @@ def main(argv: Sequence[str] | None = None) -> int:
     total: Counter[str] = Counter()
     per_family: dict[str, Counter[str]] = {f: Counter() for f in families}
     failed: list[Played] = []
+
+    def summary(*, partial: bool) -> dict[str, Any]:
+        found = _summary(
+            args=args,
+            families=families,
+            workers=workers,
+            total=total,
+            per_family=per_family,
+            failed=failed,
+            elapsed=time.monotonic() - started,
+        )
+        return {**found, "planned": len(tasks), "partial": partial}
+
     next_note = started + 60
-    for played in run_tasks(tasks, workers, args.hang_s, args.recycle):
-        total.update(played.counts)
-        per_family[played.task.family].update(played.counts)
-        if played.failures:
-            failed.append(played)
-            _print_failure(played)
-        if time.monotonic() >= next_note:
-            next_note += 60
-            _progress(total, len(tasks), started)
-    elapsed = time.monotonic() - started
-    summary = _summary(
-        args=args,
-        families=families,
-        workers=workers,
-        total=total,
-        per_family=per_family,
-        failed=failed,
-        elapsed=elapsed,
-    )
-    _print_summary(summary, failed)
-    if args.log is not None:
-        with args.log.open("a") as log:
-            log.write(json.dumps(summary) + "\n")
-    return 1 if any(total[name] for name in MUST_BE_ZERO) else 0
+    results = run_tasks(tasks, workers, args.hang_s, args.recycle)
+    previous = signal.signal(signal.SIGTERM, _stop)
+    try:
+        for played in results:
+            total.update(played.counts)
+            per_family[played.task.family].update(played.counts)
+            if played.failures:
+                failed.append(played)
+                _print_failure(played)
+            if time.monotonic() >= next_note:
+                next_note += 60
+                _progress(total, len(tasks), started)
+                _append(args.log, summary(partial=True))
+    except KeyboardInterrupt:
+        print("\nsoak: stopped; the summary counts the traces that finished", flush=True)
+    finally:
+        results.close()  # stops the workers (and their servers) if the run was cut short
+        signal.signal(signal.SIGTERM, previous)
+    final = summary(partial=total["traces"] < len(tasks))
+    _print_summary(final, failed)
+    _append(args.log, final)
+    if any(total[name] for name in MUST_BE_ZERO):
+        return 1
+    return 2 if final["partial"] else 0
+
+
+def _stop(signum: int, frame: Any) -> None:
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+def _append(log: Path | None, summary: dict[str, Any]) -> None:
+    if log is not None:
+        with log.open("a") as out:
+            out.write(json.dumps(summary) + "\n")
 
 
 def _load() -> str:
@@ -490,7 +531,8 @@ def _summary(
 
 def _print_summary(summary: dict[str, Any], failed: list[Played]) -> None:
     counts = summary["counts"]
-    print(f"\nsoak: {counts['traces']} traces in {summary['seconds'] / 60:.1f} min")
+    cut = f" (stopped: {summary['planned']} planned)" if summary["partial"] else ""
+    print(f"\nsoak: {counts['traces']} traces in {summary['seconds'] / 60:.1f} min{cut}")
     for family, c in summary["per_family"].items():
         figures = ", ".join(f"{n} {c.get(n, 0)}" for n in COUNTS if n != "traces")
         each = c.get("trace_ms", 0) / max(1, c.get("traces", 0))

@@ -142,3 +142,15 @@ def test_a_dead_or_hung_worker_counts_its_trace_and_the_rest_run(
     assert _counts(captured.out, "steps") > 0
     assert "FAILED 2sliding+full seed 1:" in captured.err
     assert "replay: nox -s soak -- --layout 2sliding+full --seed 1" in captured.err
+
+
+def test_every_worker_shard_mixes_every_family(soak: Any) -> None:
+    """Two workers over four families: each shard gets each family's share (a shard of two
+    families would run twice as long as the other), and every family its seeds 0.. once."""
+    tasks = soak.plan(soak.FAMILIES, 400, 0)
+    for shard in soak._shards(tasks, 2):
+        assert {f: sum(t.family == f for t in shard) for f in soak.FAMILIES} == dict.fromkeys(
+            soak.FAMILIES, 50
+        )
+    for family in soak.FAMILIES:
+        assert sorted(t.seed for t in tasks if t.family == family) == list(range(100))
