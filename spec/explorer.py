@@ -189,7 +189,8 @@ def rss_bytes() -> int | None:
     """The resident memory of this process now, in bytes; ``None`` where the platform has none.
 
     Linux: /proc/self/statm (the current size). Elsewhere: the peak from ``getrusage``, which a
-    breadth-first search, whose memory only grows, reaches at its end anyway.
+    breadth-first search, whose memory only grows, reaches at its end anyway. Never refuses:
+    a platform without either source gives ``None``; nothing changes.
     """
     try:
         with open("/proc/self/statm", "rb") as statm:

@@ -90,6 +90,8 @@ def stored_low(geometry: Geometry, item: TransferItem, num_prompt_tokens: int) -
     - a unit ending after the prompt (written by decode steps): only a later turn reads it;
     - a SLIDING unit ending ``reach`` tokens or more before ``reach_end``: outside the window
       of every such claim (a claim ending at ``e`` reads the units ending after ``e - reach``).
+
+    Pure: reads ``geometry`` and ``item``, changes nothing.
     """
     past_prompt = item.end_token > num_prompt_tokens
     if past_prompt or geometry.kinds[item.group_idx] is not GroupKind.SLIDING:
