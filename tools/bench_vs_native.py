@@ -55,8 +55,8 @@ a partial hit, no hit), with the requests themselves past 1.05x.
 
 Usage: ``python tools/bench_vs_native.py [--quick] [--no-traffic] [--repeats N]
 [--layouts sliding+full] [--plot PATH]``; needs vLLM 0.33 (``nox -s vllm`` or ``nox -s bench``
-install it) and, for ``--plot`` (per trace: prefill computed with the floor, connector µs per step), matplotlib (the
-``plot`` extra). Exit 1 when a run leaks
+install it) and, for ``--plot`` (per trace: prefill computed with the floor, connector µs per
+step), matplotlib (the ``plot`` extra). Exit 1 when a run leaks
 blocks or reads wrong KV; a failed HybridKVConnector variant is printed as failed with its
 reason.
 """
