@@ -13,7 +13,8 @@ hooks, in the calling thread's CPU time (``time.thread_time``; the profiler's ow
 inflates them; the per-hook totals are taken with the profiler off, in a separate run).
 
 Usage: ``python tools/profile_scheduler_side.py [--layout sliding+full] [--delay 1]
-[--policy lru] [--answers 4] [--trace chat|traffic] [--top 25]``; needs vLLM 0.33 (as bench_vs_native).
+[--policy lru] [--answers 4] [--trace chat|traffic] [--top 25]``; needs vLLM 0.33 (as
+bench_vs_native).
 Not a benchmark (``nox -s bench`` runs ``bench_*.py`` only): a diagnosis aid.
 """
 
