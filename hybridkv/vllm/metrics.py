@@ -261,9 +261,7 @@ class GroupAgreement:
         self.count = 0
         self._seen: dict[str, tuple[int, int]] = {}
 
-    def observe(
-        self, core: ConnectorCore, view: RequestView, start: int, claimed: int = 0
-    ) -> None:
+    def observe(self, core: ConnectorCore, view: RequestView, start: int, claimed: int = 0) -> None:
         """After a decided lookup (not deferred) of ``view`` at ``start`` that claimed
         ``claimed`` tokens."""
         position = (start, len(view.token_ids))
