@@ -169,8 +169,8 @@ def test_continuation_hits_are_observed_and_every_column_term_adds_up(tmp_path: 
 
 def test_the_traffic_trace_aborts_preempts_and_accounts_for_every_request() -> None:
     """The traffic trace on sliding + full (16 x 6, a few seconds): the seeded aborts fire,
-    some while a connector load is in flight; the pool preempts without a connector; every request that was
-    neither aborted nor preempted satisfies computed + loaded + GPU hit = prompt; hybridkv
+    some while a connector load is in flight; the pool preempts without a connector; every
+    request neither aborted nor preempted satisfies computed + loaded + GPU hit = prompt; hybridkv
     computes at least the floor (a lower bound) and every token above it has a cause."""
     (case,) = (c for c in bench._cases(quick=False) if c.name == "sliding+full")
     trace = case.traffic
