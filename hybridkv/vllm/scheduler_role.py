@@ -132,7 +132,7 @@ class SchedulerRole:
         claim = self._core().get_num_new_matched_tokens(view, num_computed_tokens)
         vllm_answer = claim.as_vllm()
         if vllm_answer[0] is not None:
-            self._agreement.observe(self._core(), view, num_computed_tokens)
+            self._agreement.observe(self._core(), view, num_computed_tokens, vllm_answer[0])
         return vllm_answer
 
     def update_state_after_alloc(self, request: Any, blocks: Any, num_external_tokens: int) -> None:
@@ -245,8 +245,7 @@ class SchedulerRole:
             self.deadlines.finished(request.request_id)
         if self.remote is not None:
             self.remote.finished(request.request_id)
-        view = self._views.view(request)
-        self._views.forget(request.request_id)
+        view = self._views.pop(request)  # its last view: the core reads only the id here
         delayed = self._core().request_finished_all_groups(view, _tables(block_ids))
         if delayed:
             self._delayed_frees.add(request.request_id)
