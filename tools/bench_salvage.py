@@ -17,12 +17,12 @@ native ``OffloadingConnector`` has no failure path (its worker asserts success,
 switched off (``ConnectorCore._set_salvage(False)``, a benchmark control): the re-ask after a
 failure claims nothing, the request recomputes everything past its local hit. Only that differs.
 
-Each case plays a multi-turn chat (:class:`hybridkv.vllm.inprocess.ChatTrace`) on the in-process
-engine (both connector roles, CPU tensors, every KV slot and mamba state read is checked), twice
-per seed: salvage on and off. Load jobs fail by a keyed draw (request, first key, how often that
-request has loaded from that key), so both runs fail the same loads while they make the same
-ones; faults fire before submission (the job's blocks stay unwritten, so a read of them before
-recompute would be a wrong read).
+Each case plays a multi-turn chat (:class:`hybridkv.vllm.harness.chat.ChatTrace`) on the in-process
+engine (both connector roles, CPU tensors, every KV slot and mamba state read is checked), twice per
+seed: salvage on and off. Load jobs fail by a keyed draw (request, first key, how often that request
+has loaded from that key), so both runs fail the same loads while they make the same ones; faults
+fire before submission (the job's blocks stay unwritten, so a read of them before recompute would be
+a wrong read).
 
 Counted from observed events (:class:`SalvageWatch`): a *failed load* is a request in the
 worker's ``failed_recving``; its claim is what vLLM handed ``update_state_after_alloc`` and
@@ -68,15 +68,11 @@ require_vllm("bench_salvage")
 from vllm.config import KVTransferConfig  # noqa: E402
 
 from hybridkv.connector.api import TransferJob, TransferKind  # noqa: E402
-from hybridkv.vllm.cpu_worker import HybridKVOnCPU  # noqa: E402
-from hybridkv.vllm.delayed import DelayedCompletion  # noqa: E402
-from hybridkv.vllm.inprocess import (  # noqa: E402
-    ChatTrace,
-    EngineSettings,
-    InProcessEngine,
-    WedgedError,
-    run_trace,
-)
+from hybridkv.vllm.harness.chat import ChatTrace, run_trace  # noqa: E402
+from hybridkv.vllm.harness.cpu_worker import HybridKVOnCPU  # noqa: E402
+from hybridkv.vllm.harness.delayed import DelayedCompletion  # noqa: E402
+from hybridkv.vllm.harness.engine_config import EngineSettings, WedgedError  # noqa: E402
+from hybridkv.vllm.harness.inprocess import InProcessEngine  # noqa: E402
 
 HOST_BYTES = 64 << 20
 

@@ -1,14 +1,14 @@
 """hybridkv's HybridKVConnector beside vLLM 0.33's native OffloadingConnector, in one process.
 
 Every variant plays the same multi-turn chat trace on vLLM 0.33's real ``Scheduler`` through
-:class:`hybridkv.vllm.inprocess.InProcessEngine` (both connector roles in-process on CPU
+:class:`hybridkv.vllm.harness.inprocess.InProcessEngine` (both connector roles in-process on CPU
 tensors, content-checked): (a) no connector; (b) the native ``OffloadingConnector`` (CPU
 offloading spec, LRU and ARC, both built into vLLM 0.33's ``CachePolicyFactory``) with its
-worker on :class:`hybridkv.vllm.native_cpu.NativeOffloadOnCPU`; (c) ``HybridKVConnector``
+worker on :class:`hybridkv.vllm.harness.native_cpu.NativeOffloadOnCPU`; (c) ``HybridKVConnector``
 (``eviction_policy`` lru and arc; ``chunk_size`` left to its default, which on every layout
 here is one scheduler block, native's chunk) with its real CPU transfer engine under
-:class:`hybridkv.vllm.cpu_worker.HybridKVOnCPU`. Both connectors' copies report ``delay`` steps
-after submission by the same rule (0, 1, 4).
+:class:`hybridkv.vllm.harness.cpu_worker.HybridKVOnCPU`. Both connectors' copies report ``delay``
+steps after submission by the same rule (0, 1, 4).
 
 Layouts: mamba align + full (Qwen3-Next cut to 4 layers, the platform's block) and sliding +
 full (gpt-oss cut to 2 layers, block 32); ``mamba+full-tight`` is mamba + full with more
@@ -40,10 +40,23 @@ Each trace also names the variants where computed + loaded + GPU prefix hits dif
 prompt tokens (a preempted request is admitted again, a failed load recomputed:
 :func:`identity_breaks`).
 
-Usage: ``python tools/bench_vs_native.py [--quick] [--repeats N] [--layouts sliding+full]
-[--plot PATH]``; needs vLLM 0.33 (``nox -s vllm`` or ``nox -s bench`` install it) and, for
-``--plot`` (per trace: prefill computed with the floor, connector µs per step), matplotlib (the
-``plot`` extra). Exit 1 when a run leaks
+Traffic traces (:class:`TrafficTrace`, every layout; ``--no-traffic`` skips them): 16
+conversations x 6 turns over two system prompts, seeded random gaps between conversation starts
+and between turns, 10% of the requests aborted (half of them while a connector load is in
+flight where the variant loads one), on a GPU pool small enough to preempt
+(``TRAFFIC_POOL``, ``SLIDING_TRAFFIC_POOL``); the seed is printed in the header. Their floor
+(:func:`traffic_floor`) leaves aborted requests out, as does their ``computed`` column: an
+aborted request's tokens are what its abort left it (printed apart per variant), and the turn
+after it may find its prompt computed (the floor assumes so: a lower bound). Per variant the
+bench prints the aborts (with a load in flight), preemptions, the per-request identity
+(computed + loaded + GPU hit = prompt, except for requests preempted or aborted) and, above the
+floor, where the tokens above it go by cause (:func:`over_floor`: preempted, after an abort,
+a partial hit, no hit), with the requests themselves past 1.05x.
+
+Usage: ``python tools/bench_vs_native.py [--quick] [--no-traffic] [--repeats N]
+[--layouts sliding+full] [--plot PATH]``; needs vLLM 0.33 (``nox -s vllm`` or ``nox -s bench``
+install it) and, for ``--plot`` (per trace: prefill computed with the floor, connector µs per
+step), matplotlib (the ``plot`` extra). Exit 1 when a run leaks
 blocks or reads wrong KV; a failed HybridKVConnector variant is printed as failed with its
 reason.
 """
@@ -51,10 +64,12 @@ reason.
 from __future__ import annotations
 
 import argparse
+import random
 import statistics
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
+from enum import Enum
 from pathlib import Path
 from typing import Any
 
@@ -71,16 +86,13 @@ require_vllm("bench_vs_native")
 
 from vllm.config import KVTransferConfig  # noqa: E402
 
-from hybridkv.vllm.cpu_worker import HybridKVOnCPU  # noqa: E402
-from hybridkv.vllm.inprocess import (  # noqa: E402
-    ChatTrace,
-    EngineSettings,
-    InProcessEngine,
-    InProcessReport,
-    run_trace,
-)
+from hybridkv.vllm.harness.chat import ChatTrace, run_trace  # noqa: E402
+from hybridkv.vllm.harness.cpu_worker import HybridKVOnCPU  # noqa: E402
+from hybridkv.vllm.harness.engine_config import EngineSettings, WedgedError  # noqa: E402
+from hybridkv.vllm.harness.inprocess import InProcessEngine  # noqa: E402
+from hybridkv.vllm.harness.native_cpu import NativeOffloadOnCPU  # noqa: E402
+from hybridkv.vllm.harness.report import InProcessReport  # noqa: E402
 from hybridkv.vllm.layout import read_layout, recommended_chunk_size  # noqa: E402
-from hybridkv.vllm.native_cpu import NativeOffloadOnCPU  # noqa: E402
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,6 +103,8 @@ class Case:
     config_json: dict[str, Any]
     settings: EngineSettings
     trace: ChatTrace
+    traffic: TrafficTrace
+    traffic_settings: EngineSettings
 
 
 # The smallest GPU pool vLLM 0.33 accepts for mamba + full at max_model_len 2560: its planner
@@ -100,6 +114,11 @@ class Case:
 # working set (9 token blocks, each a block of all 4 groups: 36 pool blocks, 36 native host
 # chunks) is 3x this pool.
 TIGHT_POOL = 11
+# The traffic traces' pools (TrafficTrace): four mamba + full sequences of up to four full
+# blocks each need more than this, six sliding + full ones decoding at once more than that,
+# so both preempt.
+TRAFFIC_POOL = 14
+SLIDING_TRAFFIC_POOL = 36
 
 
 def _cases(quick: bool) -> list[Case]:
@@ -116,26 +135,58 @@ def _cases(quick: bool) -> list[Case]:
     mamba_settings = EngineSettings(
         num_gpu_blocks=16, max_model_len=2560, max_num_seqs=2, max_num_batched_tokens=1280
     )
+    # Traffic (TrafficTrace): 16 conversations x 6 turns (quick: 6 x 3) on a pool that
+    # preempts: more sequences at once than the pool holds at their longest.
+    mamba_traffic = TrafficTrace(
+        convs=6 if quick else 16, turns=3 if quick else 6, systems=(700, 900)
+    )
+    mamba_traffic_settings = replace(mamba_settings, num_gpu_blocks=TRAFFIC_POOL, max_num_seqs=4)
+    sliding_settings = EngineSettings(
+        num_gpu_blocks=40,
+        max_model_len=768,
+        block_size=32,
+        max_num_seqs=3,
+        max_num_batched_tokens=128,
+    )
+    sliding_traffic = TrafficTrace(
+        convs=6 if quick else 16,
+        turns=3 if quick else 6,
+        systems=(128, 96),
+        user_min=20,
+        user_max=60,
+        start_gap=4,
+        think_max=10,
+    )
     return [
-        Case("mamba+full", tiny_config("qwen3-next-80b-a3b", 4), mamba_settings, mamba_trace),
+        Case(
+            "mamba+full",
+            tiny_config("qwen3-next-80b-a3b", 4),
+            mamba_settings,
+            mamba_trace,
+            mamba_traffic,
+            mamba_traffic_settings,
+        ),
         # The GPU pool well below the working set (TIGHT_POOL): the host tier carries the hits.
         Case(
             "mamba+full-tight",
             tiny_config("qwen3-next-80b-a3b", 4),
             replace(mamba_settings, num_gpu_blocks=TIGHT_POOL),
             replace(mamba_trace, convs=4 if quick else 8, turns=3 if quick else 4),
+            mamba_traffic,
+            replace(mamba_traffic_settings, num_gpu_blocks=TIGHT_POOL),
         ),
         Case(
             "sliding+full",
             tiny_config("gpt-oss-20b", 2),
-            EngineSettings(
-                num_gpu_blocks=40,
-                max_model_len=768,
-                block_size=32,
-                max_num_seqs=3,
-                max_num_batched_tokens=128,
-            ),
+            sliding_settings,
             sliding_trace,
+            sliding_traffic,
+            replace(
+                sliding_settings,
+                num_gpu_blocks=SLIDING_TRAFFIC_POOL,
+                max_model_len=512,
+                max_num_seqs=6,
+            ),
         ),
     ]
 
@@ -179,6 +230,335 @@ def floor_tokens(trace: ChatTrace, block: int) -> int:
             previous = len(prompt) + trace.output_len - 1
         first = False
     return total
+
+
+# ------------------------------------------------------------------ traffic like a server's
+
+
+class Abort(Enum):
+    """When a request of :class:`TrafficTrace` is aborted (a client going away).
+
+    LOAD: at the first step it waits for a connector load (``WAITING_FOR_REMOTE_KVS``), or,
+    where it never waits for one (no connector, nothing claimed, a GPU hit), when its prefill
+    ends; PREFILL: once it has been scheduled and before its prefill ends (else when it ends);
+    DECODE: after its first answer token.
+    """
+
+    LOAD = "load"
+    PREFILL = "prefill"
+    DECODE = "decode"
+
+
+@dataclass(frozen=True, slots=True)
+class TrafficTrace:
+    """Conversations as a server sees them: random arrivals, several system prompts, aborts.
+
+    ``convs`` conversations of ``turns`` turns; conversation ``c`` opens with system prompt
+    ``c % len(systems)`` (``systems``: their lengths) and starts a seeded gap of 0 to
+    ``2 * start_gap`` steps after the one before it; each next turn arrives a seeded 0 to
+    ``think_max`` steps after the previous one ended (finished or aborted). ``abort_rate`` of
+    the requests (rounded, drawn from ``seed``) are aborted (:class:`Abort`: half of them LOAD,
+    a quarter each PREFILL and DECODE); the turn after an aborted one repeats its prompt
+    without an answer, then the new user tokens. Every draw comes from ``seed``: every variant
+    plays the same conversations, gaps and abort choices; when an abort fires depends on what
+    the variant does (a LOAD abort needs a load in flight).
+    """
+
+    convs: int = 16
+    turns: int = 6
+    systems: tuple[int, ...] = (700, 900)
+    user_min: int = 100
+    user_max: int = 220
+    output_len: int = 4
+    start_gap: int = 3
+    think_max: int = 8
+    abort_rate: float = 0.1
+    seed: int = 2026
+
+    def system(self, conv: int) -> list[int]:
+        which = conv % len(self.systems)
+        rng = random.Random(self.seed * 31 + which)
+        return [rng.randint(3, 999) for _ in range(self.systems[which])]
+
+    def user(self, conv: int, turn: int) -> list[int]:
+        rng = random.Random(self.seed * 7919 + conv * 101 + turn + 1)
+        return [rng.randint(3, 999) for _ in range(rng.randint(self.user_min, self.user_max))]
+
+    def starts(self) -> list[int]:
+        """Each conversation's first arrival step."""
+        rng = random.Random(self.seed * 13 + 1)
+        at, out = 0, []
+        for _ in range(self.convs):
+            out.append(at)
+            at += rng.randint(0, 2 * self.start_gap)
+        return out
+
+    def think(self, conv: int, turn: int) -> int:
+        """Steps between turn ``turn``'s end and turn ``turn + 1``'s arrival."""
+        return random.Random(self.seed * 104729 + conv * 211 + turn).randint(0, self.think_max)
+
+    def aborts(self) -> dict[tuple[int, int], Abort]:
+        """The aborted requests, by (conversation, turn), and when each is aborted."""
+        rng = random.Random(self.seed * 17 + 3)
+        pairs = [(c, t) for c in range(self.convs) for t in range(self.turns)]
+        chosen = rng.sample(pairs, round(self.abort_rate * len(pairs)))
+        half, quarter = -(-len(chosen) // 2), len(chosen) // 4
+        modes = [Abort.LOAD] * half + [Abort.PREFILL] * quarter
+        modes += [Abort.DECODE] * (len(chosen) - len(modes))
+        return dict(zip(chosen, modes, strict=True))
+
+    def prompts(self) -> list[list[tuple[tuple[int, ...], ...]]]:
+        """Per conversation, per turn: the prompt, answers as distinct placeholders (what
+        the floor and the working set read)."""
+        aborts = self.aborts()
+        out = []
+        for conv in range(self.convs):
+            turns: list[tuple[tuple[int, ...], ...]] = []
+            context: list[tuple[int, ...]] = [(t,) for t in self.system(conv)]
+            for turn in range(self.turns):
+                if turn and (conv, turn - 1) not in aborts:
+                    context += [(-1, conv, turn, i) for i in range(self.output_len)]
+                context = context + [(t,) for t in self.user(conv, turn)]
+                turns.append(tuple(context))
+            out.append(turns)
+        return out
+
+    def describe(self) -> str:
+        aborts = self.aborts()
+        return (
+            f"traffic: {self.convs} conversations x {self.turns} turns, systems "
+            f"{'/'.join(map(str, self.systems))}, user {self.user_min}-{self.user_max}, "
+            f"answers {self.output_len} tokens, start gaps 0-{2 * self.start_gap} and think "
+            f"0-{self.think_max} steps (seed {self.seed}), {len(aborts)} aborted "
+            f"({sum(m is Abort.LOAD for m in aborts.values())} of them LOAD: at a load in flight)"
+        )
+
+
+def traffic_floor(trace: TrafficTrace, block: int) -> dict[str, int]:
+    """Per request kept (not aborted): the prompt tokens no cache can supply.
+
+    The rule of :func:`floor_tokens`, with an aborted request's prompt taken as computed (a
+    lower bound: the turn after it may find its prompt's KV, if its prefill got that far) and
+    the first conversation of each system prompt computing that prompt. Aborted requests have
+    no floor: their computed tokens are what their abort left them (printed apart).
+    """
+    aborts = trace.aborts()
+    seen: set[int] = set()
+    floors = {}
+    order = sorted(range(trace.convs), key=lambda c: (trace.starts()[c], c))
+    prompts = trace.prompts()
+    for conv in order:
+        system = trace.systems[conv % len(trace.systems)]
+        previous = 0
+        for turn, prompt in enumerate(prompts[conv]):
+            if turn == 0:
+                reach = system if conv % len(trace.systems) in seen else 0
+                seen.add(conv % len(trace.systems))
+            else:
+                reach = previous
+            supplied = min(reach, len(prompt) - 1) // block * block
+            if (conv, turn) not in aborts:
+                floors[f"c{conv}-t{turn}"] = len(prompt) - supplied
+                previous = len(prompt) + trace.output_len - 1
+            else:
+                previous = len(prompt)
+    return floors
+
+
+def traffic_working_blocks(trace: TrafficTrace, block: int) -> int:
+    """Distinct full blocks of every conversation's final context (prompt and answer)."""
+    keys: set[tuple[tuple[int, ...], ...]] = set()
+    aborts = trace.aborts()
+    for conv, turns in enumerate(trace.prompts()):
+        final = turns[-1]
+        if (conv, trace.turns - 1) not in aborts:
+            final += tuple((-1, conv, trace.turns, i) for i in range(trace.output_len))
+        keys.update(final[: k * block] for k in range(1, len(final) // block + 1))
+    return len(keys)
+
+
+@dataclass(slots=True)
+class Ledger:
+    """Per request, what a run did: prompt positions computed (every admission), tokens the
+    connector loaded, GPU prefix hits (first admission), preemptions, whether and when it was
+    aborted (``loading``: with a connector load in flight)."""
+
+    computed: dict[str, int] = field(default_factory=dict)
+    loaded: dict[str, int] = field(default_factory=dict)
+    gpu: dict[str, int] = field(default_factory=dict)
+    preempted: dict[str, int] = field(default_factory=dict)
+    aborted: dict[str, bool] = field(default_factory=dict)
+    prompt: dict[str, int] = field(default_factory=dict)
+
+    def watch(self, engine: InProcessEngine) -> None:
+        """Wrap the engine's scheduler and connector calls (counting only)."""
+        scheduler = engine.scheduler
+        schedule, step = scheduler.schedule, engine.step
+
+        def scheduled() -> Any:
+            output = schedule()
+            for rid, n in output.num_scheduled_tokens.items():
+                request = engine.requests[rid]
+                c1 = request.num_computed_tokens
+                done = max(0, min(c1, request.num_prompt_tokens) - (c1 - n))
+                self.computed[rid] = self.computed.get(rid, 0) + done
+            for rid in output.preempted_req_ids or ():
+                self.preempted[rid] = self.preempted.get(rid, 0) + 1
+            return output
+
+        def stepped() -> list[Any]:
+            outputs = step()
+            for out in outputs:
+                if out.prefill_stats is not None:
+                    rid = out.request_id
+                    hits = out.prefill_stats.num_local_cached_tokens
+                    self.gpu[rid] = self.gpu.get(rid, 0) + hits
+            return outputs
+
+        scheduler.schedule = scheduled  # type: ignore[method-assign,assignment]
+        engine.step = stepped  # type: ignore[method-assign]
+        connector = scheduler.connector
+        if connector is None:
+            return
+        alloc = connector.update_state_after_alloc
+
+        def allocated(request: Any, blocks: Any, num_external_tokens: int) -> Any:
+            rid = request.request_id
+            self.loaded[rid] = self.loaded.get(rid, 0) + max(0, num_external_tokens)
+            return alloc(request, blocks, num_external_tokens)
+
+        connector.update_state_after_alloc = allocated  # type: ignore[method-assign]
+
+
+def _abort_due(engine: InProcessEngine, rid: str, mode: Abort) -> bool | None:
+    """Whether to abort ``rid`` before this step (None: not yet); True: a load is in flight."""
+    request = engine.requests[rid]
+    if engine.status(rid) == "WAITING_FOR_REMOTE_KVS":
+        return True if mode is Abort.LOAD else None
+    prefilled = request.num_computed_tokens >= request.num_prompt_tokens
+    if mode is Abort.DECODE:
+        return False if request.num_output_tokens >= 1 else None
+    if mode is Abort.PREFILL and request.num_computed_tokens > 0:
+        return False
+    return False if prefilled else None
+
+
+def play_traffic(engine: InProcessEngine, trace: TrafficTrace) -> tuple[InProcessReport, Ledger]:
+    """Play ``trace`` on ``engine`` until every turn finished or was aborted and the connector
+    has nothing in flight; the report and the per-request ledger."""
+    ledger = Ledger()
+    ledger.watch(engine)
+    aborts = trace.aborts()
+    arrive = dict(enumerate(trace.starts()))
+    turn = dict.fromkeys(range(trace.convs), 0)
+    history: dict[int, list[int]] = {c: trace.system(c) for c in range(trace.convs)}
+    live: dict[str, tuple[int, int]] = {}
+    clock = finished = 0
+
+    def ended(conv: int, t: int, context: list[int]) -> None:
+        history[conv] = context
+        turn[conv] = t + 1
+        if t + 1 < trace.turns:
+            arrive[conv] = clock + trace.think(conv, t)
+
+    while True:
+        for conv, at in list(arrive.items()):
+            if at <= clock:
+                del arrive[conv]
+                t = turn[conv]
+                prompt = history[conv] + trace.user(conv, t)
+                rid = f"c{conv}-t{t}"
+                live[rid] = (conv, t)
+                ledger.prompt[rid] = len(prompt)
+                engine.add(rid, prompt, trace.output_len)
+        clock += 1
+        if not engine.busy():
+            if not arrive:
+                break
+            continue
+        if engine.tally.steps >= engine.settings.max_steps:
+            raise WedgedError(f"max_steps={engine.settings.max_steps}: {sorted(live)} live")
+        for rid, (conv, t) in list(live.items()):
+            mode = aborts.get((conv, t))
+            loading = None if mode is None else _abort_due(engine, rid, mode)
+            if loading is not None and engine.abort(rid):
+                ledger.aborted[rid] = loading
+                del live[rid]
+                ended(conv, t, list(engine.requests[rid].prompt_token_ids or ()))
+        for out in engine.step():
+            if out.finish_reason is None or out.request_id not in live:
+                continue
+            finished += 1
+            conv, t = live.pop(out.request_id)
+            ended(conv, t, list(engine.requests[out.request_id].all_token_ids))
+    if engine.pending():
+        raise WedgedError(f"{engine.pending()} transfer jobs still in flight at the end")
+    return engine.report(finished + len(ledger.aborted)), ledger
+
+
+def over_floor(
+    ledger: Ledger, floors: dict[str, int], trace: TrafficTrace, top: int = 6
+) -> list[str]:
+    """Where the computed tokens above the floor go: per cause, the kept requests over their
+    floor and the tokens above it; then the requests over it, largest first.
+
+    Causes, the first that applies: ``preempted`` (admitted again: its prompt computed again
+    unless hit), ``after abort`` (the previous turn was aborted before its prefill ended, so
+    its prompt's KV was never all computed), ``partial hit`` (the connector or the GPU cache
+    supplied part of what the previous turns computed: the rest was evicted, not yet stored,
+    or rounded to a claim boundary), ``no hit`` (nothing cached beyond the GPU's and the
+    connector's zero).
+    """
+    aborts = trace.aborts()
+    causes: dict[str, list[int]] = {}
+    rows = []
+    for rid, floor in floors.items():
+        extra = ledger.computed.get(rid, 0) - floor
+        if extra <= 0:
+            continue
+        conv, turn = (int(x) for x in rid[1:].split("-t"))
+        hit = ledger.loaded.get(rid, 0) + ledger.gpu.get(rid, 0)
+        if ledger.preempted.get(rid):
+            cause = "preempted"
+        elif turn and (conv, turn - 1) in aborts:
+            cause = "after abort"
+        elif hit:
+            cause = "partial hit"
+        else:
+            cause = "no hit"
+        tally = causes.setdefault(cause, [0, 0])
+        tally[0] += 1
+        tally[1] += extra
+        rows.append((extra, rid, floor, cause, hit))
+    rows.sort(reverse=True)
+    summary = ", ".join(f"{c} {n} requests +{x}" for c, (n, x) in sorted(causes.items()))
+    lines = [f"    over the floor: {summary or 'none'}"]
+    for extra, rid, floor, cause, _ in rows[:top]:
+        lines.append(
+            f"      {rid}: prompt {ledger.prompt[rid]}, floor {floor}, computed "
+            f"{ledger.computed.get(rid, 0)} (+{extra}), loaded {ledger.loaded.get(rid, 0)}, "
+            f"gpu hit {ledger.gpu.get(rid, 0)}, preempted {ledger.preempted.get(rid, 0)}: {cause}"
+        )
+    return lines
+
+
+def traffic_identity(ledger: Ledger) -> str:
+    """Requests where computed + loaded + GPU hit != prompt tokens, by what re-counts or
+    cuts short: preempted (admitted again), aborted (stopped mid-prefill or mid-load)."""
+    broken: dict[str, int] = {}
+    for rid, prompt in ledger.prompt.items():
+        total = ledger.computed.get(rid, 0) + ledger.loaded.get(rid, 0) + ledger.gpu.get(rid, 0)
+        if total == prompt:
+            continue
+        cause = (
+            "aborted"
+            if rid in ledger.aborted
+            else "preempted"
+            if ledger.preempted.get(rid)
+            else "UNEXPLAINED"
+        )
+        broken[cause] = broken.get(cause, 0) + 1
+    return ", ".join(f"{n} {cause}" for cause, n in sorted(broken.items())) or "none"
 
 
 # ------------------------------------------------------------------ variants
@@ -238,6 +618,16 @@ class Result:
     dropped: int = 0
     error: str = ""
     continuation: Continuation = Continuation()
+    ledger: Ledger | None = None
+
+    def computed(self) -> int:
+        """Prompt tokens computed, aborted requests left out (what the floor is for)."""
+        if self.report is None:
+            return 0
+        if self.ledger is None:
+            return self.report.prefill_computed
+        aborted = self.ledger.aborted
+        return sum(n for rid, n in self.ledger.computed.items() if rid not in aborted)
 
 
 class _StoreCounter:
@@ -288,23 +678,32 @@ def _overlap(lo: int, hi: int, spans: list[tuple[int, int]]) -> int:
     return sum(max(0, min(hi, b) - max(lo, a)) for a, b in spans)
 
 
-def continuation_hits(engine: InProcessEngine, cached: dict[str, tuple[int, int]]) -> Continuation:
+def continuation_hits(
+    engine: InProcessEngine,
+    cached: dict[str, tuple[int, int]],
+    skip: frozenset[str] | set[str] = frozenset(),
+) -> Continuation:
     """Cached prompt tokens lying in an earlier turn's answer, from what the run observed.
 
     The answer of request ``c{conv}-t{k}`` (``run_trace``'s names) is the positions of its
     output tokens, ``[num_prompt_tokens, num_tokens)``, as vLLM's request holds them; every
     later turn of the conversation repeats them at the same positions. A request's hit ranges
     are ``[0, local)`` (GPU prefix cache) and ``[local, local + external)`` (the connector).
+    ``skip``: aborted requests, whose answers no later prompt repeats.
     """
     turns: dict[str, list[tuple[int, Any]]] = {}
     for rid, request in engine.requests.items():
+        if rid in skip:
+            continue
         conv, _, turn = rid.partition("-t")
         turns.setdefault(conv, []).append((int(turn), request))
     loaded = gpu = previous = 0
     for rid, (local, external) in cached.items():
         conv, _, turn = rid.partition("-t")
         earlier = [
-            (k, (r.num_prompt_tokens, r.num_tokens)) for k, r in turns[conv] if k < int(turn)
+            (k, (r.num_prompt_tokens, r.num_tokens))
+            for k, r in turns.get(conv, [])
+            if k < int(turn)
         ]
         spans = [span for _, span in earlier]
         last = [span for k, span in earlier if k == int(turn) - 1]
@@ -386,18 +785,33 @@ def _counters(report: InProcessReport) -> tuple[int, ...]:
     )
 
 
+def _play(engine: InProcessEngine, trace: ChatTrace | TrafficTrace) -> tuple[Any, Ledger | None]:
+    if isinstance(trace, TrafficTrace):
+        return play_traffic(engine, trace)
+    return run_trace(engine, trace), None
+
+
 def run_variant(
-    case: Case, trace: ChatTrace, variant: Variant, chunk_bytes: int, repeats: int
+    case: Case,
+    trace: ChatTrace | TrafficTrace,
+    variant: Variant,
+    chunk_bytes: int,
+    repeats: int,
 ) -> Result:
     """``repeats`` fresh runs; timing medians; counters must agree across repeats."""
-    reports, counts = [], []
+    reports, counts, ledgers = [], [], []
+    settings = case.traffic_settings if isinstance(trace, TrafficTrace) else case.settings
+    case = replace(case, settings=settings)
     try:
         for _ in range(repeats):
             engine, counter = _engine(case, variant, chunk_bytes)
             try:
                 admissions = _Admissions(engine)
-                reports.append(run_trace(engine, trace))
-                continuation = continuation_hits(engine, admissions.cached)
+                report, ledger = _play(engine, trace)
+                reports.append(report)
+                ledgers.append(ledger)
+                skip = set(ledger.aborted) if ledger else set()
+                continuation = continuation_hits(engine, admissions.cached, skip)
             finally:
                 engine.close()  # a worker's copy thread would keep its memory (inprocess)
             evicted = (counter.evictions, counter.dropped) if counter else (0, 0)
@@ -409,8 +823,11 @@ def run_variant(
     first = reports[0]
     if any(_counters(r) != _counters(first) for r in reports) or len(set(counts)) > 1:
         return Result(first, error="counters differ between repeats")
+    if any(ledger != ledgers[0] for ledger in ledgers):
+        return Result(first, error="per-request counts differ between repeats")
     return Result(
         first,
+        ledger=ledgers[0],
         connector_us=statistics.median(r.connector_us for r in reports),
         share=statistics.median(r.connector_share for r in reports),
         connector_cpu_us=statistics.median(r.connector_cpu_us for r in reports),
@@ -439,7 +856,7 @@ def _row(name: str, result: Result, floor: int) -> str:
     cpu = f"{result.connector_cpu_us:6.0f}" if r.connector else f"{'-':>6}"
     cont = result.continuation
     line = (
-        f"{name:<30} {r.prefill_computed:8d} {r.prefill_computed / floor:6.2f} "
+        f"{name:<30} {result.computed():8d} {result.computed() / floor:6.2f} "
         f"{r.external_loaded:7d} {r.gpu_prefix_hits:7d} {cont.loaded:7d} {cont.loaded_previous:7d} "
         f"{cont.gpu:8d} "
         f"{r.steps:5d} {us} {share} {cpu} "
@@ -466,7 +883,7 @@ def _ratios(results: dict[Variant, Result]) -> list[str]:
             continue
         cost = _ratio(ours, peer, lambda x: x.connector_us)
         cpu = _ratio(ours, peer, lambda x: x.connector_cpu_us)
-        computed = _ratio(ours, peer, lambda x: x.report.prefill_computed if x.report else 0)
+        computed = _ratio(ours, peer, lambda x: x.computed())
         hits = _ratio(ours, peer, lambda x: x.report.gpu_prefix_hits if x.report else 0)
         cont = _ratio(ours, peer, lambda x: x.continuation.total)
         lines.append(
@@ -533,25 +950,67 @@ def _variants(working: int, delays: list[int], sweep: bool) -> list[Variant]:
     return variants
 
 
+def _figures(trace: ChatTrace | TrafficTrace, probe: InProcessEngine) -> tuple[int, int, str]:
+    """The trace's floor, its working set in native chunks and its header's words."""
+    block = probe.block_size
+    if isinstance(trace, TrafficTrace):
+        floor = sum(traffic_floor(trace, block).values())
+        blocks = traffic_working_blocks(trace, block)
+        words = trace.describe()
+    else:
+        floor = floor_tokens(trace, block)
+        blocks = working_set_blocks(trace, block)
+        words = (
+            f"{trace.convs} conversations x {trace.turns} turns, system {trace.system_len}, "
+            f"user {trace.user_min}-{trace.user_max}, answers {trace.output_len} tokens"
+        )
+    working = -(-blocks * block_bytes(probe) // native_chunk_bytes(probe))
+    return floor, working, words
+
+
+def _traffic_lines(trace: TrafficTrace, results: dict[Variant, Result], block: int) -> list[str]:
+    """Per variant: aborts, preemptions, the per-request identity and, past 1.05x the floor,
+    where the rest goes (:func:`over_floor`)."""
+    floors = traffic_floor(trace, block)
+    floor = sum(floors.values())
+    lines = []
+    for variant, result in results.items():
+        ledger, r = result.ledger, result.report
+        if ledger is None or r is None:
+            continue
+        aborted = ledger.aborted
+        spent = sum(ledger.computed.get(rid, 0) for rid in aborted)
+        lines.append(
+            f"  {variant.name()}: aborted {len(aborted)} ({sum(aborted.values())} with a load "
+            f"in flight; they computed {spent} prompt tokens, left out of /floor), "
+            f"preemptions {r.preemptions}, failed loads {r.failed_loads}; computed + loaded + "
+            f"gpu hit != prompt: {traffic_identity(ledger)}"
+        )
+        if result.computed() > floor:  # the requests themselves only past 1.05x
+            lines += over_floor(ledger, floors, trace, 6 if result.computed() > 1.05 * floor else 0)
+    return lines
+
+
 def bench_trace(
-    case: Case, trace: ChatTrace, args: argparse.Namespace, sweep: bool
+    case: Case, trace: ChatTrace | TrafficTrace, args: argparse.Namespace, sweep: bool
 ) -> TraceOutcome:
-    probe = InProcessEngine(case.config_json, case.settings)
+    traffic = isinstance(trace, TrafficTrace)
+    settings = case.traffic_settings if traffic else case.settings
+    probe = InProcessEngine(case.config_json, settings)
     probe.close()
     block = probe.block_size
-    working = working_set_chunks(trace, probe)
-    floor = floor_tokens(trace, block)
+    floor, working, words = _figures(trace, probe)
     chunk_bytes = native_chunk_bytes(probe)
     results: dict[Variant, Result] = {}
-    for variant in _variants(working, args.delays, sweep):
+    delays = [1] if traffic else args.delays
+    for variant in _variants(working, delays, sweep):
         results[variant] = run_variant(case, trace, variant, chunk_bytes, args.repeats)
     plain = results[Variant("none")].report
     assert plain is not None
     lines = [
-        f"== {case.name}, {trace.convs} conversations x {trace.turns} turns, system "
-        f"{trace.system_len}, user {trace.user_min}-{trace.user_max}, answers "
-        f"{trace.output_len} tokens; GPU pool {case.settings.num_gpu_blocks} blocks; block "
-        f"{block}; prompt {plain.prompt_tokens} tokens; floor {floor}; working set {working} "
+        f"== {case.name}, {words}; GPU pool {settings.num_gpu_blocks} blocks, max_num_seqs "
+        f"{settings.max_num_seqs}; block {block}; prompt {plain.prompt_tokens} tokens; floor "
+        f"{floor}{' (aborted requests left out)' if traffic else ''}; working set {working} "
         f"native chunks of {chunk_bytes} B = {working * chunk_bytes} B; host tier 2x = "
         f"{2 * working} chunks (hybridkv: the same bytes) unless named; "
         f"hybridkv chunk_size the default ({default_chunk(probe)} tokens) unless named",
@@ -566,12 +1025,18 @@ def bench_trace(
         if r.report is not None and r.report.gpu_prefix_hits < plain.gpu_prefix_hits
     ]
     lines.append(f"  GPU prefix hits below the no-connector run: {', '.join(lost) or 'none'}")
-    broken = identity_breaks(results)
-    lines.append(f"  computed + loaded + gpu hit != prompt tokens: {', '.join(broken) or 'none'}")
+    if isinstance(trace, TrafficTrace):
+        lines += _traffic_lines(trace, results, block)
+    else:
+        broken = identity_breaks(results)
+        lines.append(
+            f"  computed + loaded + gpu hit != prompt tokens: {', '.join(broken) or 'none'}"
+        )
     problems = _bad(results)
     lines += [f"  ERROR {p}" for p in problems]
     print("\n".join(lines), flush=True)
-    title = f"{case.name}, answers {trace.output_len} tokens"
+    kind = "traffic" if traffic else "chat"
+    title = f"{case.name}, {kind}, answers {trace.output_len} tokens"
     return TraceOutcome(title, floor, results, lines, problems)
 
 
@@ -637,6 +1102,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--plot", type=Path, default=None, help="write the figure there (needs matplotlib)"
     )
+    parser.add_argument(
+        "--traffic",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="also play each layout's traffic trace (TrafficTrace)",
+    )
     args = parser.parse_args(argv)
     layouts = args.layouts.split(",")
     unknown = sorted(set(layouts) - set(names))
@@ -666,6 +1137,8 @@ def main(argv: list[str] | None = None) -> int:
         long = replace(case.trace, output_len=40)
         outcomes.append(bench_trace(case, case.trace, args, sweep=True))
         outcomes.append(bench_trace(case, long, args, sweep=False))
+        if args.traffic:
+            outcomes.append(bench_trace(case, case.traffic, args, sweep=True))
     if args.plot is not None:
         plot(outcomes, args.plot)
         print(f"figure: {args.plot}")

@@ -2,22 +2,26 @@
 
 Issue 11's goal "below the working set (0.5x), hits within 20% of the 1x run with ARC" asks
 whether the loss is the policy's or the tier's. This tool runs ``tools/bench_vs_native.py``'s
-sliding + full chat through HybridKVConnector on vLLM 0.33's real ``Scheduler`` (one-block
-chunks, copy delay 1), records the host tier's traffic (:mod:`hybridkv.testbed.host_replay`: each
-scheduled request's last ask, each ``prepare_store`` offer, steps and polls), and replays it
+sliding + full chat through HybridKVConnector on vLLM 0.33's real ``Scheduler`` (its default
+chunk, one block here; copy delay 1; the host tier sized as the bench's sweep sizes it),
+records the host tier's traffic (:mod:`hybridkv.testbed.host_replay`: each scheduled request's
+last ask, each ``prepare_store`` offer, steps and polls), and replays it
 against fresh stores of the same capacity under LRU, ARC, Belady's MIN (offline: evicts the key
 needed furthest in the future; pinned and STORING entries stay unevictable) and MIN with bypass
 (may also decline a store). The replay with the run's own policy must reproduce the run's
 claims, ask by ask (the tool exits 1 otherwise), so the other rows are comparable. The request
 sequence is the recorded one: a policy that loaded more would also change later GPU hits.
 
-Printed per host tier (0.5x and 1x of the trace's working set, the bench's figures) and
+Printed per host tier (0.5x, 1x and 2x of the trace's working set, the bench's figures) and
 recorded policy: the run's loaded tokens, then per replayed policy the tokens claimed, keys
 loaded of the keys wanted (every key resident), deferred asks, stores, evictions, declined
-stores, and the share of the recorded 1x run's loaded tokens.
+stores, the share of the recorded 1x run's loaded tokens, the prefill the run would have
+computed with that store (the run's computed plus loaded tokens, less the replay's claims) and
+the run's computed prefill over it (``run/this``: at most 1.10 against ``min`` is issue 18's
+goal at 1x).
 
-Usage: ``python tools/host_tier_bound.py [--answers 4] [--factors 0.5,1.0] [--policies arc,lru]``;
-needs vLLM 0.33 (``nox -s vllm`` installs it).
+Usage: ``python tools/host_tier_bound.py [--answers 4] [--factors 0.5,1.0,2.0]
+[--policies arc,lru]``; needs vLLM 0.33 (``nox -s vllm`` installs it).
 """
 
 from __future__ import annotations
@@ -90,10 +94,10 @@ class Recorder:
                 self._in_meta = False
                 self.events.append(Step())
 
-        def offered(keys: Any) -> Any:
+        def offered(keys: Any, *priority: Any) -> Any:
             if self._in_meta:
-                self.events.append(Offer(tuple(keys)))
-            return prepare_store(keys)
+                self.events.append(Offer(tuple(keys), *priority))
+            return prepare_store(keys, *priority)
 
         def reported(connector_output: Any) -> Any:
             self.events.append(Poll())
@@ -130,27 +134,30 @@ def replays(events: list[Event], geometry: Any, capacity: int, delay: int) -> li
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--answers", type=int, default=4, help="answer tokens per turn")
-    parser.add_argument("--factors", default="0.5,1.0", help="host tier / working set")
+    parser.add_argument("--factors", default="0.5,1.0,2.0", help="host tier / working set")
     parser.add_argument("--policies", default="arc,lru", help="policies of the recorded runs")
     args = parser.parse_args(argv)
     (case,) = (c for c in bench._cases(False) if c.name == "sliding+full")
     trace = replace(case.trace, output_len=args.answers)
     probe = bench.InProcessEngine(case.config_json, case.settings)
-    block, chunk_bytes = probe.block_size, bench.block_bytes(probe)
     probe.close()
-    working = bench.working_set_blocks(trace, block)
+    # Sized as the bench sizes its sweep: the working set in native chunks, hybridkv given
+    # the same bytes, so "0.5x" is the bench's 0.5x row (one entry per group block here).
+    working = bench.working_set_chunks(trace, probe)
+    chunk_bytes = bench.native_chunk_bytes(probe)
     factors = [float(f) for f in args.factors.split(",")]
     print(
         f"== sliding+full, {trace.convs} conversations x {trace.turns} turns, answers "
-        f"{trace.output_len} tokens; hybridkv chunk_size {block}, delay 1; working set "
-        f"{working} blocks; replays keep the recorded asks and offers"
+        f"{trace.output_len} tokens; hybridkv chunk_size the default "
+        f"({bench.default_chunk(probe)} tokens), delay 1; working set {working} native chunks "
+        f"of {chunk_bytes} B; replays keep the recorded asks and offers"
     )
     runs: dict[tuple[str, float], tuple[Any, list[ReplayResult]]] = {}
     failures = 0
     for policy in args.policies.split(","):
         for factor in factors:
             chunks = max(1, round(factor * working))
-            variant = bench.Variant("hybridkv", policy, 1, chunks, chunk_size=block)
+            variant = bench.Variant("hybridkv", policy, 1, chunks)
             events, report, geometry, capacity = record(case, trace, variant, chunk_bytes)
             results = replays(events, geometry, capacity, delay=1)
             runs[(policy, factor)] = (report, results)
@@ -168,17 +175,20 @@ def main(argv: list[str] | None = None) -> int:
     base = {p: runs[(p, 1.0)][0].external_loaded for p, f in runs if f == 1.0}
     header = (
         f"{'recorded':<20} {'replayed':<12} {'claimed':>7} {'keys':>5} {'defer':>5} "
-        f"{'stored':>6} {'evict':>5} {'declined':>8} {'/1x':>5}"
+        f"{'stored':>6} {'evict':>5} {'declined':>8} {'/1x':>5} {'computed':>8} {'run/this':>8}"
     )
     print(header)
-    for (policy, factor), (_report, results) in runs.items():
+    for (policy, factor), (report, results) in runs.items():
         one_x = base.get(policy)
         for r in results:
             share = f"{r.claimed / one_x:5.2f}" if one_x else f"{'-':>5}"
+            # Same request sequence: what the replayed store does not load is computed.
+            computed = report.prefill_computed + report.external_loaded - r.claimed
             print(
                 f"{policy + ' host=' + str(factor) + 'x':<20} {r.policy:<12} {r.claimed:7d} "
                 f"{r.key_reads:5d} {r.deferred:5d} {r.stored:6d} "
-                f"{r.evicted:5d} {r.bypassed:8d} {share}"
+                f"{r.evicted:5d} {r.bypassed:8d} {share} {computed:8d} "
+                f"{report.prefill_computed / computed:8.2f}"
             )
     return 1 if failures else 0
 

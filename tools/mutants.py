@@ -43,15 +43,19 @@ EQUIVALENT_FILE = ROOT / "tools" / "mutants_equivalent.json"
 # module -> the tests that exercise it (the unit tests first; mutmut picks per mutant the ones
 # that ran its function). The vllm modules' tests import vLLM 0.33 (``nox -s mutants``
 # installs it as ``nox -s vllm`` does).
+_STORE_TESTS = (
+    "tests/store",
+    "tests/differential/test_store_agreement.py",
+    "tests/stateful/test_store_machine.py",
+)
+_CORE_TESTS = (
+    "tests/connector",
+    "tests/differential/test_connector_agreement.py",
+    "tests/differential/test_connector_hooks_agreement.py",
+    "tests/differential/test_connector_finished_load.py",
+)
+
 MODULES: dict[str, tuple[str, ...]] = {
-    "hybridkv/remote/codec.py": (
-        "tests/remote/test_codec.py",
-        "tests/remote/test_codec_refusals.py",
-    ),
-    "hybridkv/connector/claims.py": (
-        "tests/connector/test_scheduler_side_fast_paths.py",
-        "tests/differential/test_connector_agreement.py",
-    ),
     "hybridkv/planner.py": (
         "tests/differential/test_planner_agreement.py",
         "tests/connector/test_connector_errors.py",
@@ -61,8 +65,25 @@ MODULES: dict[str, tuple[str, ...]] = {
         "tests/differential/test_hashing_agreement.py",
         "tests/connector/test_engine_hashes.py",
     ),
-    "hybridkv/vllm/config.py": ("tests/vllm/test_hybridkv_connector.py",),
+    **{
+        f"hybridkv/store/{name}.py": _STORE_TESTS
+        for name in ("manager", "lru", "arc", "capacity", "values")
+    },
+    "hybridkv/connector/core.py": _CORE_TESTS,
+    "hybridkv/connector/worker.py": (
+        "tests/connector/test_transfer_worker.py",
+        "tests/connector/test_worker_abandon.py",
+    ),
+    "hybridkv/connector/claims.py": (
+        "tests/connector/test_scheduler_side_fast_paths.py",
+        "tests/differential/test_connector_agreement.py",
+    ),
+    "hybridkv/remote/codec.py": (
+        "tests/remote/test_codec.py",
+        "tests/remote/test_codec_refusals.py",
+    ),
     "hybridkv/vllm/ranks.py": ("tests/vllm/test_hybridkv_tensor_parallel.py",),
+    "hybridkv/vllm/config.py": ("tests/vllm/test_hybridkv_connector.py",),
 }
 
 # mutmut's verdicts (its ``mutmut results --all true`` words) that count as a detection.

@@ -7,13 +7,14 @@ timed run with the profiler off (per-hook figures) and a run with the profiler o
 Runs one variant of bench_vs_native (layout, connector, policy, delay, 2x host tier in equal
 bytes, hybridkv at its default chunk as the bench gives it) through the same in-process engine
 and times exactly what the bench times: the outermost scheduler-side connector hooks that
-:class:`hybridkv.vllm.inprocess._ConnectorClock` wraps. Prints per hook: calls, total µs and µs
+:class:`hybridkv.vllm.harness.report.ConnectorClock` wraps. Prints per hook: calls, total µs and µs
 per engine step; then cProfile's top functions by internal time, collected only inside those
-hooks (the profiler's own overhead inflates them; the per-hook totals are taken with the
-profiler off, in a separate run).
+hooks, in the calling thread's CPU time (``time.thread_time``; the profiler's own overhead
+inflates them; the per-hook totals are taken with the profiler off, in a separate run).
 
 Usage: ``python tools/profile_scheduler_side.py [--layout sliding+full] [--delay 1]
-[--policy lru] [--answers 4] [--top 25]``; needs vLLM 0.33 (as bench_vs_native).
+[--policy lru] [--answers 4] [--trace chat|traffic] [--top 25]``; needs vLLM 0.33 (as
+bench_vs_native).
 Not a benchmark (``nox -s bench`` runs ``bench_*.py`` only): a diagnosis aid.
 """
 
@@ -53,7 +54,7 @@ class _HookTimes:
         self.calls: dict[str, int] = defaultdict(int)
         self.profiler = profiler
 
-    def install(self, inprocess: Any) -> None:
+    def install(self, harness_report: Any) -> None:
         times = self
 
         def _wrap(clock: Any, name: str, method: Any) -> Any:
@@ -85,21 +86,21 @@ class _HookTimes:
 
             return timed
 
-        inprocess._ConnectorClock._wrap = _wrap
+        harness_report.ConnectorClock._wrap = _wrap
 
 
 def _run(setup: tuple[Any, Any, Any, Any, int], variant: Any, times: _HookTimes) -> Any:
-    """One run of ``variant`` with ``times`` on the clock; ``setup``: bench, inprocess, case,
-    trace, chunk bytes."""
-    bench, inprocess, case, trace, chunk_bytes = setup
-    original = inprocess._ConnectorClock._wrap
-    times.install(inprocess)
+    """One run of ``variant`` with ``times`` on the clock; ``setup``: bench, the harness's report
+    module (its clock), case, trace, chunk bytes."""
+    bench, harness_report, case, trace, chunk_bytes = setup
+    original = harness_report.ConnectorClock._wrap
+    times.install(harness_report)
     try:
         engine, _ = bench._engine(case, variant, chunk_bytes)
-        report = inprocess.run_trace(engine, trace)
+        report, _ = bench._play(engine, trace)
         engine.close()
     finally:
-        inprocess._ConnectorClock._wrap = original
+        harness_report.ConnectorClock._wrap = original
     return report
 
 
@@ -124,21 +125,28 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--policy", default="lru")
     parser.add_argument("--delay", type=int, default=1)
     parser.add_argument("--answers", type=int, default=4, help="answer tokens (4 or 40)")
+    parser.add_argument(
+        "--trace", default="chat", choices=("chat", "traffic"), help="the bench's trace family"
+    )
     parser.add_argument("--repeats", type=int, default=5, help="timed runs per kind, interleaved")
     parser.add_argument("--top", type=int, default=25, help="0: no profiled run")
     parser.add_argument("--sort", default="tottime", help="pstats key: tottime, cumulative")
     args = parser.parse_args(argv)
     bench = _bench()
-    from hybridkv.vllm import inprocess
+    from hybridkv.vllm.harness import inprocess
+    from hybridkv.vllm.harness import report as harness_report
 
     case = next(c for c in bench._cases(False) if c.name == args.layout)
-    trace = replace(case.trace, output_len=args.answers)
+    if args.trace == "traffic":  # the traffic trace plays on its own pool (bench_vs_native)
+        case = replace(case, settings=case.traffic_settings)
+    family = case.traffic if args.trace == "traffic" else case.trace
+    trace = replace(family, output_len=args.answers)
     probe = inprocess.InProcessEngine(case.config_json, case.settings)
     # The bench's sizing: 2x the working set in native chunks, hybridkv the same bytes, at its
     # default chunk (bench_vs_native's module docstring).
     chunk_bytes = bench.native_chunk_bytes(probe)
-    big = 2 * bench.working_set_chunks(trace, probe)
-    setup = (bench, inprocess, case, trace, chunk_bytes)
+    big = 2 * bench._figures(trace, probe)[1]
+    setup = (bench, harness_report, case, trace, chunk_bytes)
     variants = {}
     for kind in args.kinds.split(","):
         variants[kind] = bench.Variant(kind, args.policy, args.delay, big)
@@ -178,7 +186,9 @@ def main(argv: list[str] | None = None) -> int:
             f"thread CPU {ours[1] / theirs[1]:.2f}"
         )
     for variant in variants.values() if args.top > 0 else ():
-        profiler = cProfile.Profile()
+        # Timed by the thread's CPU clock, as the bench's ``cpu us``: on a shared machine a
+        # wall-clock profile charges a function for every moment another job held the core.
+        profiler = cProfile.Profile(time.thread_time)
         report = _run(setup, variant, _HookTimes(profiler))
         print(
             f"-- {variant.name()}: top {args.top} by {args.sort}, us per engine step "

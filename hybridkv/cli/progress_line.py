@@ -1,8 +1,11 @@
-"""A progress line for long runs: drawn on a terminal's stderr, never into a pipe or a file.
+"""A progress line for long runs: drawn on a terminal's stderr, into a pipe or a file only when
+asked.
 
-The line is redrawn in place (carriage return, then erase to the end of the line) at most once
-per ``interval`` seconds and erased when the run ends, so the command's output (on stdout)
-reads the same with or without it, and a log that captures stderr gets no control codes.
+On a terminal the line is redrawn in place (carriage return, then erase to the end of the line)
+at most once per ``interval`` seconds and erased when the run ends, so the command's output (on
+stdout) reads the same with or without it. Anywhere else nothing is written, unless the caller
+forces it (a flag such as ``hybridkv check --progress``): then each update is a plain line, so a
+log that captures stderr gets the progress and no control codes.
 """
 
 from __future__ import annotations
@@ -23,7 +26,8 @@ class ProgressLine:
     """One self-erasing status line on ``stream`` (stderr by default), shown on a terminal only.
 
     Attributes:
-        enabled: whether ``stream`` is a terminal (nothing is written otherwise).
+        enabled: whether anything is written: ``stream`` is a terminal, or ``force`` was given.
+        in_place: whether the line is redrawn in place (a terminal) rather than appended.
         drawn: how many times the line was drawn.
     """
 
@@ -32,14 +36,18 @@ class ProgressLine:
         stream: TextIO | None = None,
         interval: float = 1.0,
         clock: Callable[[], float] | None = None,
+        *,
+        force: bool = False,
     ) -> None:
         """Pre: ``interval >= 0``. Post: nothing is written until :meth:`update` is due.
 
         ``stream`` and ``clock`` default to ``sys.stderr`` and ``time.monotonic`` as they are
-        when the line is made (so a test can stand in for either).
+        when the line is made (so a test can stand in for either). ``force`` writes the updates
+        off a terminal too, one plain line each.
         """
         self.stream = sys.stderr if stream is None else stream
-        self.enabled = self.stream.isatty()
+        self.in_place = self.stream.isatty()
+        self.enabled = self.in_place or force
         self.interval = interval
         self.clock = time.monotonic if clock is None else clock
         self.started = self.clock()
@@ -63,10 +71,14 @@ class ProgressLine:
         if now - self._last < self.interval:
             return
         self._last = now
+        self.drawn += 1
+        if not self.in_place:
+            self.stream.write(text + "\n")
+            self.stream.flush()
+            return
         width = max(shutil.get_terminal_size().columns - 1, 10)
         self.stream.write(_ERASE + text[:width])
         self.stream.flush()
-        self.drawn += 1
         self._visible = True
 
     def close(self) -> None:

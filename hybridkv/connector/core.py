@@ -21,13 +21,10 @@ scheduler and compares after every call). It satisfies
 - ``_set_salvage``: a benchmark control, never a user setting (see its docstring).
 - ``bind_gpu_block_pool`` / ``held_blocks``: store sources are pinned in the GPU block pool from
   the job's emission to its report (TR-1).
-- ``chunk_members`` / ``reserve_promotion`` / ``complete_promotion``: the remote tier's entry
-  (issue 12, :mod:`hybridkv.vllm.remote`). A promotion's keys enter the store STORING through
-  the core like a store job's and leave it READY or removed; nothing calls these unless a
-  remote tier is configured, so without one the core is exactly the reference's twin.
-- ``reset_cache`` / ``release_store_pins``: vLLM's ``reset_prefix_cache`` (issue 17: new
-  weights make every stored unit stale). Beyond the reference too, and called only by a reset:
-  nothing stored before a reset is ever claimed or loaded after it (see each docstring).
+- ``chunk_members`` and the promotions and resets of :mod:`hybridkv.connector.outside` (the
+  remote tier's entry, vLLM's ``reset_prefix_cache``): beyond the reference, and called only
+  when a remote tier is configured or a reset asked, so without them the core is exactly the
+  reference's twin.
 
 What makes it cheap (the reference re-hashes every request and rescans every job each call):
 hashes grow incrementally per request and each offload key is built once
@@ -39,13 +36,14 @@ through the departures the core itself causes (:mod:`hybridkv.connector.memory`)
 rescanning every remembered key each step.
 
 The core owns its store: keys enter and leave it through the core (``seed`` included).
+:mod:`hybridkv.connector.counts` holds its counters' value and :class:`LoadMode`,
+:mod:`hybridkv.connector.snapshot` its plain snapshot.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable
-from enum import Enum
-from typing import Any, NamedTuple
+from collections.abc import Iterable, Sequence
+from typing import Any
 
 from hybridkv.connector.api import (
     BlockTable,
@@ -64,66 +62,32 @@ from hybridkv.connector.api import (
 )
 from hybridkv.connector.checkpoints import CheckpointRule
 from hybridkv.connector.claims import decide_claim
+from hybridkv.connector.counts import COUNTED, ConnectorStats, LoadMode
 from hybridkv.connector.geometry import ConnectorGeometry
 from hybridkv.connector.loads import LoadRecord, load_items, resume_point, segments
 from hybridkv.connector.memory import KeyMemory
+from hybridkv.connector.outside import OutsideWork
+from hybridkv.connector.queries import CoreQueries
 from hybridkv.connector.requests import RequestKeys
-from hybridkv.connector.stores import items_by_end, store_items
+from hybridkv.connector.stores import items_by_end, low_priority, store_items
 from hybridkv.errors import HybridKVConfigError
 from hybridkv.kinds import GroupKind
 from hybridkv.planner import HybridOffloadPlanner
 from hybridkv.store import (
-    EntryState,
     HostStore,
     LookupResult,
     PrepareLoadOutput,
     PrepareStoreOutput,
+    StorePriority,
 )
 
 __all__ = ["ConnectorCore", "ConnectorStats", "LoadMode"]
 
 _LOAD, _STORE = TransferKind.LOAD, TransferKind.STORE
-_MISS = LookupResult.MISS
+_NORMAL, _LOW = StorePriority.NORMAL, StorePriority.LOW
 
 
-class LoadMode(Enum):
-    """How a claim is loaded: ASYNC (vLLM's default) or SYNC (before the step's forward)."""
-
-    ASYNC = "async"
-    SYNC = "sync"
-
-
-class ConnectorStats(NamedTuple):
-    """What the core did since creation (counts) and holds now (the last four).
-
-    ``hashes_computed`` counts block hashes over all requests: each full hash block of a
-    request is hashed once in its life, however often the request is asked or stored.
-    """
-
-    lookups: int
-    deferred: int
-    claims: int
-    claimed_tokens: int
-    loaded_tokens: int
-    load_jobs: int
-    load_items: int
-    load_jobs_failed: int
-    store_jobs: int
-    store_items: int
-    store_jobs_failed: int
-    stores_refused: int
-    delayed_frees: int
-    hashes_computed: int
-    requests: int
-    jobs_in_flight: int
-    held_blocks: int
-    failed_keys: int
-
-
-_COUNTERS = ConnectorStats._fields[:14]
-
-
-class ConnectorCore:
+class ConnectorCore(CoreQueries, OutsideWork):
     """The scheduler-side connector core (module docstring)."""
 
     def __init__(
@@ -184,7 +148,7 @@ class ConnectorCore:
         self._jobs_of: dict[RequestId, int] = {}
         self._store_items = 0  # items of the store jobs in flight (len(held_blocks()) if bound)
         self._store_spans: dict[JobId, tuple[int, int]] = {}  # each store job's step (MB-8)
-        self._count = dict.fromkeys(_COUNTERS, 0)
+        self._count = dict.fromkeys(COUNTED, 0)
         self._salvage = True
         self._restarting: set[RequestId] = set()  # salvage off: failed, not scheduled since
         # Promotions from the remote tier in flight: their keys are STORING, owned by no job.
@@ -229,20 +193,6 @@ class ConnectorCore:
             )
         self._pool = pool
 
-    def held_blocks(self) -> tuple[int, ...]:
-        """The pool references the core holds: every block of each in-flight store, by job id.
-
-        Empty when no pool is bound. Frame: nothing changes.
-        """
-        if self._pool is None:
-            return ()
-        return tuple(
-            item.block_id
-            for job_id, (job, _) in self._jobs.items()
-            if job.kind is _STORE and job_id not in self._unpinned
-            for item in job.items
-        )
-
     # ----------------------------------------------------------------- claims
 
     def get_num_new_matched_tokens(self, request: RequestView, num_computed_tokens: int) -> Claim:
@@ -277,18 +227,18 @@ class ConnectorCore:
     def update_state_after_alloc(
         self, request: RequestView, block_ids: BlockTable, num_external_tokens: int
     ) -> None:
-        """Pin the keys of the accepted claim and build its load jobs (emitted next meta).
+        """vLLM accepted ``num_external_tokens`` of the claim: pin their keys in the host and
+        build the load jobs the next metadata carries.
 
-        Pre: ``num_external_tokens`` == 0 (nothing happens), or this ``schedule()`` asked for
-        the request and no load of it is in flight (field ``num_external_tokens`` /
-        ``request`` otherwise). Post: one load job per alignment segment into the real blocks
-        of ``block_ids``, its keys pinned and touched. Refusal: nothing changes.
+        Nothing happens for 0. Otherwise the request must have been asked in this
+        ``schedule()`` (field ``num_external_tokens``) and have no load in flight (field
+        ``request``); a refusal changes nothing. Post: one load job per alignment segment,
+        into the real blocks of ``block_ids``; the keys pinned and touched.
         """
-        if num_external_tokens == 0:
-            return
+        if not num_external_tokens:
+            return  # nothing accepted: no load, nothing recorded
         rid = request.request_id
-        start = self._asked.get(rid)
-        if start is None:
+        if rid not in self._asked:
             raise HybridKVConfigError(
                 "num_external_tokens", num_external_tokens, "no claim was asked", "ask first"
             )
@@ -297,6 +247,7 @@ class ConnectorCore:
             raise HybridKVConfigError(
                 "request", rid, "has a load in flight", "wait for finished_recving"
             )
+        start = self._asked[rid]
         end = start + num_external_tokens
         keys = self._keys(request)
         items = load_items(self.geometry, keys, block_ids, start, end, loadable=self._loadable)
@@ -329,16 +280,17 @@ class ConnectorCore:
         count["load_jobs"] += len(jobs)
         count["load_items"] += len(items)
 
-    # ----------------------------------------------------------------- the step
+    # ----------------------------------------------------------------- each step
 
     def build_connector_meta(self, step: StepView) -> ConnectorMeta:
-        """This step's loads (built since the last call), stores and delayed frees.
+        """The metadata of ``step``: the load jobs built since the last call, this step's
+        store jobs and the delayed frees not yet announced.
 
-        Post: every scheduled request's units completed by this step are reserved in the host
-        (head first, per end position, stopping at the first refusal) and form one store job
-        per request; the failure memory and salt record forget keys the host no longer holds;
-        the asked positions are cleared. Pre: each of ``step.no_unit_ids`` completes no unit in
-        this step (it is treated as scheduled with nothing to store).
+        Pre: no request of ``step.no_unit_ids`` completes a unit in this step (each counts as
+        scheduled, storing nothing). Post: for each scheduled request, the units this step
+        completes are reserved in the host, head first and end by end, up to the first
+        refusal, as one store job; keys the host no longer holds leave the failure memory and
+        the salt record; no asked position is kept.
         """
         jobs = self._jobs
         loads = tuple(jobs[job_id][0] for job_id in self._unsent_loads)
@@ -419,28 +371,6 @@ class ConnectorCore:
         self._count["delayed_frees"] += 1
         return True
 
-    # ----------------------------------------------------------------- queries
-
-    def has_transfers(self, request_id: RequestId) -> bool:
-        """Whether a load or store job of the request is in flight (or built, not yet sent)."""
-        return bool(self._jobs_of.get(request_id))
-
-    def delayed_requests(self) -> frozenset[RequestId]:
-        """The finished requests whose block free waits for their stores (delayed by
-        :meth:`request_finished_all_groups`, until their last store reports)."""
-        return frozenset(self._delayed)
-
-    def busy_blocks(self) -> frozenset[int]:
-        """Blocks an in-flight job reads (store) or writes (load)."""
-        return frozenset(item.block_id for job, _ in self._jobs.values() for item in job.items)
-
-    def invalid_blocks(self, request_id: RequestId) -> frozenset[int]:
-        """The destination blocks of the failed jobs of the request's latest load.
-
-        Pre: the request has a load record (field ``request_id``).
-        """
-        return frozenset(self._record(request_id).bad_blocks)
-
     def first_invalid_token(self, request: RequestView) -> int:
         """Where the request's latest load leaves every group valid (shared truncation): the
         largest aligned position whose needed keys all came from successful jobs, else the
@@ -461,45 +391,6 @@ class ConnectorCore:
         keys.sync(request)  # engine hashes: bookkeeping only, nothing computed or counted
         return keys
 
-    def failed_keys(self) -> frozenset[bytes]:
-        """The keys the failure memory holds now."""
-        return self._memory.failed_keys()
-
-    def counts(self) -> tuple[int, ...]:
-        """The counts of :meth:`stats` (its first 14 fields, in order), without the holdings
-        and without building it: what the facade's stats hook compares each step. O(1)."""
-        return tuple(self._count.values())
-
-    def stats(self) -> ConnectorStats:
-        """Counts since creation and holdings now, in O(1)."""
-        held = self._store_items if self._pool is not None else 0  # == len(held_blocks())
-        now = (len(self._requests), len(self._jobs), held, len(self._memory))
-        return ConnectorStats._make((*map(self._count.__getitem__, _COUNTERS), *now))
-
-    # ----------------------------------------------------------------- seeding
-
-    def seed(self, request: RequestView, num_tokens: int, groups: Iterable[int] = ()) -> int:
-        """Make the host hold READY the units of ``request``'s first ``num_tokens`` tokens.
-
-        ``groups`` limits the groups stored (empty: all). Post: the keys are READY and recorded
-        with the request's salt; returns how many were stored. Refusal (no space): field
-        ``store_capacity``, nothing stored.
-        """
-        wanted = sorted(set(groups) or range(self.geometry.num_groups))
-        keys = RequestKeys.for_view(self.geometry, request)  # not kept: seeds do not finish
-        self._count["hashes_computed"] += keys.sync(request)
-        units = self.geometry.units
-        wanted_keys = [keys.key(g, j) for g in wanted for j in range(num_tokens // units[g])]
-        prepared = self.store.prepare_store(wanted_keys)
-        if not isinstance(prepared, PrepareStoreOutput):
-            raise HybridKVConfigError(
-                "store_capacity", self.store.capacity, "too small to seed", "raise it"
-            )
-        self._memory.departed(prepared.evicted_keys)
-        self.store.complete_store(prepared.keys_to_store, success=True)
-        self._memory.salt(prepared.keys_to_store, request.cache_salt, overwrite=True)
-        return len(prepared.keys_to_store)
-
     # ----------------------------------------------------------------- remote tier
 
     def chunk_members(
@@ -516,131 +407,6 @@ class ConnectorCore:
             for g, u in enumerate(self.geometry.units)
             if end > 0 and end % u == 0 and (recurrent or kinds[g] is not GroupKind.MAMBA)
         )
-
-    def reserve_promotion(
-        self, keys: tuple[bytes, ...], cache_salt: str | None
-    ) -> tuple[int, ...] | None:
-        """Reserve ``keys`` STORING for a fetch from the remote tier; their host slots.
-
-        None (nothing changes) unless every key is absent from the host (a present key belongs
-        to the host or to another operation) or when the store cannot make room. Post: the
-        keys are STORING and owned by this promotion (READY unpinned entries may have been
-        evicted for them, as for any store); the claim rule DEFERs on them like on any STORING
-        key until :meth:`complete_promotion`.
-        """
-        if not keys or any(self.store.status(key) is not _MISS for key in keys):
-            return None
-        prepared = self.store.prepare_store(list(keys))
-        if not isinstance(prepared, PrepareStoreOutput):
-            return None
-        self._memory.departed(prepared.evicted_keys)
-        self._memory.salt(keys, cache_salt)
-        self._promoting.update(keys)
-        return self.store.slots(keys)
-
-    def complete_promotion(self, keys: tuple[bytes, ...], success: bool) -> None:
-        """Resolve a promotion: READY (the fetch wrote verified bytes into every slot) or
-        dropped (REMOVED; the claim then ends before them). Pre: ``keys`` were reserved by
-        :meth:`reserve_promotion` and not resolved (field ``keys``)."""
-        if not keys or not self._promoting.issuperset(keys):
-            raise HybridKVConfigError("keys", len(keys), "no promotion of them", "reserve first")
-        self._promoting.difference_update(keys)
-        if self._stale_promotions.intersection(keys):  # reserved before a reset: dropped
-            self._stale_promotions.difference_update(keys)
-            success = False
-        self.store.complete_store(keys, success=success)
-        if success:
-            self._memory.stored(keys)
-        else:
-            self._memory.departed(keys)
-
-    def job_kind(self, job_id: JobId) -> TransferKind | None:
-        """The kind of the job in flight ``job_id``; None when none is."""
-        entry = self._jobs.get(job_id)
-        return None if entry is None else entry[0].kind
-
-    def promotions_in_flight(self) -> int:
-        """Keys reserved by promotions not yet resolved."""
-        return len(self._promoting)
-
-    # ----------------------------------------------------------------- reset (issue 17)
-
-    def reset_cache(self) -> int:
-        """Forget every unit the host holds or receives from before now (vLLM's
-        ``reset_prefix_cache``: the weights changed, so stored KV is stale).
-
-        Post: every READY entry no load pins is evicted (returned: how many); each key a load
-        in flight pins is remembered failed, so no claim counts it and it is evicted when its
-        last load reports (the load itself still lands in the blocks it was granted); every
-        store job and promotion in flight completes dropped whatever it reports, so its keys
-        never become READY. Frame: requests, their hash chains, the jobs in flight, their
-        pins and their reports stay as they were; a key stored after this call is fresh.
-        """
-        self.resets += 1
-        jobs = self._jobs.values()
-        self._stale_jobs.update(job.job_id for job, _ in jobs if job.kind is _STORE)
-        self._stale_promotions.update(self._promoting)
-        loading = {item.key: None for job, _ in jobs if job.kind is _LOAD for item in job.items}
-        self._memory.remember_failed(loading, self._next_job)
-        ready = [
-            bytes.fromhex(key)
-            for key, state, pins in self.store.snapshot()["entries"]
-            if state == EntryState.READY.value and pins == 0
-        ]  # a reset is rare: the plain snapshot is the one list of entries the store offers
-        evicted = self.store.evict(ready)
-        self._memory.departed(evicted)
-        self._claim_memo.clear()
-        return len(evicted)
-
-    def release_store_pins(self) -> tuple[int, ...]:
-        """Give back the pool reference of every block a store in flight reads (vLLM refuses
-        to reset its prefix cache while any block is referenced); each such store completes
-        dropped, since its source blocks may be reused and overwritten before it has read them.
-
-        Returns the blocks released, one per reference. Post: :meth:`held_blocks` is empty.
-        Frame: the jobs stay in flight and report as usual; the host keeps their keys STORING
-        until then, so no slot they write is reused before they finish.
-        """
-        if self._pool is None:
-            return ()
-        released: list[int] = []
-        for job_id, (job, _) in self._jobs.items():
-            if job.kind is _STORE and job_id not in self._unpinned:
-                self._unpinned.add(job_id)
-                self._stale_jobs.add(job_id)
-                self._store_items -= len(job.items)
-                released.extend(item.block_id for item in job.items)
-        if released:
-            self._pool.free_blocks(released)
-        return tuple(released)
-
-    # ----------------------------------------------------------------- snapshot
-
-    def snapshot(self) -> dict[str, Any]:
-        """The reference connector's plain snapshot (``spec.connector.scheduler_side`` schema,
-        which the MB-* and SEC-1 predicates read). Frame: nothing changes."""
-        return {
-            "kinds": tuple(kind.value for kind in self.geometry.kinds),
-            "units": self.geometry.units,
-            "align": self.geometry.align,
-            "next_job_id": self._next_job,
-            "jobs": tuple(_plain_job(job, salt) for _, (job, salt) in sorted(self._jobs.items())),
-            "loads": tuple(_plain_load(rid, rec) for rid, rec in sorted(self._loads.items())),
-            **self._memory.snapshot(),
-            "delayed": tuple(sorted(self._delayed)),
-            "store_spans": tuple((int(j), a, b) for j, (a, b) in sorted(self._store_spans.items())),
-            "checkpoints": tuple(
-                (
-                    r.alignment,
-                    r.hash_block_size,
-                    r.cache_hit_alignment,
-                    r.drop_eagle_block,
-                    r.hash_lookahead,
-                )
-                for r in self.geometry.checkpoints
-            ),
-            "store": self.store.snapshot(),
-        }
 
     # ----------------------------------------------------------------- helpers
 
@@ -679,17 +445,24 @@ class ConnectorCore:
         self._claim_memo[request.request_id] = (memo_key, end, defer)
         return end, defer
 
-    def _checked_start(self, value: int) -> int:
-        block = self.geometry.scheduler_block
-        if isinstance(value, bool) or not isinstance(value, int) or value < 0 or value % block:
-            raise HybridKVConfigError(
-                "num_computed_tokens", value, f"not a multiple of {block} >= 0", "align it"
-            )
-        return value
-
     def _loadable(self, key: bytes) -> bool:
-        """READY in the host and not remembered as failed."""
+        """Whether a load may read ``key``: READY in the host, and no failed load of it is
+        remembered."""
         return key not in self._memory and self.store.status(key) is LookupResult.HIT
+
+    def _checked_start(self, value: int) -> int:
+        """``num_computed_tokens`` as asked: an int >= 0 on the scheduler block's grid."""
+        block = self.geometry.scheduler_block
+        if (
+            isinstance(value, int)
+            and not isinstance(value, bool)
+            and value >= 0
+            and not value % block
+        ):
+            return value
+        raise HybridKVConfigError(
+            "num_computed_tokens", value, f"not a multiple of {block} >= 0", "align it"
+        )
 
     def _store_job(
         self, request: RequestView, block_ids: BlockTable, start: int, end: int
@@ -702,18 +475,28 @@ class ConnectorCore:
         keys = self._keys(request)
         taken: list[TransferItem] = []
         store = self.store
+        prompt = request.num_prompt_tokens
         for part in items_by_end(store_items(geometry, keys, block_ids, start, end)):
-            prepared = store.prepare_store([item.key for item in part])
-            if not isinstance(prepared, PrepareStoreOutput):
-                self._count["stores_refused"] += 1
-                break  # NO_SPACE: later ends would leave a hole in the stored prefix
-            self._memory.departed(prepared.evicted_keys)
-            fresh = prepared.keys_to_store
-            if len(fresh) == len(part):
-                taken.extend(part)
-            elif fresh:
-                wanted = set(fresh)
-                taken.extend(item for item in part if item.key in wanted)
+            # Admission (hybridkv.connector.stores.low_priority): the part's NORMAL units, then
+            # its LOW ones, which may only displace LOW entries. A refusal that leaves a hole in
+            # a claimable prefix (a NORMAL unit or a continuation) ends the job.
+            low = [item for item in part if low_priority(geometry, item, prompt)]
+            calls = ((part, _NORMAL),) if not low else ((_without(part, low), _NORMAL), (low, _LOW))
+            accepted: set[bytes] = set()
+            ended = False
+            for items, priority in calls:
+                if not items:
+                    continue
+                prepared = store.prepare_store([item.key for item in items], priority)
+                if not isinstance(prepared, PrepareStoreOutput):
+                    self._count["stores_refused"] += 1
+                    ended = priority is _NORMAL or items[0].end_token > prompt
+                    break
+                self._memory.departed(prepared.evicted_keys)
+                accepted.update(prepared.keys_to_store)
+            taken.extend(item for item in part if item.key in accepted)
+            if ended:
+                break  # later ends would leave a hole in the stored prefix
         if not taken:
             return None
         salt = request.cache_salt
@@ -788,42 +571,16 @@ class ConnectorCore:
         else:
             del self._jobs_of[rid]
 
-    def _record(self, request_id: RequestId) -> LoadRecord:
-        record = self._loads.get(request_id)
-        if record is None:
-            raise HybridKVConfigError(
-                "request_id", request_id, "has no load recorded", "ask after a load"
-            )
-        return record
-
     def _new_job_id(self) -> JobId:
-        job_id = JobId(self._next_job)
+        """Job ids count up from 1 in creation order, as the reference numbers them."""
         self._next_job += 1
-        return job_id
+        return JobId(self._next_job - 1)
 
 
 _FIX = "build it with hybridkv (planner, store) for this layout"
 
 
-def _plain_item(item: TransferItem) -> tuple[int, int, str, int]:
-    return (item.group_idx, item.block_id, item.key.hex(), item.end_token)
-
-
-def _plain_job(job: TransferJob, salt: str | None) -> tuple[Any, ...]:
-    items = tuple(_plain_item(item) for item in job.items)
-    return (int(job.job_id), job.kind.value, job.request_id, salt, job.sync, items)
-
-
-def _plain_load(rid: RequestId, rec: LoadRecord) -> tuple[Any, ...]:
-    return (
-        rid,
-        rec.start,
-        rec.end,
-        rec.num_tokens,
-        rec.sync,
-        rec.cache_salt,
-        tuple(int(j) for j in rec.jobs),
-        tuple(sorted(int(j) for j in rec.reported)),
-        tuple(sorted(int(j) for j in rec.failed)),
-        tuple(_plain_item(item) for item in rec.items),
-    )
+def _without(part: Sequence[TransferItem], low: list[TransferItem]) -> list[TransferItem]:
+    """The items of ``part`` not in ``low`` (a sublist of it), in order."""
+    skipped = {item.key for item in low}
+    return [item for item in part if item.key not in skipped]

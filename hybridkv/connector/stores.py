@@ -22,7 +22,7 @@ from hybridkv.connector.geometry import ConnectorGeometry
 from hybridkv.connector.requests import RequestKeys
 from hybridkv.kinds import GroupKind
 
-__all__ = ["items_by_end", "store_items"]
+__all__ = ["items_by_end", "low_priority", "store_items"]
 
 _BY_END_THEN_GROUP = attrgetter("end_token", "group_idx")
 
@@ -72,3 +72,22 @@ def items_by_end(items: Sequence[TransferItem]) -> list[Sequence[TransferItem]]:
             parts.append(items[first:i])
             first = i
     return parts
+
+
+def low_priority(geometry: ConnectorGeometry, item: TransferItem, prompt_tokens: int) -> bool:
+    """Whether ``item`` is stored LOW (``hybridkv.store.StorePriority``): less likely claimed
+    than the prompt's prefix, so it may only displace other LOW entries (issue 18 item 2).
+
+    Two kinds qualify. A continuation unit, ending past the prompt: only its own conversation's
+    next turn can claim it. A sliding-window unit ending at or before ``last - reach``, where
+    ``last`` is the furthest claim end inside the prompt (the largest multiple of the alignment
+    below ``prompt_tokens``): no claim of this request, nor of a later turn extending it, reads
+    it; only another request whose prompt stops just after it could. Everything else is NORMAL.
+    """
+    if item.end_token > prompt_tokens:
+        return True
+    group = item.group_idx
+    if geometry.kinds[group] is not GroupKind.SLIDING:
+        return False
+    last = (prompt_tokens - 1) // geometry.align * geometry.align
+    return item.end_token <= last - geometry.reaches[group]

@@ -3,9 +3,9 @@
 vLLM's scheduler admits, preempts and finishes the requests; ``HybridKVConnector`` runs both
 roles, its worker side in-process on CPU tensors in the model runner's hook order, and the
 stand-in forward checks every KV slot and mamba state it reads
-(:mod:`hybridkv.vllm.inprocess`, :mod:`hybridkv.vllm.workload`). vLLM is imported only here,
-lazily, and only for this engine; without it the run stops with one line naming ``nox -s vllm``
-and the install command.
+(:mod:`hybridkv.vllm.harness.inprocess`, :mod:`hybridkv.vllm.harness.workload`). vLLM is imported
+only here, lazily, and only for this engine; without it the run stops with one line naming
+``nox -s vllm`` and the install command.
 
 The model: vLLM on CPU allocates every layer's cache for real, so a preset becomes its
 :func:`spec.presets.tiny_config` (one period of its layer pattern per simulated layer per group:
@@ -231,7 +231,7 @@ def simulate_vllm(options: SimOptions, plot: str | None = None) -> dict[str, Any
     check_run_memory(options, setup, trace)
     require_vllm()
     # By name: mypy does not follow into hybridkv.vllm (excluded: it subclasses vLLM's classes).
-    workload = importlib.import_module("hybridkv.vllm.workload")
+    workload = importlib.import_module("hybridkv.vllm.harness.workload")
     start = time.perf_counter()
     engine = workload.WorkloadEngine(
         num_gpu_blocks=gpu_blocks,

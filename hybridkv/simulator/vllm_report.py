@@ -3,8 +3,8 @@ figure be observed, ``None`` (shown as "not observed under vLLM") where it does 
 :mod:`hybridkv.cli.sim_vllm_report` renders it for a terminal.
 
 - The token identity ``prompt = computed + loaded + GPU hit`` counts each prompt position the
-  first time its KV is in place (:mod:`hybridkv.vllm.workload`); what a preemption or a failed
-  load took back and was served again is apart, as in the spec engine's report.
+  first time its KV is in place (:mod:`hybridkv.vllm.harness.workload`); what a preemption or a
+  failed load took back and was served again is apart, as in the spec engine's report.
 - Cross-check with vLLM's own counters: without preemptions and failed loads, the GPU hits
   and the loaded tokens equal vLLM's ``PrefillStats`` (local and external cached tokens) and the
   loaded tokens the ``num_external_tokens`` vLLM handed the connector; with either, vLLM's

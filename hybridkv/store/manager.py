@@ -1,33 +1,38 @@
 """The host store's accounting: entries, lifecycle, load pins, slots, capacity, events, counters.
 
-The optimized twin of the reference model ``spec.store.HostStore`` (never imported here): the
-same operations, refusals, errors (same ``field``), victims, events and ``snapshot()`` schema,
-checked operation for operation by tests/differential/test_store_agreement.py and by every
-ST-* invariant in tests/stateful/test_store_machine.py. Victims come from an
-:class:`~hybridkv.store.policy.EvictionPolicy` (LRU or ARC); this module never orders keys.
+The library's host store, built for speed from the store contract (docs/explanation/host-store.md;
+the reference model ``spec.store`` states the same contract and is never imported here).
+tests/differential/test_store_agreement.py runs both side by side and compares every answer,
+refusal, error field, victim, event and ``snapshot()``; tests/stateful/test_store_machine.py
+checks every ST-* predicate on this store's snapshots. Which resident key to evict is the
+:class:`~hybridkv.store.policy.EvictionPolicy`'s business (LRU or ARC): nothing here orders keys.
 
-What makes it fast (the reference recounts everything on every query):
+The contract in brief:
 
-- state lives in flat dicts: ``_state`` (key -> EntryState) and ``_pins`` (only pinned keys),
-  and the counts ``used``/``storing``/``ready``/``pinned``/``evictable`` are kept
-  incrementally, so :meth:`HostStore.stats` is O(1); ST-2/ST-5/ST-6 recount them;
-- a store under pressure that cannot possibly make room (more victims needed than READY
-  unpinned entries exist) is refused in O(1), before the policy walks anything;
-- a call costs O(keys it names + victims + unevictable keys the policy walks past).
+- one entry per chunk, ``capacity`` entries at most; keys are non-empty ``bytes``, a call's
+  keys in prefix order (head first), handed to the policy tail first;
+- STORING (reserved, being written) then READY (loadable); a load pins READY entries; an
+  eviction takes READY entries with no pin that the same call does not name;
+- admission (issue 18): ``prepare_store`` takes a :class:`StorePriority`, and each entry keeps
+  the one it was reserved with. A LOW call (the connector's continuation units and far
+  sliding-window units) may only displace LOW entries, so a full host keeps its NORMAL entries
+  (prompt prefixes) and a LOW unit is stored where there is room;
+- a refusal is a :class:`Refusal` value and leaves everything as it was; a call with bad
+  arguments raises :class:`HybridKVConfigError` before touching anything.
 
-Contract shared with the reference (read its module docstring for the snapshot schema):
+Where the speed comes from:
 
-- Capacity counts entries (chunks); a key is non-empty ``bytes``. STORING entries are
-  reserved and not loadable, READY ones are loadable; loads pin READY entries; only READY
-  unpinned entries not named in the same call are evicted.
-- Keys of one call are in prefix order, head first; the policy sees them tail first.
-- An expected refusal is a returned :class:`Refusal` and changes nothing; a broken
-  pre-condition raises :class:`HybridKVConfigError` before changing anything.
+- plain dicts and sets: ``_state`` (key -> EntryState), ``_pins`` (pinned keys only),
+  ``_low`` (LOW keys only), and running counts of STORING entries, so
+  :meth:`HostStore.stats` costs O(1) (ST-2, ST-5 and ST-6 recount them);
+- a store that could not make room even by evicting every candidate is refused in O(1), before
+  the policy walks anything;
+- every call costs O(its keys + victims + the unevictable keys the policy walks past).
 
-Beyond the reference: each entry owns a host slot in ``[0, capacity)`` from reservation until
-it is evicted or its store fails (:meth:`HostStore.slots`), so the transfer engine knows where
-its bytes live; a slot is reused only after its entry left, and an evicted entry was READY and
-unpinned, so no transfer touches a reused slot. Slots are not part of ``snapshot()``.
+Host slots (not in the snapshot): from reservation until it leaves, an entry owns a slot in
+``[0, capacity)`` (:meth:`HostStore.slots`) where the transfer engine puts its bytes. A slot is
+handed out again only after its entry left, and an entry leaves only READY and unpinned (or as
+a failed store), so no copy in flight ever reads or writes a reused slot.
 """
 
 from __future__ import annotations
@@ -49,6 +54,7 @@ from hybridkv.store.values import (
     PrepareStoreOutput,
     Refusal,
     StoreEvent,
+    StorePriority,
     StoreStats,
 )
 
@@ -56,30 +62,33 @@ __all__ = ["HostStore"]
 
 _READY = EntryState.READY
 _STORING = EntryState.STORING
+_LOW = StorePriority.LOW
+_NOTHING_STORED = PrepareStoreOutput((), ())
 
 
 class HostStore:
-    """Entries of the CPU tier, their lifecycle, pins and slots; victims chosen by a policy."""
+    """The CPU tier's entries (state, pins, priority, slot); a policy picks the victims."""
 
     def __init__(self, capacity: int, policy: str | EvictionPolicy = "lru") -> None:
-        """A store of ``capacity`` entries evicting by ``policy`` (a name or an empty policy).
+        """An empty store of ``capacity`` entries whose victims ``policy`` chooses.
 
-        Pre: ``capacity`` an int >= 1 (field ``num_chunks``); ``policy`` a name of
-        :data:`~hybridkv.store.policies.POLICY_NAMES` or an empty policy built for the same
-        capacity (field ``cache_policy``). Post: empty store, zero counters.
+        ``capacity``: int >= 1, else field ``num_chunks``. ``policy``: one of
+        :data:`~hybridkv.store.policies.POLICY_NAMES`, or a fresh policy object of the same
+        capacity, else field ``cache_policy``. Counters start at zero.
         """
         if isinstance(capacity, bool) or not isinstance(capacity, int) or capacity < 1:
             raise HybridKVConfigError(
                 "num_chunks", capacity, "must be an int >= 1", "give the tier at least one chunk"
             )
         self._capacity = capacity
-        self._policy = _checked_policy(policy, capacity)
+        self._policy = _fresh_policy(policy, capacity)
         self._state: dict[bytes, EntryState] = {}
-        self._pins: dict[bytes, int] = {}  # only keys with pins >= 1
+        self._pins: dict[bytes, int] = {}  # pinned keys only (count >= 1)
+        self._low: set[bytes] = set()  # resident keys reserved LOW
         self._storing = 0
         self._slots: dict[bytes, int] = {}
-        self._recycled: list[int] = []  # slots freed by evictions and failed stores
-        self._fresh = 0  # slots [_fresh, capacity) were never handed out
+        self._recycled: list[int] = []  # slots given back by departed entries
+        self._fresh = 0  # slots from here to capacity were never handed out
         self._counters = dict.fromkeys(COUNTER_NAMES, 0)
         self._events: list[StoreEvent] = []
         self._taken = {kind.value: 0 for kind in EventKind}
@@ -88,112 +97,108 @@ class HostStore:
     def from_bytes(
         cls, host_bytes: int, chunk_bytes: int, policy: str | EvictionPolicy = "lru"
     ) -> HostStore:
-        """A store holding every whole chunk of ``chunk_bytes`` that fits in ``host_bytes``.
+        """As many whole ``chunk_bytes`` chunks as ``host_bytes`` holds.
 
-        Pre/errors: see :meth:`HostCapacity.from_budget` (fields ``host_bytes``,
-        ``chunk_bytes``) and the constructor (``cache_policy``).
+        Raises as :meth:`HostCapacity.from_budget` does (fields ``host_bytes`` and
+        ``chunk_bytes``) and as the constructor does (``cache_policy``).
         """
         return cls(HostCapacity.from_budget(host_bytes, chunk_bytes).chunks, policy)
 
     @property
     def capacity(self) -> int:
-        """Entries the store can hold."""
+        """How many entries fit."""
         return self._capacity
 
-    # --- queries (frame: nothing changes) ---
+    # --- read-only questions ---
 
     def status(self, key: bytes) -> LookupResult:
-        """vLLM's per-key ``lookup``: HIT (READY), HIT_PENDING (STORING) or MISS (absent)."""
-        # The hot path asks the dict first and checks the key only where it could be a wrong
-        # one (a miss, or not exactly bytes): the same answers and refusals, fewer calls.
+        """One key's ``lookup``: HIT when READY, HIT_PENDING when STORING, MISS when absent."""
+        # Look the key up first; validate it only when the answer could hide a bad key (a miss,
+        # or a key that is not exactly bytes): the same results and errors for fewer calls.
         try:
-            state = self._state.get(key)
-        except TypeError:  # unhashable: not a key (refused below)
-            state = None
-        if state is None or type(key) is not bytes:
-            _checked_key("key", key)
-        if state is None:
-            return LookupResult.MISS
-        return LookupResult.HIT if state is _READY else LookupResult.HIT_PENDING
+            found = self._state.get(key)
+        except TypeError:  # unhashable, so not a key: refused just below
+            found = None
+        if found is None or type(key) is not bytes:
+            _valid_key("key", key)
+        if found is _READY:
+            return LookupResult.HIT
+        return LookupResult.MISS if found is None else LookupResult.HIT_PENDING
 
     def lookup(self, keys: Sequence[bytes]) -> LookupOutcome:
-        """The run of leading READY keys and what stopped it (see :class:`LookupOutcome`).
+        """How many keys from the head are READY, and the status of the first that is not.
 
-        Pre: a sequence of bytes keys (repeats allowed). Frame: nothing changes.
+        Repeated keys are allowed. Changes nothing.
         """
-        checked = _checked_keys(keys, distinct=False)
         state = self._state
-        for index, key in enumerate(checked):
+        valid = _valid_keys(keys, distinct=False)
+        for position, key in enumerate(valid):
             found = state.get(key)
             if found is not _READY:
-                stop = LookupResult.MISS if found is None else LookupResult.HIT_PENDING
-                return LookupOutcome(index, stop)
-        return LookupOutcome(len(checked), LookupResult.HIT)
+                return LookupOutcome(
+                    position, LookupResult.MISS if found is None else LookupResult.HIT_PENDING
+                )
+        return LookupOutcome(len(valid), LookupResult.HIT)
 
     def slots(self, keys: Sequence[bytes]) -> tuple[int, ...]:
-        """The host slot of each key (``[0, capacity)``, distinct among resident keys).
+        """Each key's host slot, in ``[0, capacity)`` and distinct among resident keys.
 
-        Pre: every key has an entry (STORING or READY), else field ``keys``. Frame: nothing
-        changes. A slot stays the key's until it is evicted or its store fails.
+        Every key must be resident (STORING or READY), else field ``keys``. Changes nothing.
         """
-        checked = _checked_keys(keys, distinct=False)
+        valid = _valid_keys(keys, distinct=False)
         try:
-            return tuple(map(self._slots.__getitem__, checked))
-        except KeyError as missing:  # the first key without an entry, in order
-            key = missing.args[0]
+            return tuple(map(self._slots.__getitem__, valid))
+        except KeyError as absent:  # the first key in order without an entry
             raise HybridKVConfigError(
-                "keys", key, "has no entry", "ask only resident keys"
+                "keys", absent.args[0], "has no entry", "ask only resident keys"
             ) from None
 
     # --- loads ---
 
     def prepare_load(self, keys: Sequence[bytes]) -> PrepareLoadOutput | Refusal:
-        """Pin every key for a load.
+        """Add one pin to each of ``keys`` (distinct) for a load.
 
-        Pre: distinct bytes keys. Post: each key's pins grew by 1; ``loads_prepared`` grew by
-        ``len(keys)``. Refusal: MISSING if a key is absent, else NOT_READY if one is STORING;
-        a refused call changes nothing.
+        Refused with MISSING when some key is absent, otherwise NOT_READY when some key is
+        still STORING; a refusal pins nothing. Accepted, ``loads_prepared`` counts the keys.
         """
-        checked = _checked_keys(keys, distinct=True)
-        state, pins = self._state, self._pins
-        found = [state.get(key) for key in checked]
-        if None in found:
+        valid = _valid_keys(keys, distinct=True)
+        states = [self._state.get(key) for key in valid]
+        if None in states:
             return Refusal.MISSING
-        if _STORING in found:
+        if _STORING in states:
             return Refusal.NOT_READY
-        for key in checked:
+        pins = self._pins
+        for key in valid:
             pins[key] = pins.get(key, 0) + 1
-        self._counters["loads_prepared"] += len(checked)
-        return PrepareLoadOutput(checked)
+        self._counters["loads_prepared"] += len(valid)
+        return PrepareLoadOutput(valid)
 
     def complete_load(self, keys: Sequence[bytes]) -> None:
-        """Release one pin per key: the load finished (successfully or not).
+        """Take one pin off each of ``keys`` (distinct), whatever the load's outcome.
 
-        Pre: distinct keys, each pinned (field ``keys`` otherwise, nothing changed).
-        Post: each key's pins fell by 1; ``loads_completed`` grew by ``len(keys)``.
+        A key holding no pin raises (field ``keys``) before any pin is taken off.
+        ``loads_completed`` counts the keys.
         """
-        checked = _checked_keys(keys, distinct=True)
+        valid = _valid_keys(keys, distinct=True)
         pins = self._pins
-        for key in checked:
-            if key not in pins:
-                raise HybridKVConfigError("keys", key, "is not pinned by a load", "complete once")
-        for key in checked:
-            left = pins[key] - 1
-            if left:
-                pins[key] = left
-            else:
+        unpinned = next((key for key in valid if key not in pins), None)
+        if unpinned is not None:
+            raise HybridKVConfigError("keys", unpinned, "is not pinned by a load", "complete once")
+        for key in valid:
+            if pins[key] == 1:
                 del pins[key]
-        self._counters["loads_completed"] += len(checked)
+            else:
+                pins[key] -= 1
+        self._counters["loads_completed"] += len(valid)
 
     def touch(self, keys: Sequence[bytes]) -> None:
-        """Record a use of ``keys`` (head first) for the policy's recency.
+        """Tell the policy ``keys`` (head first, repeats allowed) were just used.
 
-        Pre: bytes keys (repeats allowed). Post: resident keys refreshed tail first, so
-        ``keys[0]`` ends most recent; an absent key is a miss the policy may learn from.
-        Frame: entries, pins, slots, counters and events never change.
+        The policy sees them tail first, so ``keys[0]`` ends the most recent; an absent key
+        reaches it as a miss (ARC's ghosts learn from those). Only the policy changes.
         """
         state, policy = self._state, self._policy
-        for key in reversed(_checked_keys(keys, distinct=False)):
+        for key in reversed(_valid_keys(keys, distinct=False)):
             found = state.get(key)
             if found is None:
                 policy.on_miss(key)
@@ -202,131 +207,111 @@ class HostStore:
 
     # --- stores ---
 
-    def prepare_store(self, keys: Sequence[bytes]) -> PrepareStoreOutput | Refusal:
-        """Reserve STORING entries (and slots) for the absent ``keys``, evicting to make room.
+    def prepare_store(
+        self, keys: Sequence[bytes], priority: StorePriority = StorePriority.NORMAL
+    ) -> PrepareStoreOutput | Refusal:
+        """Reserve a STORING entry and a slot for each absent key, evicting if the host is full.
 
-        Pre: distinct bytes keys. Post: every absent key is STORING (``keys_to_store``, given
-        order); present keys are skipped and untouched; if free slots fall short, the policy's
-        victims among READY unpinned entries not named in ``keys`` were evicted
-        (``evicted_keys``, one EVICTED event). Refusal NO_SPACE when that cannot make room;
-        a refused call changes nothing, the policy included.
+        ``keys``: distinct; present ones are left as they are (priority included).
+        ``priority`` (field ``priority``): the class the new entries keep; a LOW call may
+        only evict LOW entries. The victims, chosen by the policy among READY
+        unpinned entries the call does not name, leave in one EVICTED event
+        (``evicted_keys``); ``keys_to_store`` lists the reserved keys in the given order.
+        NO_SPACE when no such victims make room; then nothing changes, the policy included.
         """
-        checked = _checked_keys(keys, distinct=True)
+        if not isinstance(priority, StorePriority):
+            raise HybridKVConfigError(
+                "priority", priority, "is not a StorePriority", "pass StorePriority.NORMAL"
+            )
+        valid = _valid_keys(keys, distinct=True)
         state = self._state
-        incoming = tuple(key for key in checked if key not in state)
-        if not incoming:
-            return PrepareStoreOutput((), ())
-        tail_first = incoming[::-1]
-        shortfall = len(incoming) - (self._capacity - len(state))
-        victims: tuple[bytes, ...] = ()
-        if shortfall > 0:
-            # Upper bound on victims; refusing here spares the policy's walk.
-            if shortfall > len(state) - self._storing - len(self._pins):
-                return Refusal.NO_SPACE
-            offered = frozenset(key for key in checked if key in state)
-            victims = self._policy.victims(shortfall, self._evictable(offered), tail_first)
-            if len(victims) < shortfall:
-                return Refusal.NO_SPACE
-        policy = self._policy
-        for key in tail_first:
+        new = tuple(key for key in valid if key not in state)
+        if not new:
+            return _NOTHING_STORED
+        victims = self._victims_for(valid, new, priority)
+        if victims is None:
+            return Refusal.NO_SPACE
+        policy, reverse = self._policy, new[::-1]
+        for key in reverse:
             policy.on_miss(key)
-        self._evict(victims)
-        for key in tail_first:
+        self._leave(victims, EventKind.EVICTED)
+        for key in reverse:
             state[key] = _STORING
             policy.on_insert(key)
-        for key in incoming:
-            self._slots[key] = self._take_slot()
-        self._storing += len(incoming)
-        self._counters["reserved"] += len(incoming)
-        return PrepareStoreOutput(incoming, victims)
+        if priority is _LOW:
+            self._low.update(new)
+        slots = self._slots
+        for key in new:
+            slots[key] = self._free_slot()
+        self._storing += len(new)
+        self._counters["reserved"] += len(new)
+        return PrepareStoreOutput(new, victims)
 
     def complete_store(self, keys: Sequence[bytes], success: bool) -> None:
-        """Finish the stores of ``keys``: READY on success, dropped on failure.
+        """End the stores of ``keys`` (distinct, each STORING): READY, or gone when they failed.
 
-        Pre: ``success`` a bool (field ``success``), then distinct keys, each STORING (field
-        ``keys``); otherwise nothing changed. Post on success: each key READY with 0 pins, one
-        STORED event, ``stored`` grew. On failure: the entries and their slots are gone (no
-        ghost), one REMOVED event, ``removed`` grew. Empty ``keys``: nothing changes.
+        ``success`` must be a bool (field ``success``) and each key STORING (field ``keys``);
+        both are checked before anything changes. Success: READY with no pin, one STORED event.
+        Failure: the entries and slots are released with no ghost left, one REMOVED event.
+        The matching counter grows; no keys, no change.
         """
         if not isinstance(success, bool):
             raise HybridKVConfigError("success", success, "must be a bool", "pass True or False")
-        checked = _checked_keys(keys, distinct=True)
+        valid = _valid_keys(keys, distinct=True)
         state = self._state
-        for key in checked:
-            if state.get(key) is not _STORING:
-                raise HybridKVConfigError("keys", key, "has no store in flight", "complete once")
-        if not checked:
+        idle = next((key for key in valid if state.get(key) is not _STORING), None)
+        if idle is not None:
+            raise HybridKVConfigError("keys", idle, "has no store in flight", "complete once")
+        if not valid:
             return
+        self._storing -= len(valid)
         if success:
-            for key in checked:
+            for key in valid:
                 state[key] = _READY
+            self._events.append(StoreEvent(EventKind.STORED, valid))
+            self._counters["stored"] += len(valid)
         else:
-            for key in checked:
-                del state[key]
-                self._policy.on_remove(key)
-                self._recycled.append(self._slots.pop(key))
-        self._storing -= len(checked)
-        kind = EventKind.STORED if success else EventKind.REMOVED
-        self._events.append(StoreEvent(kind, checked))
-        self._counters[kind.value] += len(checked)
+            self._leave(valid, EventKind.REMOVED)
 
     def evict(self, keys: Sequence[bytes]) -> tuple[bytes, ...]:
-        """Evict those of ``keys`` that are READY and unpinned: the caller found their data bad.
+        """Drop the READY unpinned ones among ``keys`` (distinct): their data turned out bad.
 
-        ``spec.store.HostStore.evict``'s twin: a connector whose load of a key failed drops the
-        entry so the chunk is stored again; the policy forgets the keys without a ghost.
-
-        Pre: distinct bytes keys (field ``keys``, nothing changed). Post: the returned keys (in
-        the given order) were READY with 0 pins and are gone with their slots, in one EVICTED
-        event, ``evicted`` grew; keys absent, STORING or pinned are left as they are. Frame:
-        nothing else changes (no event when nothing is evicted).
+        A connector whose load failed calls this so the chunk is stored afresh; the policy
+        keeps no ghost of them. Returns the dropped keys in the given order (one EVICTED event,
+        ``evicted`` grows); absent, STORING and pinned keys stay. Nothing dropped, no event.
         """
         state, pins = self._state, self._pins
-        victims = tuple(
+        bad = tuple(
             key
-            for key in _checked_keys(keys, distinct=True)
+            for key in _valid_keys(keys, distinct=True)
             if state.get(key) is _READY and key not in pins
         )
-        if not victims:
-            return ()
-        for key in victims:
-            del state[key]
-            self._policy.on_remove(key)
-            self._recycled.append(self._slots.pop(key))
-        self._events.append(StoreEvent(EventKind.EVICTED, victims))
-        self._counters["evicted"] += len(victims)
-        return victims
+        if bad:
+            self._leave(bad, EventKind.EVICTED, ghost=False)
+        return bad
 
-    # --- events, stats, snapshot ---
+    # --- events, counts, views ---
 
     def take_events(self) -> tuple[StoreEvent, ...]:
-        """Every event since the last call, oldest first.
-
-        Post: no event is pending; ``taken`` counts their keys. Frame: nothing else changes.
-        """
-        events, self._events = tuple(self._events), []
-        for event in events:
-            self._taken[event.kind.value] += len(event.keys)
-        return events
+        """Hand over the pending events, oldest first, and count their keys as taken."""
+        handed, self._events = tuple(self._events), []
+        taken = self._taken
+        for event in handed:
+            taken[event.kind.value] += len(event.keys)
+        return handed
 
     def status_counts(self) -> tuple[int, int, int, int]:
-        """``(reserved, stored, removed, evicted)`` of :meth:`stats`, without building it: every
-        change of a key's status moves one of them (the connector's memos key on these).
-        O(1). Frame: nothing changes."""
-        counters = self._counters
-        return (
-            counters["reserved"],
-            counters["stored"],
-            counters["removed"],
-            counters["evicted"],
-        )
+        """``(reserved, stored, removed, evicted)``: every status change of a key moves one of
+        them, so the connector keys its memos on this tuple. O(1), changes nothing."""
+        count = self._counters
+        return (count["reserved"], count["stored"], count["removed"], count["evicted"])
 
     def stats(self) -> StoreStats:
-        """Counts of entries now and of keys since creation, in O(1). Frame: nothing changes."""
+        """Entries now and keys counted since creation, in O(1). Changes nothing."""
         used = len(self._state)
         ready = used - self._storing
         pinned = len(self._pins)
-        counters = self._counters
+        count = self._counters
         return StoreStats(
             self._capacity,
             used,
@@ -334,21 +319,20 @@ class HostStore:
             ready,
             pinned,
             ready - pinned,
-            *map(counters.__getitem__, COUNTER_NAMES),
+            *map(count.__getitem__, COUNTER_NAMES),
         )
 
     def snapshot(self) -> dict[str, Any]:
-        """The reference's plain snapshot (``spec.store`` schema). Frame: nothing changes."""
-        stats = self.stats()
-        pins = self._pins
+        """The plain dict of the store contract's snapshot schema. Changes nothing."""
+        stats, pins = self.stats(), self._pins
+        rows = [(key.hex(), state.value, pins.get(key, 0)) for key, state in self._state.items()]
         return {
             "capacity": self._capacity,
             "used": stats.used,
             "storing": stats.storing,
             "evictable": stats.evictable,
-            "entries": tuple(
-                sorted((key.hex(), s.value, pins.get(key, 0)) for key, s in self._state.items())
-            ),
+            "entries": tuple(sorted(rows)),
+            "low": tuple(sorted(key.hex() for key in self._low)),
             "policy": self._policy.snapshot(),
             "counters": dict(self._counters),
             "events": tuple((e.kind.value, tuple(k.hex() for k in e.keys)) for e in self._events),
@@ -356,46 +340,82 @@ class HostStore:
         }
 
     def copy(self) -> HostStore:
-        """An independent copy (same class): mutating one never changes the other."""
+        """A twin sharing no mutable state with this store."""
         twin = type(self).__new__(type(self))
-        twin._capacity = self._capacity
-        twin._policy = self._policy.copy()
-        # Keys, states and events are immutable values: copying the containers is enough.
-        twin._state, twin._pins = dict(self._state), dict(self._pins)
-        twin._storing = self._storing
-        twin._slots, twin._recycled = dict(self._slots), list(self._recycled)
-        twin._fresh = self._fresh
-        twin._counters, twin._taken = dict(self._counters), dict(self._taken)
-        twin._events = list(self._events)
+        # Keys, states, slots and events are immutable: shallow copies of the containers do.
+        twin.__dict__.update(
+            _capacity=self._capacity,
+            _policy=self._policy.copy(),
+            _state=dict(self._state),
+            _pins=dict(self._pins),
+            _low=set(self._low),
+            _storing=self._storing,
+            _slots=dict(self._slots),
+            _recycled=list(self._recycled),
+            _fresh=self._fresh,
+            _counters=dict(self._counters),
+            _events=list(self._events),
+            _taken=dict(self._taken),
+        )
         return twin
 
     # --- internals ---
 
-    def _evictable(self, offered: frozenset[bytes]) -> Evictable:
-        state, pins = self._state, self._pins
-        if not offered:
-            return lambda key: state[key] is _READY and key not in pins
-        return lambda key: state[key] is _READY and key not in pins and key not in offered
+    def _victims_for(
+        self, valid: tuple[bytes, ...], new: tuple[bytes, ...], priority: StorePriority
+    ) -> tuple[bytes, ...] | None:
+        """The policy's victims that make room for ``new``; None when there are too few."""
+        missing = len(new) - (self._capacity - len(self._state))
+        if missing <= 0:
+            return ()
+        low_only = priority is _LOW
+        # Cheap upper bounds on the candidates: refuse before the policy walks anything.
+        pool = self._low if low_only else self._state
+        if missing > len(pool) or missing > len(self._state) - self._storing - len(self._pins):
+            return None
+        named = frozenset(valid) if len(new) != len(valid) else frozenset()
+        chosen = self._policy.victims(missing, self._candidate(named, low_only), new[::-1])
+        return chosen if len(chosen) == missing else None
 
-    def _evict(self, victims: tuple[bytes, ...]) -> None:
-        if not victims:
+    def _candidate(self, named: frozenset[bytes], low_only: bool) -> Evictable:
+        """The evictability test handed to the policy (``named``: resident keys of the call)."""
+        state, pins, low = self._state, self._pins, self._low
+        if low_only:
+            return lambda key: (
+                key in low and state[key] is _READY and key not in pins and key not in named
+            )
+        if named:
+            return lambda key: state[key] is _READY and key not in pins and key not in named
+        return lambda key: state[key] is _READY and key not in pins
+
+    def _leave(self, keys: tuple[bytes, ...], kind: EventKind, *, ghost: bool = True) -> None:
+        """``keys`` leave with their slots, in one ``kind`` event. An eviction for room
+        (``ghost``) tells the policy ``on_evict``; a failed store or a bad entry, ``on_remove``."""
+        if not keys:
             return
-        self._policy.on_evict(victims)
-        for key in victims:
-            del self._state[key]
-            self._recycled.append(self._slots.pop(key))
-        self._events.append(StoreEvent(EventKind.EVICTED, victims))
-        self._counters["evicted"] += len(victims)
+        policy, state, slots = self._policy, self._state, self._slots
+        if kind is EventKind.EVICTED and ghost:
+            policy.on_evict(keys)
+        else:
+            for key in keys:
+                policy.on_remove(key)
+        for key in keys:
+            del state[key]
+            self._recycled.append(slots.pop(key))
+        self._low.difference_update(keys)
+        self._events.append(StoreEvent(kind, keys))
+        self._counters[kind.value] += len(keys)
 
-    def _take_slot(self) -> int:
-        # Capacity bounds the entries, so a slot is always free here.
+    def _free_slot(self) -> int:
+        # Entries never outnumber slots, so one is always free here.
         if self._recycled:
             return self._recycled.pop()
         self._fresh += 1
         return self._fresh - 1
 
 
-def _checked_policy(policy: str | EvictionPolicy, capacity: int) -> EvictionPolicy:
+def _fresh_policy(policy: str | EvictionPolicy, capacity: int) -> EvictionPolicy:
+    """The policy named, or the one given once it is known to be empty and of this size."""
     if isinstance(policy, str):
         return make_policy(policy, capacity)
     if not isinstance(policy, EvictionPolicy) or policy.capacity != capacity:
@@ -407,27 +427,26 @@ def _checked_policy(policy: str | EvictionPolicy, capacity: int) -> EvictionPoli
     return policy
 
 
-_BYTES = {bytes}
-_SEQUENCES = (list, tuple)  # the common containers, known iterable
+_LISTS = (list, tuple)  # containers that are surely key sequences, checked without isinstance
 
 
-def _checked_key(field: str, key: object) -> bytes:
+def _valid_key(field: str, key: object) -> bytes:
     if not isinstance(key, bytes) or not key:
         raise HybridKVConfigError(field, key, "an offload key is non-empty bytes", "pass bytes")
     return key
 
 
-def _checked_keys(keys: object, *, distinct: bool) -> tuple[bytes, ...]:
-    if type(keys) not in _SEQUENCES and (
+def _valid_keys(keys: object, *, distinct: bool) -> tuple[bytes, ...]:
+    if type(keys) not in _LISTS and (
         isinstance(keys, (bytes, str)) or not isinstance(keys, Iterable)
     ):
         raise HybridKVConfigError("keys", keys, "is not a sequence of keys", "pass a list of keys")
-    checked: tuple[bytes, ...] = tuple(cast("Iterable[bytes]", keys))
-    # One pass in C when every key is non-empty bytes (the usual case); the per-key check,
-    # which names the first bad key, otherwise.
-    if not (set(map(type, checked)) <= _BYTES and all(checked)):
-        for key in checked:
-            _checked_key("keys", key)
-    if distinct and len(set(checked)) != len(checked):
+    valid: tuple[bytes, ...] = tuple(cast("Iterable[bytes]", keys))
+    # The common case (all non-empty bytes) is one C-level pass; otherwise the key-by-key
+    # check finds the first bad key to name.
+    if not (all(type(key) is bytes for key in valid) and all(valid)):
+        for key in valid:
+            _valid_key("keys", key)
+    if distinct and len(set(valid)) != len(valid):
         raise HybridKVConfigError("keys", keys, "repeats a key", "pass each key once")
-    return checked
+    return valid

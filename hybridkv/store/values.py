@@ -24,6 +24,7 @@ __all__ = [
     "PrepareStoreOutput",
     "Refusal",
     "StoreEvent",
+    "StorePriority",
     "StoreStats",
 ]
 
@@ -114,6 +115,18 @@ class StoreEvent:
 
     kind: EventKind
     keys: Keys
+
+
+class StorePriority(Enum):
+    """Admission class of a ``prepare_store`` call, kept by the entries it reserves.
+
+    NORMAL may displace any evictable entry. LOW (units less likely to be claimed: past the
+    prompt, or a sliding window's units far before its end) may displace LOW entries only, so
+    it is stored where there is room and refused where the room would cost a NORMAL entry.
+    """
+
+    NORMAL = "normal"
+    LOW = "low"
 
 
 class EventKind(Enum):

@@ -19,7 +19,9 @@ MIN (:class:`~hybridkv.store.belady.BeladyPolicy`) reads the future from the ask
 *used* at an ask when the ask's claim in a store that never evicts would load it
 (:func:`future_uses`). With ``bypass`` the replay may also decline to
 store a key a full store would only keep by evicting a key needed sooner (MIN with bypass: the
-optimum over every admission and eviction rule on this sequence, counted in key reads).
+optimum over every admission and eviction rule on this sequence, counted in key reads). LRU
+and ARC replays keep each offer's admission class (:class:`~hybridkv.store.StorePriority`), as
+the run's store did; MIN ignores it: it is the yardstick, not the store's rule.
 """
 
 from __future__ import annotations
@@ -30,7 +32,13 @@ from dataclasses import dataclass
 from hybridkv.connector.claims import decide_claim
 from hybridkv.connector.geometry import ConnectorGeometry
 from hybridkv.errors import HybridKVConfigError
-from hybridkv.store import HostStore, LookupResult, PrepareLoadOutput, PrepareStoreOutput
+from hybridkv.store import (
+    HostStore,
+    LookupResult,
+    PrepareLoadOutput,
+    PrepareStoreOutput,
+    StorePriority,
+)
 from hybridkv.store.belady import NEVER, BeladyPolicy, FutureUses
 from hybridkv.store.policy import EvictionPolicy
 
@@ -43,6 +51,7 @@ __all__ = [
     "Poll",
     "ReplayResult",
     "Step",
+    "loaded_keys",
     "needed_keys",
     "replay",
 ]
@@ -64,9 +73,11 @@ class Ask:
 
 @dataclass(frozen=True, slots=True)
 class Offer:
-    """One ``prepare_store`` call of a step's store job: ``keys`` head first."""
+    """One ``prepare_store`` call of a step's store job: ``keys`` head first, at ``priority``
+    (the admission class the connector gave them)."""
 
     keys: tuple[bytes, ...]
+    priority: StorePriority = StorePriority.NORMAL
 
 
 @dataclass(frozen=True, slots=True)
@@ -114,6 +125,21 @@ def needed_keys(geometry: ConnectorGeometry, ask: Ask, end: int) -> tuple[bytes,
         first = geometry.first_needed(g, ask.start, end)
         out.extend(ask.keys[g][first : end // unit])
     return tuple(out)
+
+
+def loaded_keys(geometry: ConnectorGeometry, ask: Ask, end: int) -> tuple[bytes, ...]:
+    """:func:`needed_keys` in the order the connector core loads and touches them: by the
+    token their unit ends at, then by group (``hybridkv.connector.loads.load_items``). The
+    order is the policy's recency order, so a replay that touched them in group order would
+    rank them differently from the run it replays (ARC's T2 most visibly)."""
+    if end <= ask.start:
+        return ()
+    ranked: list[tuple[int, int, bytes]] = []
+    for g, unit in enumerate(geometry.units):
+        first = geometry.first_needed(g, ask.start, end)
+        ranked.extend(((j + 1) * unit, g, ask.keys[g][j]) for j in range(first, end // unit))
+    ranked.sort(key=lambda item: (item[0], item[1]))
+    return tuple(key for _, _, key in ranked)
 
 
 def unlimited(events: Sequence[Event]) -> int:
@@ -177,7 +203,7 @@ def replay(
                 failed=frozenset(),
             )
             deferred += defer
-            keys = needed_keys(geometry, event, end)
+            keys = loaded_keys(geometry, event, end)
             if keys:
                 loading = store.prepare_load(keys)
                 assert isinstance(loading, PrepareLoadOutput)  # the claim rule saw them READY
@@ -191,7 +217,9 @@ def replay(
                 pinned = frozenset(key for _, held in loads for key in held)
                 keys, declined = _admitted(store, chosen, keys, pinned)
                 bypassed += declined
-            prepared = store.prepare_store(keys)
+            # LRU and ARC keep the run's admission classes; MIN, the yardstick, ignores them.
+            priority = StorePriority.NORMAL if policy == "min" else event.priority
+            prepared = store.prepare_store(keys, priority)
             if isinstance(prepared, PrepareStoreOutput):
                 if prepared.keys_to_store:
                     stores.append((steps, prepared.keys_to_store))
@@ -200,8 +228,10 @@ def replay(
         elif isinstance(event, Step):
             steps += 1
         else:
-            # Jobs made in step s report at the poll after step s + delay (poll index s + d).
-            due = polls - delay
+            # The worker's rule (hybridkv.vllm.harness.delayed): a job reports at its delay-th poll
+            # counted from its own step's poll, and delays 0 and 1 both mean that first poll,
+            # so jobs made in step s report at poll index s + max(delay - 1, 0).
+            due = polls - max(delay - 1, 0)
             loads = _finish(loads, due, store.complete_load)
             stores = _finish(stores, due, lambda keys: store.complete_store(keys, success=True))
             polls += 1

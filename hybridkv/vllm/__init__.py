@@ -8,6 +8,8 @@ can rebuild :class:`HybridKVStats` by class name.
 
 - :mod:`hybridkv.vllm.config`: ``kv_connector_extra_config``, validated at start-up;
 - :mod:`hybridkv.vllm.connector`: ``HybridKVConnector`` (both roles) over the connector core;
+  its hooks in :mod:`hybridkv.vllm.scheduler_role` and :mod:`hybridkv.vllm.worker_role`, what
+  crosses between the roles each step in :mod:`hybridkv.vllm.step_metadata`;
 - :mod:`hybridkv.vllm.versions`: the vLLM versions it supports (0.32.x CPU build, 0.33.x),
   any other refused at start-up;
 - :mod:`hybridkv.vllm.metrics`: its counters through vLLM's stats and Prometheus pipeline, and
@@ -18,17 +20,15 @@ can rebuild :class:`HybridKVStats` by class name.
   tiers forget, and the store pins make way for vLLM's pool check;
 - :mod:`hybridkv.vllm.remote`: the shared remote tier's scheduler and worker sides;
 - :mod:`hybridkv.vllm.views`: the core's view of a vLLM request, rebuilt only when it changed;
-- :mod:`hybridkv.vllm.planning`: vLLM's own KV-cache planning for a config.json, in-process;
-- :mod:`hybridkv.vllm.inprocess`: vLLM's real ``Scheduler`` with any KV connector, the worker
-  side driven in-process on CPU tensors in the model runner's hook order, content-verified;
-- :mod:`hybridkv.vllm.content`: the stand-in forward's content tags;
-- :mod:`hybridkv.vllm.cpu_worker` / :mod:`hybridkv.vllm.delayed`: the connector's worker on CPU
-  tensors with seeded faults and simulated copy latency;
-- :mod:`hybridkv.vllm.workload`: ``hybridkv simulate --engine vllm``'s workload under vLLM;
-- :mod:`hybridkv.vllm.native_cpu`: vLLM's native ``OffloadingConnector`` on CPU tensors;
 - :mod:`hybridkv.vllm.multi`: ``WeightedMultiConnector``, vLLM's ``MultiConnector`` with the
   loading child chosen by ``matched_tokens * load_weight`` (:mod:`hybridkv.connector.selection`),
-  named children and name-keyed stats; :mod:`hybridkv.vllm.multi_cpu`: its in-process adapter.
+  named children and name-keyed stats.
+
+These, with the modules they import (checkpoints, events, layout, platform_check), are what
+``vllm serve`` loads. :mod:`hybridkv.vllm.harness`, the
+in-process engine that tests, benchmarks and ``hybridkv simulate --engine vllm`` run, is a
+subpackage that none of them imports (import-linter contract "connector does not import
+harness"; ``tests/vllm/test_server_imports.py``).
 """
 
 from __future__ import annotations

@@ -261,12 +261,18 @@ class GroupAgreement:
         self.count = 0
         self._seen: dict[str, tuple[int, int]] = {}
 
-    def observe(self, core: ConnectorCore, view: RequestView, start: int) -> None:
-        """After a decided lookup (not deferred) of ``view`` at ``start``."""
+    def observe(self, core: ConnectorCore, view: RequestView, start: int, claimed: int = 0) -> None:
+        """After a decided lookup (not deferred) of ``view`` at ``start`` that claimed
+        ``claimed`` tokens."""
         position = (start, len(view.token_ids))
         if self._seen.get(view.request_id) == position:
             return
         self._seen[view.request_id] = position
+        if claimed and start + claimed == _largest_candidate(core, len(view.token_ids)):
+            # Every group's needed keys at the largest candidate end are READY and not failed
+            # (the core claimed it), so each group alone reaches that end too: they agree,
+            # and the per-group scans would only confirm it.
+            return
         if len(set(self.group_ends(core, view, start))) > 1:
             self.count += 1
 
@@ -299,6 +305,13 @@ class GroupAgreement:
             )
             ends.append(decision.end)
         return tuple(ends)
+
+
+def _largest_candidate(core: ConnectorCore, num_tokens: int) -> int:
+    """The largest end the claim rule considers for ``num_tokens`` tokens (decide_claim)."""
+    geometry = core.geometry
+    limit = geometry.planner.claimable_prefix_tokens(num_tokens)
+    return limit - limit % geometry.align
 
 
 def store_events_to_vllm(

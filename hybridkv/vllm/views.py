@@ -75,6 +75,19 @@ class RequestViews:
         """The request finished: its view is not kept."""
         self._views.pop(request_id, None)
 
+    def pop(self, request: Any) -> RequestView:
+        """Forget ``request``'s view and return the last one built, or a new one if none was.
+
+        For a finish: the core reads only the request's id there, so a view whose tokens lag
+        the request's (decode steps that completed no unit build none) serves, and copying a
+        long context into a fresh view at every finish is spared."""
+        held = self._views.pop(request.request_id, None)
+        if held is not None and held[0] is request:
+            return held[1]
+        view = self.view(request)
+        del self._views[request.request_id]
+        return view
+
     def __len__(self) -> int:
         return len(self._views)
 

@@ -67,7 +67,7 @@ from spec.connector.checkpoints import CheckpointRule
 from spec.connector.claims import decide_claim
 from spec.connector.geometry import Geometry
 from spec.connector.loads import LoadRecord, load_items, resume_point, segments
-from spec.connector.stores import items_by_end, store_items
+from spec.connector.stores import items_by_end, store_items, stored_low
 from spec.connector_api import (
     BlockTable,
     Claim,
@@ -87,7 +87,13 @@ from spec.hashing import request_block_hashes
 from spec.kinds import GroupKind
 from spec.managers.group_spec import GroupSpec
 from spec.planner import HybridOffloadPlanner
-from spec.store import HostStore, LookupResult, PrepareLoadOutput, PrepareStoreOutput
+from spec.store import (
+    HostStore,
+    LookupResult,
+    PrepareLoadOutput,
+    PrepareStoreOutput,
+    StorePriority,
+)
 
 __all__ = ["LoadMode", "ReferenceConnector"]
 
@@ -538,12 +544,33 @@ class ReferenceConnector:
     ) -> TransferJob | None:
         hashes = self._hashes(request)
         taken: list[TransferItem] = []
+        prompt = request.num_prompt_tokens
         for part in items_by_end(self._store_items(hashes, block_ids, start, end)):
-            prepared = self.store.prepare_store([item.key for item in part])
-            if not isinstance(prepared, PrepareStoreOutput):
-                break  # NO_SPACE: later ends would leave a hole in the stored prefix
-            fresh = set(prepared.keys_to_store)
-            taken.extend(item for item in part if item.key in fresh)
+            # Admission (spec.connector.stores.stored_low): NORMAL units of the part are
+            # offered first, then its LOW ones. Refused NORMAL units or refused continuation
+            # units would leave a hole in the stored prefix: the job stops there. Refused far
+            # sliding units leave none (no claim reads them), so the next end is offered.
+            by_class = (
+                (
+                    [i for i in part if not stored_low(self.geometry, i, prompt)],
+                    StorePriority.NORMAL,
+                ),
+                ([i for i in part if stored_low(self.geometry, i, prompt)], StorePriority.LOW),
+            )
+            kept: set[bytes] = set()
+            hole = False
+            for items, priority in by_class:
+                if not items:
+                    continue
+                prepared = self.store.prepare_store([item.key for item in items], priority)
+                if isinstance(prepared, PrepareStoreOutput):
+                    kept.update(prepared.keys_to_store)
+                    continue
+                hole = priority is StorePriority.NORMAL or items[0].end_token > prompt
+                break
+            taken.extend(item for item in part if item.key in kept)
+            if hole:
+                break
         if not taken:
             return None
         for item in taken:

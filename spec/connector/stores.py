@@ -28,7 +28,7 @@ from spec.connector.geometry import Geometry, UnitRef
 from spec.connector_api import BlockTable, TransferItem
 from spec.kinds import GroupKind
 
-__all__ = ["items_by_end", "store_items", "store_units"]
+__all__ = ["items_by_end", "store_items", "store_units", "stored_low"]
 
 
 def store_units(
@@ -78,3 +78,23 @@ def items_by_end(items: Sequence[TransferItem]) -> list[tuple[TransferItem, ...]
     end into several groups). Post: the groups concatenate to ``items``.
     """
     return [tuple(group) for _, group in groupby(items, key=lambda item: item.end_token)]
+
+
+def stored_low(geometry: Geometry, item: TransferItem, num_prompt_tokens: int) -> bool:
+    """Whether a store sends ``item`` at ``StorePriority.LOW`` (:mod:`spec.store`, admission).
+
+    The prompt's own claims end at the multiples of ``geometry.align`` below
+    ``num_prompt_tokens``, the furthest at ``reach_end``; a later turn extending the prompt
+    claims past it. Hence two kinds of unit are less likely claimed than the prompt's prefix:
+
+    - a unit ending after the prompt (written by decode steps): only a later turn reads it;
+    - a SLIDING unit ending ``reach`` tokens or more before ``reach_end``: outside the window
+      of every such claim (a claim ending at ``e`` reads the units ending after ``e - reach``).
+
+    Pure: reads ``geometry`` and ``item``, changes nothing.
+    """
+    past_prompt = item.end_token > num_prompt_tokens
+    if past_prompt or geometry.kinds[item.group_idx] is not GroupKind.SLIDING:
+        return past_prompt
+    reach_end = ((num_prompt_tokens - 1) // geometry.align) * geometry.align
+    return reach_end - item.end_token >= geometry.reaches[item.group_idx]

@@ -64,9 +64,13 @@ def st2_slot_counts(snap: Mapping[str, Any]) -> list[str]:
 
 @invariant(_SUBJECT)
 def st3_well_formed(snap: Mapping[str, Any]) -> list[str]:
-    """ST-3: entries have distinct keys, a known state and an int pin count >= 0."""
+    """ST-3: distinct keys, a known state, int pins >= 0; the low keys are distinct entries."""
     entries = _entries(snap)
     messages = [f"key {key} listed twice" for key in _duplicates(k for k, _, _ in entries)]
+    low = snap["low"]
+    messages += [f"low key {key} listed twice" for key in _duplicates(low)]
+    present = {key for key, _, _ in entries}
+    messages += [f"low key {key} is no entry" for key in low if key not in present]
     for key, state, pins in entries:
         if state not in (_STORING, _READY):
             messages.append(f"key {key} has unknown state {state!r}")

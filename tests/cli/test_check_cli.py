@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import json
+import re
 from typing import Any
 
 import pytest
 
 import hybridkv.cli.check as check_cli
+from hybridkv.cli.check_budget import DEFAULT_MAX_STATES, available_memory_bytes
 from hybridkv.cli.main import main
 from spec.system.content import Garbage
 from spec.system.engine import Engine
@@ -105,3 +107,67 @@ def test_human_output_reports_the_numbers_and_verdict(capsys: pytest.CaptureFixt
     for phrase in ("states explored:", "states/s:", "depth reached:", "exhaustive:", "verdict:"):
         assert phrase in out
     assert "uncovered" in out
+
+
+# The bound of a search: issue 20 item 5 (`--depth 1000000000` ran 30 minutes without a word
+# and grew to 8 GB). Small budgets keep these fast; the defaults are checked by value.
+ABSURD = ["check", "--requests", "2", "--groups", "full,mamba", "--depth", "1000000000"]
+
+
+def test_an_absurd_depth_stops_at_the_state_budget_with_one_line(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert main([*ABSURD, "--max-states", "400"]) == 3  # neither a pass (0) nor a violation (1)
+    out = capsys.readouterr().out
+    last = out.splitlines()[-1]
+    assert last.startswith("hybridkv check: not exhaustive: the state budget (--max-states 400)")
+    assert "after 400 states" in last
+    assert re.search(r"every state within \d+ actions checked \(depth \d+ of 1000000000", last)
+    assert last.endswith("raise --max-states to explore further")
+    assert "verdict:" not in out  # the line replaces the verdict: nothing follows it
+
+
+def test_json_says_the_search_was_cut_by_the_memory_budget(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    # Any process holds more than 1 MiB, so the first new state finds the budget spent.
+    code, report = _json(capsys, *ABSURD, "--max-memory", "1")
+    assert code == 3
+    assert report["verdict"] == "cut"
+    assert report["exhaustive"] is False
+    assert report["budget"] == {"max_states": DEFAULT_MAX_STATES, "max_memory_mib": 1}
+    assert report["memory_mib"] >= 1
+    bound = report["bound"]
+    assert (bound["cut_by"], bound["flag"]) == ("max_memory", "--max-memory")
+    assert bound["checked_depth"] <= report["depth"]
+    assert bound["message"].startswith(
+        "hybridkv check: not exhaustive: the memory budget (--max-memory 1 MiB)"
+    )
+    assert f"after {report['states']:,} states" in bound["message"]
+
+
+def test_json_of_a_state_cut_names_its_flag_and_what_was_checked(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    code, report = _json(capsys, *ABSURD, "--max-states", "400")
+    assert (code, report["states"], report["exhaustive"]) == (3, 400, False)
+    assert report["bound"]["flag"] == "--max-states"
+    assert 0 < report["bound"]["checked_depth"] <= report["depth"]
+
+
+def test_the_default_budget_fits_the_machine(capsys: pytest.CaptureFixture[str]) -> None:
+    code, report = _json(capsys, *SMALL)
+    assert code == 1
+    assert report["bound"] is None
+    assert report["budget"]["max_states"] == DEFAULT_MAX_STATES
+    # Half of what the machine had available when the command started (it moves a little).
+    half = available_memory_bytes() // 2 // (1 << 20)
+    assert 0.8 * half <= report["budget"]["max_memory_mib"] <= 1.2 * half
+
+
+@pytest.mark.parametrize("value", ["0", "-5"])
+def test_a_memory_budget_below_one_mib_is_bad_input(
+    capsys: pytest.CaptureFixture[str], value: str
+) -> None:
+    assert main([*SMALL, "--max-memory", value]) == 2
+    assert f"--max-memory={value}" in capsys.readouterr().err

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import io
+import json
 import re
 import subprocess
 import sys
@@ -104,10 +105,14 @@ def test_check_output_explains_its_verdict_words(capsys: pytest.CaptureFixture[s
     assert "exhaustive: yes = every state reachable within 3 actions was checked" in out
     assert "complete: no = some states at depth 3 can still act" in out
     assert "verdict: uncovered (no invariant broke, but the labels listed as uncovered" in out
-    assert main(["check", "--requests", "1", "--depth", "3", "--max-states", "10"]) == 1
+    assert main(["check", "--requests", "1", "--depth", "3", "--max-states", "10"]) == 3
     out = " ".join(capsys.readouterr().out.split())
     assert "exhaustive: no = --max-states cut the search" in out
-    assert "verdict: cut (--max-states stopped the search" in out
+    assert "hybridkv check: not exhaustive: the state budget (--max-states 10)" in out
+
+
+# States of the state budget, depth of the bound, speed, resident memory of the memory budget.
+PROGRESS = r"hybridkv check: [\d,]+/100,000 states, depth \d+/4, [\d,]+ states/s, [\d,]+/[\d,]+ MiB"
 
 
 class _Terminal(io.StringIO):
@@ -153,16 +158,14 @@ def test_check_shows_progress_on_a_terminal(
 ) -> None:
     term = _Terminal()
     monkeypatch.setattr(sys, "stderr", term)
+    monkeypatch.setenv("COLUMNS", "120")  # the line is cut to the terminal's width
     clock = _Clock()
     monkeypatch.setattr("hybridkv.cli.progress_line.time.monotonic", clock)
     assert main(["check", "--requests", "1", "--depth", "4"]) == 1
     drawn = term.getvalue()
     updates = re.findall(r"\r\x1b\[K([^\r]+)", drawn)
     assert updates, drawn
-    assert all(
-        re.fullmatch(r"hybridkv check: [\d,]+ states explored, depth \d+ of 4, \d+s", u)
-        for u in updates
-    ), updates
+    assert all(re.fullmatch(PROGRESS + r", \d+s", u) for u in updates), updates
     assert drawn.endswith("\r\x1b[K")  # erased at the end
     assert "\x1b" not in capsys.readouterr().out  # the report itself has no control codes
 
@@ -172,3 +175,19 @@ def test_check_progress_stays_off_stderr_when_it_is_not_a_terminal(
 ) -> None:
     assert main(["check", "--requests", "1", "--depth", "4"]) == 1
     assert capsys.readouterr().err == ""
+
+
+def test_check_progress_flag_writes_plain_lines_off_a_terminal(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A log (stderr redirected to a file) asks for the progress with --progress: it gets one
+    # plain line per update, no control codes, and stdout keeps its JSON intact.
+    monkeypatch.setattr("hybridkv.cli.progress_line.time.monotonic", _Clock())
+    assert main(["check", "--requests", "1", "--depth", "4", "--progress", "--json"]) == 1
+    captured = capsys.readouterr()
+    assert json.loads(captured.out)["verdict"] == "uncovered"
+    lines = captured.err.splitlines()
+    assert lines
+    assert "\x1b" not in captured.err
+    assert "\r" not in captured.err
+    assert all(re.fullmatch(PROGRESS + r", \d+s", line) for line in lines), lines

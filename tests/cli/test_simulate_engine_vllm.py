@@ -160,7 +160,7 @@ class _Cause(Enum):
 
 
 def _run(**changes: Any) -> types.SimpleNamespace:
-    """A run's observations in the shape of :class:`hybridkv.vllm.workload.WorkloadRun`."""
+    """A run's observations in the shape of :class:`hybridkv.vllm.harness.workload.WorkloadRun`."""
     run = types.SimpleNamespace(
         requests=2,
         finished={"finished_length_capped": 2},
@@ -312,7 +312,7 @@ def test_stats_not_comparable_after_preemption() -> None:
 def test_the_flags_reach_vllms_engine_and_its_observations_the_report(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    """The wiring after the vLLM check, with :mod:`hybridkv.vllm.workload` replaced by a
+    """The wiring after the vLLM check, with :mod:`hybridkv.vllm.harness.workload` replaced by a
     recorder (the real run: tests/vllm/test_simulate_vllm.py)."""
     seen: dict[str, Any] = {}
 
@@ -337,7 +337,7 @@ def test_the_flags_reach_vllms_engine_and_its_observations_the_report(
         importlib,
         "import_module",
         lambda name, package=None: (
-            stand_in if name == "hybridkv.vllm.workload" else real(name, package)
+            stand_in if name == "hybridkv.vllm.harness.workload" else real(name, package)
         ),
     )
     options = SimOptions(engine="vllm", policy="arc", faults=0.25, seed=7, host_bytes=1 << 28)

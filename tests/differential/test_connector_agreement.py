@@ -482,9 +482,14 @@ def test_a_seeded_claim_loads_and_a_failed_segment_is_salvaged() -> None:
 
 
 def _code_objects(cls: type) -> dict[str, Any]:
-    return {
-        name: member.__code__ for name, member in vars(cls).items() if inspect.isfunction(member)
-    }
+    """Every method the class has, its own and its mixins' (the core's queries, promotions
+    and resets live in mixins of hybridkv.connector), nearest definition first."""
+    found: dict[str, Any] = {}
+    for klass in cls.__mro__[:-1]:  # all but object
+        for name, member in vars(klass).items():
+            if inspect.isfunction(member):
+                found.setdefault(name, member.__code__)
+    return found
 
 
 def test_the_core_and_the_reference_are_different_code() -> None:

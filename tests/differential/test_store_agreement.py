@@ -96,6 +96,13 @@ def _call(
 
     ``before`` is the store's snapshot before the call (taken by the caller's last check).
     """
+    if "priority" in kwargs:  # drawn as its value: each side gets its own enum member
+        priorities = (
+            spec.store.StorePriority
+            if isinstance(store, SpecStore)
+            else hybridkv.store.StorePriority
+        )
+        kwargs = {**kwargs, "priority": priorities(kwargs["priority"])}
     try:
         return plain(getattr(store, name)(*args, **kwargs))
     except (spec.errors.ConfigError, hybridkv.errors.HybridKVConfigError) as error:
@@ -178,9 +185,12 @@ def _draw_operation(
         pool = _in_state(ref, state, pinned=pinned)
     size = data.draw(_sampled(SIZES.get(name, ((0, 5),))))
     keys = _draw_keys(data, pool, distinct=name not in ("lookup", "touch"), size=size)
-    kwargs = {}
+    kwargs: dict[str, Any] = {}
     if name == "complete_store":
         kwargs["success"] = data.draw(_sampled((True, True, True, False)))
+    if name == "prepare_store" and data.draw(_sampled((False, True))):
+        # Admission classes: a LOW store may evict LOW entries only.
+        kwargs["priority"] = data.draw(_sampled(("normal", "low")))
     return name, (keys,), kwargs
 
 

@@ -3,7 +3,7 @@
 Loaded by module path (``kv_connector_module_path="_corrupting_connector"``, with tests/e2e on
 the engine's ``sys.path``), so vLLM builds it exactly as it builds the real connector. Its
 worker side wraps the transfer engine through the connector's in-package engine hook
-(``HybridKVConnector._register(wrap_engine=...)``, the hook hybridkv.vllm.cpu_worker injects
+(``HybridKVConnector._register(wrap_engine=...)``, the hook hybridkv.vllm.harness.cpu_worker injects
 its faults through): before each load is queued, the host slots it reads are overwritten with
 seeded random bytes, so every block the host tier hands back holds garbage. The job still
 reports success: vLLM trusts it and computes on those blocks.

@@ -1,14 +1,14 @@
 """``HybridKVConnector``'s worker side on CUDA caches and the CUDA transfer engine, inside
 vLLM 0.33's real ``Scheduler``, against the same run on CPU caches (markers ``gpu``; needs vLLM).
 
-The in-process engine (:mod:`hybridkv.vllm.inprocess`) runs a multi-turn chat twice with the same
-settings: once with the caches vLLM's own ``allocate_kv_cache`` builds on the CPU (the connector's
-worker picks the CPU engine), once with the same call on ``cuda`` (it picks
+The in-process engine (:mod:`hybridkv.vllm.harness.inprocess`) runs a multi-turn chat twice with the
+same settings: once with the caches vLLM's own ``allocate_kv_cache`` builds on the CPU (the
+connector's worker picks the CPU engine), once with the same call on ``cuda`` (it picks
 :class:`~hybridkv.transfer.cuda_engine.CudaTransferEngine`, pinned host memory, CUDA streams). The
-stand-in forward writes and checks content tags in the CUDA caches themselves, so every KV slot
-and mamba state a request reads after a load is checked on the GPU. Reports complete in the same
-steps on both (copies report through ``DelayedCompletion``), so the two runs must agree on every
-count and end with byte-identical caches.
+stand-in forward writes and checks content tags in the CUDA caches themselves, so every KV slot and
+mamba state a request reads after a load is checked on the GPU. Reports complete in the same steps
+on both (copies report through ``DelayedCompletion``), so the two runs must agree on every count and
+end with byte-identical caches.
 
 vLLM plans with its CPU platform (``VLLM_TARGET_DEVICE=cpu``, as in ``nox -s vllm``): the
 ``KVCacheConfig`` and the ``[B, H, N, C]`` cache layout are the ones vLLM resolves for its CPU
@@ -49,14 +49,11 @@ pytest.importorskip(
 from vllm.config import KVTransferConfig  # noqa: E402
 
 from hybridkv.transfer.cuda_engine import CudaTransferEngine  # noqa: E402
-from hybridkv.vllm.cpu_worker import HybridKVOnCPU  # noqa: E402
-from hybridkv.vllm.inprocess import (  # noqa: E402
-    ChatTrace,
-    EngineSettings,
-    InProcessEngine,
-    InProcessReport,
-    run_trace,
-)
+from hybridkv.vllm.harness.chat import ChatTrace, run_trace  # noqa: E402
+from hybridkv.vllm.harness.cpu_worker import HybridKVOnCPU  # noqa: E402
+from hybridkv.vllm.harness.engine_config import EngineSettings  # noqa: E402
+from hybridkv.vllm.harness.inprocess import InProcessEngine  # noqa: E402
+from hybridkv.vllm.harness.report import InProcessReport  # noqa: E402
 from spec.presets import tiny_config  # noqa: E402
 
 HOST_BYTES = 64 << 20

@@ -17,6 +17,7 @@ from hybridkv.connector.geometry import ConnectorGeometry
 from hybridkv.errors import HybridKVConfigError
 from hybridkv.kinds import GroupKind
 from hybridkv.planner import HybridOffloadPlanner
+from hybridkv.store import StorePriority
 from hybridkv.testbed.host_replay import (
     Ask,
     Event,
@@ -24,6 +25,7 @@ from hybridkv.testbed.host_replay import (
     Poll,
     Step,
     future_uses,
+    loaded_keys,
     needed_keys,
     replay,
     unlimited,
@@ -88,7 +90,7 @@ def test_without_a_limit_every_ask_hits_and_min_uses_those_claims() -> None:
 
 
 def test_storing_keys_defer_asks_and_fill_the_store() -> None:
-    # delay 1: a store made in step s reports at the poll after step s + 1.
+    # a is STORING when X asks (its store reports at the poll after the ask).
     events: list[Event] = [Offer((b"a",)), Step(), _ask("X", b"a"), Offer((b"b",)), Poll()]
     result = replay(events, _geometry(), 1, "lru", delay=1)
     assert (result.deferred, result.claimed, result.refused, result.stored) == (1, 0, 1, 1)
@@ -134,3 +136,66 @@ def test_bypass_keeps_a_key_only_over_a_victim_used_later() -> None:
     assert (result.ends, result.bypassed, result.evicted, result.stored) == ((4, 0, 0, 0), 2, 1, 2)
     plain = replay(events, _geometry(), 1, "min", delay=0)
     assert (plain.ends, plain.refused) == ((0, 0, 4, 0), 1)  # b refused, then c displaces d
+
+
+def _sliding_geometry() -> ConnectorGeometry:
+    planner = HybridOffloadPlanner(((FULL, 4), (SLIDING, 4)), 4, 4, 1 << 10)
+    return ConnectorGeometry.build(planner, (FULL, SLIDING), (0, 7))
+
+
+def test_loads_touch_keys_in_the_cores_order_by_end_then_group() -> None:
+    # The core loads (and touches) a claim's items by the token their unit ends at, then by
+    # group; the policy's recency follows that order. A store of 6 holds f0-f2 and s0-s2. R
+    # claims [0, 12): f0, f1, s1, f2, s2 touched tail first, so LRU ranks s0 (untouched), s2,
+    # f2, s1, f1, f0 from least recent. Three new keys evict s0, s2, f2, keeping s1, which Q
+    # (resuming at 4) needs with f1. Touched in group order instead (f0-f2, s1, s2), s1 would
+    # rank below f2 and be evicted, and Q would claim nothing.
+    geometry = _sliding_geometry()
+    full = tuple(b"f%d" % j for j in range(3))
+    sliding = tuple(b"s%d" % j for j in range(3))
+    assert loaded_keys(geometry, Ask("R", 0, 13, (full, sliding), 0), 12) == (
+        b"f0",
+        b"f1",
+        b"s1",
+        b"f2",
+        b"s2",
+    )
+    events: list[Event] = [
+        Offer((*full, *sliding)),
+        Step(),
+        Poll(),
+        Ask("R", 0, 13, (full, sliding), 0),
+        Step(),
+        Poll(),
+        Offer((b"x", b"y", b"z")),
+        Step(),
+        Poll(),
+        Ask("Q", 4, 9, (full[:2], sliding[:2]), 0),
+    ]
+    assert replay(events, geometry, 6, "lru", delay=0).ends == (12, 4)
+
+
+def test_delay_one_reports_at_the_first_poll_like_delay_zero() -> None:
+    # The worker's rule (hybridkv.vllm.harness.delayed): delays 0 and 1 both report a job at the
+    # first poll after its submission, its own step's; delay 2 one poll later.
+    events: list[Event] = [Offer((b"a",)), Step(), Poll(), _ask("X", b"a"), Step(), Poll()]
+    assert replay(events, _geometry(), 1, "lru", delay=0).ends == (4,)
+    assert replay(events, _geometry(), 1, "lru", delay=1).ends == (4,)
+    late = replay(events, _geometry(), 1, "lru", delay=2)
+    assert (late.ends, late.deferred) == ((0,), 1)
+
+
+def test_lru_and_arc_keep_the_offers_admission_class_min_ignores_it() -> None:
+    # One entry holds a (NORMAL). b, offered LOW, may not displace it under LRU or ARC, so X
+    # still claims a; MIN (no class) evicts a for b, which is never used, and X misses.
+    events: list[Event] = [
+        *_stored(b"a"),
+        Offer((b"b",), StorePriority.LOW),
+        Step(),
+        Poll(),
+        _ask("X", b"a"),
+    ]
+    for policy in ("lru", "arc"):
+        result = replay(events, _geometry(), 1, policy, delay=0)
+        assert (result.ends, result.refused) == ((4,), 1)
+    assert replay(events, _geometry(), 1, "min", delay=0).ends == (0,)

@@ -335,6 +335,10 @@ def test_st3_malformed_entries_are_caught() -> None:
     assert "ST-3" in _failing({**snap, "entries": bad_state})
     bad_pins = ((first[0], first[1], -1), *snap["entries"][1:])
     assert "ST-3" in _failing({**snap, "entries": bad_pins})
+    # The low keys (entries reserved StorePriority.LOW) must be entries, each listed once.
+    assert _failing({**snap, "low": (first[0], first[0])}) == {"ST-3"}
+    assert _failing({**snap, "low": ("ab" * 8,)}) == {"ST-3"}
+    assert _failing({**snap, "low": (first[0],)}) == set()
 
 
 def test_st4_pinned_storing_entry_is_caught() -> None:

@@ -4,7 +4,8 @@ After every step the ``@invariant`` checks every ST-* predicate of the reference
 ``snapshot()`` (subject ``"store"``) and compares the store with a plain model kept here from
 the contract alone: a dict ``key -> [state, pins]``, the counters, the pending events and,
 for LRU, the recency list. Victims are checked against the contract (READY, unpinned, not
-offered; as many as the shortfall; LRU: the least recent evictable ones), and a NO_SPACE
+offered, and LOW for a LOW store; as many as the shortfall; LRU: the least recent evictable
+ones), and a NO_SPACE
 refusal is checked to be forced (fewer evictable entries than the shortfall). ARC's victim
 order is the differential test's business (tests/differential/test_store_agreement.py).
 Host slots are checked too: distinct, within capacity, one per resident key.
@@ -29,6 +30,7 @@ from hybridkv.store import (
     PrepareLoadOutput,
     PrepareStoreOutput,
     Refusal,
+    StorePriority,
 )
 from spec.invariants import check_all, invariants_for
 
@@ -51,6 +53,7 @@ class StoreMachine(RuleBasedStateMachine):
         self.policy = "lru"
         self.entries: dict[bytes, list[Any]] = {}  # key -> [state, pins]
         self.recency: list[bytes] = []  # LRU model: least recent first
+        self.low: set[bytes] = set()  # entries reserved LOW
         self.counters = dict.fromkeys(
             ("reserved", "stored", "removed", "evicted", "loads_prepared", "loads_completed"), 0
         )
@@ -65,16 +68,17 @@ class StoreMachine(RuleBasedStateMachine):
 
     # --- stores ---
 
-    @rule(keys=st.lists(st.sampled_from(KEYS), max_size=4, unique=True))
-    def prepare_store(self, keys: list[bytes]) -> None:
+    @rule(keys=st.lists(st.sampled_from(KEYS), max_size=4, unique=True), low=st.booleans())
+    def prepare_store(self, keys: list[bytes], low: bool) -> None:
         incoming = [key for key in keys if key not in self.entries]
         shortfall = len(incoming) - (self.store.capacity - len(self.entries))
+        # Admission: a LOW store may only evict LOW entries.
         evictable = [
             key
             for key, (state, pins) in self.entries.items()
-            if state == READY and pins == 0 and key not in keys
+            if state == READY and pins == 0 and key not in keys and (not low or key in self.low)
         ]
-        out = self.store.prepare_store(keys)
+        out = self.store.prepare_store(keys, StorePriority.LOW if low else StorePriority.NORMAL)
         if out is Refusal.NO_SPACE:
             # Forced: fewer evictable entries than needed; the invariants see nothing changed.
             assert incoming
@@ -91,12 +95,15 @@ class StoreMachine(RuleBasedStateMachine):
         for key in victims:
             del self.entries[key]
             self.recency.remove(key)
+            self.low.discard(key)
         if victims:
             self.pending.append(("evicted", tuple(victims)))
             self.counters["evicted"] += len(victims)
         for key in reversed(incoming):  # the tail reaches the policy first
             self.entries[key] = [STORING, 0]
             self.recency.append(key)
+        if low:
+            self.low.update(incoming)
         self.counters["reserved"] += len(incoming)
 
     @rule(data=st.data(), success=st.booleans())
@@ -111,6 +118,7 @@ class StoreMachine(RuleBasedStateMachine):
             else:
                 del self.entries[key]
                 self.recency.remove(key)
+                self.low.discard(key)
         kind = "stored" if success else "removed"
         self.pending.append((kind, tuple(keys)))
         self.counters[kind] += len(keys)
@@ -162,6 +170,7 @@ class StoreMachine(RuleBasedStateMachine):
         for key in expected:
             del self.entries[key]
             self.recency.remove(key)
+            self.low.discard(key)
         if expected:
             self.pending.append(("evicted", tuple(expected)))
             self.counters["evicted"] += len(expected)
@@ -233,6 +242,7 @@ class StoreMachine(RuleBasedStateMachine):
         snap = self.store.snapshot()
         model = tuple(sorted((k.hex(), s, pins) for k, (s, pins) in self.entries.items()))
         assert snap["entries"] == model
+        assert snap["low"] == tuple(sorted(key.hex() for key in self.low))
         assert snap["counters"] == self.counters
         assert snap["events"] == tuple(
             (kind, tuple(k.hex() for k in keys)) for kind, keys in self.pending

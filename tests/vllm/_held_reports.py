@@ -14,7 +14,7 @@ from typing import Any
 from hybridkv.connector.api import TransferJob
 from hybridkv.transfer import Direction, TransferEngine, TransferPair
 from hybridkv.transfer.api import EngineWrapper, FinishedJob, JobId
-from hybridkv.vllm.cpu_worker import HybridKVOnCPU
+from hybridkv.vllm.harness.cpu_worker import HybridKVOnCPU
 
 JobHook = Callable[[TransferJob], "Direction | bool | None"]
 

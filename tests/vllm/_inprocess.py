@@ -1,6 +1,7 @@
 """What the tests that run vLLM's own code build in-process, shared by the pytest process
 (``diffharness``) and the geometry subprocess (``_geometry_oracle.py``). The planning itself lives
-in :mod:`hybridkv.vllm.planning` (the in-process engine uses it too) and is re-exported here.
+in :mod:`hybridkv.vllm.harness.planning` (the in-process engine uses it too) and is re-exported
+here.
 
 - :data:`VLLM_CPU_ENV`: the environment that lets vLLM 0.33 import on a CPU-only machine;
 - :func:`init_distributed`: vLLM's one-rank distributed state (the model constructors and the
@@ -26,7 +27,7 @@ from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from hybridkv.vllm.planning import InProcessExecutor, init_distributed, plan_kv_caches
+    from hybridkv.vllm.harness.planning import InProcessExecutor, init_distributed, plan_kv_caches
 
 __all__ = [
     "VLLM_CPU_ENV",
@@ -69,7 +70,7 @@ _PLANNING = frozenset({"InProcessExecutor", "init_distributed", "plan_kv_caches"
 
 def __getattr__(name: str) -> Any:
     if name in _PLANNING:
-        from hybridkv.vllm import planning
+        from hybridkv.vllm.harness import planning
 
         return getattr(planning, name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,6 +1,6 @@
 """The spec's invariants evaluated on vLLM 0.33's real state and HybridKVConnector's, each step.
 
-:class:`InvariantChecker` watches an :class:`hybridkv.vllm.inprocess.InProcessEngine` whose
+:class:`InvariantChecker` watches an :class:`hybridkv.vllm.harness.inprocess.InProcessEngine` whose
 connector is HybridKVConnector. After every engine step (:meth:`InvariantChecker.after_step`) it
 converts what it can observe into the plain snapshots the spec's predicates read and runs the
 predicates of :data:`CHECKED` on them; a violation raises :class:`spec.errors.InvariantViolation`
@@ -56,8 +56,9 @@ NOT_CHECKED: dict[str, str] = {
     "content check (wrong_reads) covers reads instead",
     "DATA-1": "the forward checks every slot it reads (InProcessReport.wrong_reads == 0)",
     **{
-        f"TT-{n}": "the remote tier's: these traces run no remote tier; the two-tier snapshot "
-        "is checked by the remote tier's own tests (spec.tiers, issue 12)"
+        f"TT-{n}": "the remote tier's: the single-engine traces run none, and the two-engine "
+        "traces (_two_engine_traces) are checked on each engine's own state; the two-tier "
+        "snapshot is checked by the remote tier's own tests (spec.tiers, issue 12)"
         for n in range(1, 9)
     },
 }

@@ -1,7 +1,7 @@
 """Two in-process vLLM 0.33 engines sharing one Redis server through HybridKVConnector's remote
 tier (:mod:`hybridkv.vllm.remote`), for tests/vllm/test_remote_two_engines.py.
 
-Each engine is :class:`hybridkv.vllm.inprocess.InProcessEngine`: vLLM's real ``Scheduler``,
+Each engine is :class:`hybridkv.vllm.harness.inprocess.InProcessEngine`: vLLM's real ``Scheduler``,
 its own scheduler-role and worker-role ``HybridKVConnector`` (separate host tiers), every KV
 slot and mamba state the forward reads content-checked. The only thing the engines share is the
 server. The server fixtures come from tests/remote (``_redis_server``: a real ``redis-server``
@@ -13,12 +13,10 @@ from __future__ import annotations
 import dataclasses
 import os
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
-
-import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "remote"))
 
@@ -26,14 +24,11 @@ from _redis_server import BINARIES, RedisServer, find_binary
 from diffharness.layouts import RECIPES, Layout
 from vllm.config import KVTransferConfig
 
-from hybridkv.vllm.cpu_worker import HybridKVOnCPU
-from hybridkv.vllm.inprocess import (
-    ChatTrace,
-    EngineSettings,
-    InProcessEngine,
-    InProcessReport,
-    WedgedError,
-)
+from hybridkv.vllm.harness.chat import ChatTrace
+from hybridkv.vllm.harness.cpu_worker import HybridKVOnCPU
+from hybridkv.vllm.harness.engine_config import EngineSettings, WedgedError
+from hybridkv.vllm.harness.inprocess import InProcessEngine
+from hybridkv.vllm.harness.report import InProcessReport
 
 __all__ = [
     "SHAPES",
@@ -88,6 +83,8 @@ SHAPES = {
 
 def redis_binary_or_skip() -> str:
     """The server binary; skip without one unless HYBRIDKV_REQUIRE_REDIS=1 (then fail)."""
+    import pytest  # here only: the soak runner (tools/soak.py) imports this module bare
+
     binary = find_binary()
     if binary is None:
         reason = f"none of {', '.join(BINARIES)} is on PATH (`nox -s remote` installs one)"
@@ -161,10 +158,16 @@ def chat_prompts(trace: ChatTrace, prefix: str = "", salt: str | None = None) ->
 
 
 def run_prompts(
-    engine: InProcessEngine, prompts: list[Prompt], *, output_len: int = 4, per_wave: int = 2
+    engine: InProcessEngine,
+    prompts: list[Prompt],
+    *,
+    output_len: int = 4,
+    per_wave: int = 2,
+    after_step: Callable[[], None] | None = None,
 ) -> InProcessReport:
     """Serve ``prompts`` in waves of ``per_wave`` (each wave runs to completion), then drain
-    the connector; :class:`WedgedError` past ``max_steps``."""
+    the connector; :class:`WedgedError` past ``max_steps``. ``after_step`` runs after every
+    engine step (the random traces' invariant checker)."""
     finished = 0
     for at in range(0, len(prompts), per_wave):
         for p in prompts[at : at + per_wave]:
@@ -173,6 +176,8 @@ def run_prompts(
             if engine.tally.steps >= engine.settings.max_steps:
                 raise WedgedError(f"{finished} of {len(engine.requests)} finished")
             finished += sum(1 for out in engine.step() if out.finish_reason is not None)
+            if after_step is not None:
+                after_step()
     if engine.pending():
         raise WedgedError(f"{engine.pending()} transfer jobs in flight at the end")
     return engine.report(finished)

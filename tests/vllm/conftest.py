@@ -23,7 +23,8 @@ import pytest
 from _inprocess import VLLM_CPU_ENV
 
 TORCHVISION_SHIM = Path(__file__).parent / "_torchvision_shim"
-# The subprocesses import hybridkv.vllm.planning: from this checkout, like the pytest process.
+# The subprocesses import hybridkv.vllm.harness.planning: from this checkout, like the pytest
+# process.
 REPO_ROOT = Path(__file__).resolve().parents[2]
 REQUIRE_VLLM_ENV = "HYBRIDKV_REQUIRE_VLLM"
 # Real submodules, not ``vllm``: with tests/ on sys.path, tests/vllm itself imports as a namespace

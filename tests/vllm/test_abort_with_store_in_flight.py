@@ -37,7 +37,8 @@ from vllm.config import KVTransferConfig  # noqa: E402
 
 from hybridkv.connector.api import TransferJob, TransferKind  # noqa: E402
 from hybridkv.transfer import Direction  # noqa: E402
-from hybridkv.vllm.inprocess import EngineSettings, InProcessEngine  # noqa: E402
+from hybridkv.vllm.harness.engine_config import EngineSettings  # noqa: E402
+from hybridkv.vllm.harness.inprocess import InProcessEngine  # noqa: E402
 
 UNIT = 32
 

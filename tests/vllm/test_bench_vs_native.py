@@ -17,6 +17,10 @@ The continuation columns, on the same chat with 40-token answers: hybridkv loads
 answers (the previous one included, which only its decode computed), native never loads the
 previous answer, each continuation count is a part of the cached tokens it came from, and
 computed + loaded + GPU hits = prompt tokens with every term non-zero; ``--plot`` writes a PNG.
+
+The traffic trace (issue 18): its aborts fire, one at least with a load in flight, the pool
+preempts, every request neither aborted nor preempted keeps the identity, and the floor that
+leaves aborted requests out is a lower bound of what each kept request computes.
 """
 
 from __future__ import annotations
@@ -161,3 +165,43 @@ def test_continuation_hits_are_observed_and_every_column_term_adds_up(tmp_path: 
     bench.plot([outcome, outcome], path)
     assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert path.stat().st_size > 10_000
+
+
+def test_the_traffic_trace_aborts_preempts_and_accounts_for_every_request() -> None:
+    """The traffic trace on sliding + full (16 x 6, a few seconds): the seeded aborts fire,
+    some while a connector load is in flight; the pool preempts without a connector; every
+    request neither aborted nor preempted satisfies computed + loaded + GPU hit = prompt; hybridkv
+    computes at least the floor (a lower bound) and every token above it has a cause."""
+    (case,) = (c for c in bench._cases(quick=False) if c.name == "sliding+full")
+    trace = case.traffic
+    aborts = trace.aborts()
+    assert len(aborts) == round(trace.abort_rate * trace.convs * trace.turns) > 0
+    probe = bench.InProcessEngine(case.config_json, case.traffic_settings)
+    probe.close()
+    floors = bench.traffic_floor(trace, probe.block_size)
+    assert len(floors) == trace.convs * trace.turns - len(aborts)
+    floor, working, _ = bench._figures(trace, probe)
+    chunk_bytes = bench.native_chunk_bytes(probe)
+
+    plain = bench.run_variant(case, trace, bench.Variant("none"), chunk_bytes, 1)
+    assert plain.report is not None
+    assert plain.report.preemptions > 0
+    ours = bench.run_variant(
+        case, trace, bench.Variant("hybridkv", "lru", 1, 2 * working), chunk_bytes, 1
+    )
+    assert ours.error == ""
+    assert ours.report is not None
+    assert ours.ledger is not None
+    r, ledger = ours.report, ours.ledger
+    assert (r.wrong_reads, r.leaked_blocks, r.finished) == (0, 0, r.requests)
+    assert set(ledger.aborted) == {f"c{c}-t{t}" for c, t in aborts}
+    assert any(ledger.aborted.values())  # aborted with a load in flight
+    assert "UNEXPLAINED" not in bench.traffic_identity(ledger)
+    for rid, prompt in ledger.prompt.items():
+        if rid not in ledger.aborted and not ledger.preempted.get(rid):
+            total = ledger.computed.get(rid, 0) + ledger.loaded.get(rid, 0) + ledger.gpu.get(rid, 0)
+            assert total == prompt, rid
+    assert sum(ledger.loaded.values()) > 0
+    assert floor <= ours.computed() < plain.computed()
+    for rid, own in floors.items():
+        assert ledger.computed.get(rid, 0) >= own or ledger.preempted.get(rid), rid

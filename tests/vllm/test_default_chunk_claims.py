@@ -3,7 +3,7 @@
 A claim ends on a multiple of ``claim_unit``, so a chunk coarser than it needs to be computes
 again what the host holds. On each layout of ``tools/bench_vs_native.py`` a connector with no
 ``chunk_size`` and one with ``chunk_size`` one hash block play the same chat in vLLM 0.33's
-real scheduler (:class:`hybridkv.vllm.inprocess.InProcessEngine`), and every request's first
+real scheduler (:class:`hybridkv.vllm.harness.inprocess.InProcessEngine`), and every request's first
 admission reports the same cached tokens (vLLM's ``PrefillStats``: local prefix hit, then the
 connector's claim). The old default (the smallest chunk moving 1 MiB: 256 tokens on sliding +
 full) claimed less there.

@@ -1,8 +1,8 @@
-"""hybridkv.vllm.delayed.DelayedCompletion: the report rule of the native simulated worker
+"""hybridkv.vllm.harness.delayed.DelayedCompletion: the report rule of the native simulated worker
 (``delay`` polls, FIFO per direction, ``wait`` releases a job and the ones before it), loads
 that land only when due and are cancelled when abandoned before, and the argument checks of the
-adapter that uses it, :class:`hybridkv.vllm.cpu_worker.HybridKVOnCPU` (its runs in the engine:
-``test_hybridkv_inprocess.py``, ``test_hybridkv_deadline.py``)."""
+adapter that uses it, :class:`hybridkv.vllm.harness.cpu_worker.HybridKVOnCPU` (its runs in the
+engine: ``test_hybridkv_inprocess.py``, ``test_hybridkv_deadline.py``)."""
 
 from __future__ import annotations
 
@@ -15,8 +15,8 @@ pytest.importorskip("vllm.v1.core.sched.scheduler", reason="vLLM 0.33 is not ins
 
 from hybridkv.transfer import Direction, TransferEngine, TransferPair  # noqa: E402
 from hybridkv.transfer.api import FinishedJob, JobId  # noqa: E402
-from hybridkv.vllm.cpu_worker import HybridKVOnCPU  # noqa: E402
-from hybridkv.vllm.delayed import DelayedCompletion  # noqa: E402
+from hybridkv.vllm.harness.cpu_worker import HybridKVOnCPU  # noqa: E402
+from hybridkv.vllm.harness.delayed import DelayedCompletion  # noqa: E402
 
 PAIR = [TransferPair(0, 1, 0)]
 

@@ -41,8 +41,9 @@ pytest.importorskip("vllm.v1.core.sched.scheduler", reason="vLLM 0.33 is not ins
 from _invariants_on_vllm import InvariantChecker  # noqa: E402
 from vllm.config import KVTransferConfig  # noqa: E402
 
-from hybridkv.vllm.cpu_worker import HybridKVOnCPU  # noqa: E402
-from hybridkv.vllm.inprocess import EngineSettings, InProcessEngine  # noqa: E402
+from hybridkv.vllm.harness.cpu_worker import HybridKVOnCPU  # noqa: E402
+from hybridkv.vllm.harness.engine_config import EngineSettings  # noqa: E402
+from hybridkv.vllm.harness.inprocess import InProcessEngine  # noqa: E402
 from spec.presets import tiny_config  # noqa: E402
 
 BLOCK = 1152

@@ -1,13 +1,13 @@
 """``load_deadline_steps`` of ``HybridKVConnector`` inside vLLM 0.33's real Scheduler (the
 in-process engine, every read content-checked).
 
-The multi-turn chat of ``test_hybridkv_inprocess.py`` on mamba-align + full and sliding + full,
-with copies that report ``delay`` steps late (:class:`hybridkv.vllm.cpu_worker.HybridKVOnCPU`;
-a load's bytes land when it is due). A deadline below the delay fires on every host hit: the
-worker cancels the copy (no byte moves), reports the request failed, vLLM recomputes it; 0
-wrong reads, no leaked block, nothing in flight at the end. A deadline equal to the delay never
-fires (the report arrives in time) and the host hits are loaded: the rule "fires iff delay >
-deadline" from both sides.
+The multi-turn chat of ``test_hybridkv_inprocess.py`` on mamba-align + full and sliding + full, with
+copies that report ``delay`` steps late (:class:`hybridkv.vllm.harness.cpu_worker.HybridKVOnCPU`; a
+load's bytes land when it is due). A deadline below the delay fires on every host hit: the worker
+cancels the copy (no byte moves), reports the request failed, vLLM recomputes it; 0 wrong reads, no
+leaked block, nothing in flight at the end. A deadline equal to the delay never fires (the report
+arrives in time) and the host hits are loaded: the rule "fires iff delay > deadline" from both
+sides.
 
 Both run on the chat's own GPU pools (16 and 30 blocks). On sliding + full at 30 blocks, once
 every load fails vLLM 0.33 would wedge: a request whose load failed frees its blocks and
@@ -32,8 +32,9 @@ from diffharness.layouts import RECIPES, Layout  # noqa: E402
 from test_hybridkv_inprocess import CHAT, HOST_BYTES, _quiescent  # noqa: E402
 from vllm.config import KVTransferConfig  # noqa: E402
 
-from hybridkv.vllm.cpu_worker import HybridKVOnCPU  # noqa: E402
-from hybridkv.vllm.inprocess import InProcessEngine, run_trace  # noqa: E402
+from hybridkv.vllm.harness.chat import run_trace  # noqa: E402
+from hybridkv.vllm.harness.cpu_worker import HybridKVOnCPU  # noqa: E402
+from hybridkv.vllm.harness.inprocess import InProcessEngine  # noqa: E402
 
 POOL = {Layout.MAMBA_FULL: 16, Layout.SLIDING_FULL: 30}  # GPU blocks (module docstring)
 

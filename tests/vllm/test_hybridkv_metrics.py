@@ -47,13 +47,10 @@ from vllm.v1.outputs import KVConnectorOutput, ModelRunnerOutput  # noqa: E402
 from hybridkv.connector import TransferKind  # noqa: E402
 from hybridkv.kinds import GroupKind  # noqa: E402
 from hybridkv.vllm.connector import HybridKVConnector  # noqa: E402
-from hybridkv.vllm.cpu_worker import FaultPlan, HybridKVOnCPU  # noqa: E402
-from hybridkv.vllm.inprocess import (  # noqa: E402
-    ChatTrace,
-    EngineSettings,
-    InProcessEngine,
-    run_trace,
-)
+from hybridkv.vllm.harness.chat import ChatTrace, run_trace  # noqa: E402
+from hybridkv.vllm.harness.cpu_worker import FaultPlan, HybridKVOnCPU  # noqa: E402
+from hybridkv.vllm.harness.engine_config import EngineSettings  # noqa: E402
+from hybridkv.vllm.harness.inprocess import InProcessEngine  # noqa: E402
 from hybridkv.vllm.layout import read_layout  # noqa: E402
 from hybridkv.vllm.metrics import (  # noqa: E402
     COUNTERS,

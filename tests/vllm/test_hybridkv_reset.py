@@ -1,5 +1,5 @@
 """vLLM's prefix-cache reset with ``HybridKVConnector`` (issue 17, :mod:`hybridkv.vllm.reset`), in
-vLLM's real ``Scheduler`` (the in-process engine, :mod:`hybridkv.vllm.inprocess`).
+vLLM's real ``Scheduler`` (the in-process engine, :mod:`hybridkv.vllm.harness.inprocess`).
 
 - 2b: after ``reset_prefix_cache(reset_connector=True)`` (a weight update), a prompt stored
   before the reset gets no external hit: the host tier forgot it (vLLM took the base class's
@@ -26,8 +26,9 @@ from diffharness.layouts import RECIPES, Layout  # noqa: E402
 from vllm.config import KVTransferConfig  # noqa: E402
 
 from hybridkv.store import LookupResult  # noqa: E402
-from hybridkv.vllm.cpu_worker import HybridKVOnCPU  # noqa: E402
-from hybridkv.vllm.inprocess import EngineSettings, InProcessEngine  # noqa: E402
+from hybridkv.vllm.harness.cpu_worker import HybridKVOnCPU  # noqa: E402
+from hybridkv.vllm.harness.engine_config import EngineSettings  # noqa: E402
+from hybridkv.vllm.harness.inprocess import InProcessEngine  # noqa: E402
 
 # Sliding window + full attention, one 32-token block per chunk (test_hybridkv_inprocess's).
 SETTINGS = EngineSettings(

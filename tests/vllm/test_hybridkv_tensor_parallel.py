@@ -1,5 +1,5 @@
 """``HybridKVConnector`` under tensor parallel 2, simulated in one process
-(:mod:`hybridkv.vllm.inprocess`, ``tensor_parallel_size=2``).
+(:mod:`hybridkv.vllm.harness.inprocess`, ``tensor_parallel_size=2``).
 
 What is real: vLLM 0.33's ``Scheduler`` on a ``VllmConfig`` with ``tensor_parallel_size=2``
 (``world_size`` 2, so the scheduler-side connector sizes the host tier for two ranks and waits
@@ -55,14 +55,10 @@ from vllm.v1.outputs import EMPTY_MODEL_RUNNER_OUTPUT, KVConnectorOutput  # noqa
 from hybridkv.connector import JobResult  # noqa: E402
 from hybridkv.errors import HybridKVConfigError  # noqa: E402
 from hybridkv.vllm.connector import HybridKVConnector, HybridKVWorkerMeta  # noqa: E402
-from hybridkv.vllm.cpu_worker import FaultPlan, HybridKVOnCPU  # noqa: E402
-from hybridkv.vllm.inprocess import (  # noqa: E402
-    ChatTrace,
-    EngineSettings,
-    InProcessEngine,
-    WedgedError,
-    run_trace,
-)
+from hybridkv.vllm.harness.chat import ChatTrace, run_trace  # noqa: E402
+from hybridkv.vllm.harness.cpu_worker import FaultPlan, HybridKVOnCPU  # noqa: E402
+from hybridkv.vllm.harness.engine_config import EngineSettings, WedgedError  # noqa: E402
+from hybridkv.vllm.harness.inprocess import InProcessEngine  # noqa: E402
 from hybridkv.vllm.metrics import HybridKVStats  # noqa: E402
 from hybridkv.vllm.ranks import (  # noqa: E402
     JobQuorum,

@@ -1,7 +1,7 @@
-"""hybridkv.vllm.inprocess: vLLM 0.33's real Scheduler with its native OffloadingConnector (both
-roles, the worker moving real bytes on CPU tensors) on the multi-turn chat trace, content-checked,
-on a mamba-align + full layout and a sliding + full layout; and the same runs without a
-connector."""
+"""hybridkv.vllm.harness.inprocess: vLLM 0.33's real Scheduler with its native OffloadingConnector
+(both roles, the worker moving real bytes on CPU tensors) on the multi-turn chat trace,
+content-checked, on a mamba-align + full layout and a sliding + full layout; and the same runs
+without a connector."""
 
 from __future__ import annotations
 
@@ -13,15 +13,11 @@ pytest.importorskip("vllm.v1.core.sched.scheduler", reason="vLLM 0.33 is not ins
 from diffharness.layouts import RECIPES, Layout  # noqa: E402
 from vllm.config import KVTransferConfig  # noqa: E402
 
-from hybridkv.vllm.inprocess import (  # noqa: E402
-    ChatTrace,
-    EngineSettings,
-    InProcessEngine,
-    InProcessReport,
-    WedgedError,
-    run_trace,
-)
-from hybridkv.vllm.native_cpu import HostCopyWorker, NativeOffloadOnCPU  # noqa: E402
+from hybridkv.vllm.harness.chat import ChatTrace, run_trace  # noqa: E402
+from hybridkv.vllm.harness.engine_config import EngineSettings, WedgedError  # noqa: E402
+from hybridkv.vllm.harness.inprocess import InProcessEngine  # noqa: E402
+from hybridkv.vllm.harness.native_cpu import HostCopyWorker, NativeOffloadOnCPU  # noqa: E402
+from hybridkv.vllm.harness.report import InProcessReport  # noqa: E402
 
 # Small GPU pools, so later turns find their prefix on the host tier rather than on the GPU.
 CASES = {

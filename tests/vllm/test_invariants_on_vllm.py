@@ -29,9 +29,10 @@ from diffharness.layouts import RECIPES, Layout  # noqa: E402
 from vllm.config import KVTransferConfig  # noqa: E402
 
 from hybridkv.store import HostStore  # noqa: E402
-from hybridkv.vllm.connector import _PoolPins  # noqa: E402
-from hybridkv.vllm.cpu_worker import HybridKVOnCPU  # noqa: E402
-from hybridkv.vllm.inprocess import EngineSettings, InProcessEngine  # noqa: E402
+from hybridkv.vllm.harness.cpu_worker import HybridKVOnCPU  # noqa: E402
+from hybridkv.vllm.harness.engine_config import EngineSettings  # noqa: E402
+from hybridkv.vllm.harness.inprocess import InProcessEngine  # noqa: E402
+from hybridkv.vllm.scheduler_role import _PoolPins  # noqa: E402
 from spec.errors import InvariantViolation  # noqa: E402
 from spec.invariants import ALL_INVARIANTS  # noqa: E402
 

@@ -29,11 +29,9 @@ from test_hybridkv_inprocess import CHAT, _transfer  # noqa: E402
 from vllm.distributed.kv_events import BlockRemoved, BlockStored  # noqa: E402
 from vllm.v1.core.kv_cache_utils import maybe_convert_block_hash  # noqa: E402
 
-from hybridkv.vllm.cpu_worker import HybridKVOnCPU  # noqa: E402
-from hybridkv.vllm.inprocess import (  # noqa: E402
-    InProcessEngine,
-    run_trace,
-)
+from hybridkv.vllm.harness.chat import run_trace  # noqa: E402
+from hybridkv.vllm.harness.cpu_worker import HybridKVOnCPU  # noqa: E402
+from hybridkv.vllm.harness.inprocess import InProcessEngine  # noqa: E402
 
 # test_hybridkv_inprocess.py's chat with vLLM's KV events on: sliding + full on a chunk of two
 # 32-token blocks (an event per block, several per chunk); mamba + full on one block.

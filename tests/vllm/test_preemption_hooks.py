@@ -32,8 +32,9 @@ from vllm.config import KVTransferConfig  # noqa: E402
 
 from hybridkv.connector.api import TransferJob, TransferKind  # noqa: E402
 from hybridkv.transfer import Direction  # noqa: E402
-from hybridkv.vllm.cpu_worker import HybridKVOnCPU  # noqa: E402
-from hybridkv.vllm.inprocess import EngineSettings, InProcessEngine  # noqa: E402
+from hybridkv.vllm.harness.cpu_worker import HybridKVOnCPU  # noqa: E402
+from hybridkv.vllm.harness.engine_config import EngineSettings  # noqa: E402
+from hybridkv.vllm.harness.inprocess import InProcessEngine  # noqa: E402
 
 UNIT = 32
 MAX_LEN = 256

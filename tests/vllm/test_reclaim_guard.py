@@ -88,8 +88,10 @@ def tight_pool_chat() -> tuple[Any, Any, Any]:
     from diffharness.layouts import RECIPES, Layout
     from vllm.config import KVTransferConfig
 
-    from hybridkv.vllm.cpu_worker import FaultPlan, HybridKVOnCPU
-    from hybridkv.vllm.inprocess import ChatTrace, EngineSettings, InProcessEngine
+    from hybridkv.vllm.harness.chat import ChatTrace
+    from hybridkv.vllm.harness.cpu_worker import FaultPlan, HybridKVOnCPU
+    from hybridkv.vllm.harness.engine_config import EngineSettings
+    from hybridkv.vllm.harness.inprocess import InProcessEngine
 
     transfer = KVTransferConfig(
         kv_connector="HybridKVConnector",
@@ -114,7 +116,7 @@ def tight_pool_chat() -> tuple[Any, Any, Any]:
 def test_a_multi_turn_chat_with_failing_loads_on_a_tight_pool_finishes() -> None:
     """:func:`tight_pool_chat` under the guard: every request finishes, every read is correct
     and nothing leaks."""
-    from hybridkv.vllm.inprocess import run_trace
+    from hybridkv.vllm.harness.chat import run_trace
 
     engine, adapter, trace = tight_pool_chat()
     report = run_trace(engine, trace)

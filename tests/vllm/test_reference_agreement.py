@@ -2,13 +2,13 @@
 ``Scheduler``, call by call, on random traces with failures, preemptions and aborts.
 
 The facade runs as it does in production: vLLM builds it, vLLM's scheduler calls it, its worker
-side moves bytes on CPU tensors in the runner's hook order (:mod:`hybridkv.vllm.inprocess`,
-:class:`hybridkv.vllm.cpu_worker.HybridKVOnCPU` with injected faults). A :class:`ReferenceShadow`
-sits on the facade's scheduler-side hooks: every call vLLM makes goes to the facade first, then,
-with the same vLLM arguments turned into the spec's values, to a ``ReferenceConnector`` built from
-the spec's own reading of the model (:meth:`diffharness.layouts.LayoutRecipe.spec_groups`, the
-host size and eviction policy vLLM handed the connector). The reference is fed only what vLLM
-observes, never what the core answered:
+side moves bytes on CPU tensors in the runner's hook order (:mod:`hybridkv.vllm.harness.inprocess`,
+:class:`hybridkv.vllm.harness.cpu_worker.HybridKVOnCPU` with injected faults). A
+:class:`ReferenceShadow` sits on the facade's scheduler-side hooks: every call vLLM makes goes to
+the facade first, then, with the same vLLM arguments turned into the spec's values, to a
+``ReferenceConnector`` built from the spec's own reading of the model
+(:meth:`diffharness.layouts.LayoutRecipe.spec_groups`, the host size and eviction policy vLLM handed
+the connector). The reference is fed only what vLLM observes, never what the core answered:
 
 - ``get_num_new_matched_tokens(request, n)``: the request's tokens, prompt length and salt (the
   reference hashes the tokens itself; the facade reads vLLM's ``request.block_hashes``, so every
@@ -70,13 +70,10 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorBase_V1
 from vllm.v1.kv_cache_interface import MambaSpec, SlidingWindowSpec  # noqa: E402
 
 from hybridkv.connector import Claim, ClaimKind  # noqa: E402
-from hybridkv.vllm.cpu_worker import FaultPlan, HybridKVOnCPU  # noqa: E402
-from hybridkv.vllm.inprocess import (  # noqa: E402
-    EngineSettings,
-    InProcessEngine,
-    WedgedError,
-    run_trace,
-)
+from hybridkv.vllm.harness.chat import run_trace  # noqa: E402
+from hybridkv.vllm.harness.cpu_worker import FaultPlan, HybridKVOnCPU  # noqa: E402
+from hybridkv.vllm.harness.engine_config import EngineSettings, WedgedError  # noqa: E402
+from hybridkv.vllm.harness.inprocess import InProcessEngine  # noqa: E402
 from spec.connector import ReferenceConnector  # noqa: E402
 from spec.connector_api import (  # noqa: E402
     JobId,

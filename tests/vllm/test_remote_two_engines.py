@@ -14,8 +14,10 @@ the forward reads content-checked) share one real ``redis-server`` through the r
   its members are dropped, B recomputes exactly what is missing (every prompt token computed or
   hit exactly once), nothing wrong loaded, nothing wedged.
 - Random two-engine traces (Hypothesis; ``HYPOTHESIS_PROFILE=ci``: 20 traces, ``nightly``: 200;
-  ``HYBRIDKV_TWO_ENGINE_TRACES`` overrides) with remote faults injected before fetches: 0 wrong
-  loads, 0 cross-tenant hits, 0 wedges, the promotion counters add up.
+  ``HYBRIDKV_TWO_ENGINE_TRACES`` overrides; each a seed of ``_two_engine_traces``, which
+  ``nox -s soak`` plays by the thousand) with remote faults injected before fetches: 0 wrong
+  loads, 0 cross-tenant hits, 0 wedges, 0 leaks, the promotion counters add up, and the spec's
+  invariants hold on each engine after every step (``_invariants_on_vllm``).
 
 The slow-server fault uses ``CLIENT PAUSE`` (the server stops answering for longer than
 ``remote_timeout_ms``): ``DEBUG SLEEP`` needs ``enable-debug-command``, off by default in
@@ -24,9 +26,9 @@ Redis 7.
 
 from __future__ import annotations
 
-import itertools
 import json
 import os
+import random
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -38,9 +40,10 @@ import pytest
 pytestmark = [pytest.mark.vllm, pytest.mark.remote]
 pytest.importorskip("vllm.v1.core.sched.scheduler", reason="vLLM 0.33 is not installed")
 
+from _two_engine_traces import OUTCOMES, random_two_engine_trace  # noqa: E402
+from _two_engine_traces import play as play_two_engines  # noqa: E402
 from _two_engines import (  # noqa: E402
     SHAPES,
-    Prompt,
     Shape,
     build,
     chat_prompts,
@@ -55,10 +58,9 @@ from hypothesis import strategies as st  # noqa: E402
 from hybridkv.errors import HybridKVConfigError  # noqa: E402
 from hybridkv.remote import redis_key  # noqa: E402
 from hybridkv.vllm.config import RemoteSettings, parse_extra_config  # noqa: E402
-from hybridkv.vllm.inprocess import InProcessEngine, InProcessReport  # noqa: E402
+from hybridkv.vllm.harness.inprocess import InProcessEngine  # noqa: E402
+from hybridkv.vllm.harness.report import InProcessReport  # noqa: E402
 from hybridkv.vllm.remote import FetchOrder  # noqa: E402
-
-OUTCOMES = ("promoted", "missing", "fault", "timeout", "corrupt")
 
 
 @pytest.fixture
@@ -306,42 +308,13 @@ def test_fault_between_lookup_and_load_recomputes_what_is_missing(server: Any, f
 
 
 # ------------------------------------------------------------------ random two-engine traces
+# The generator and the player live in _two_engine_traces (the soak runner, tools/soak.py,
+# plays the same seeds by the thousand); Hypothesis draws the seeds here.
 
 TRACES = int(
     os.environ.get("HYBRIDKV_TWO_ENGINE_TRACES", max(8, settings.default.max_examples // 10))
 )
-FAULT_KINDS = ("none", "deleted", "corrupted", "client-kill", "paused", "flushed", "killed")
 FIGURES: Counter[str] = Counter()
-
-
-@st.composite
-def two_engine_traces(draw: Any) -> dict[str, Any]:
-    """Waves of requests: each a family's shared prefix plus a drawn tail on one engine under
-    a drawn tenant, then maybe the same prompt on the other engine (same or other tenant);
-    one drawn fault per fetch."""
-    families = draw(st.integers(1, 3))
-    waves = draw(
-        st.lists(
-            st.tuples(
-                st.sampled_from("AB"),
-                st.integers(0, families - 1),
-                st.integers(0, 160),
-                st.sampled_from((None, "t1")),
-                # then the same prompt on the other engine: same tenant, other tenant, or not
-                st.sampled_from(("same", "other", "no")),
-            ),
-            min_size=2,
-            max_size=6,
-        )
-    )
-    faults = draw(st.lists(st.sampled_from(FAULT_KINDS), min_size=1, max_size=8))
-    seed = draw(st.integers(0, 2**16))
-    return {"families": families, "waves": waves, "faults": faults, "seed": seed}
-
-
-def _restart_if_dead(server: Any) -> None:
-    if server._process is None or server._process.poll() is not None:
-        server.start()
 
 
 @settings(
@@ -349,79 +322,24 @@ def _restart_if_dead(server: Any) -> None:
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
 )
-@given(trace=two_engine_traces())
-def test_random_two_engine_traces_with_remote_faults(server: Any, trace: dict[str, Any]) -> None:
-    import random
-
-    shape = SHAPES[Layout.SLIDING_FULL]
-    _restart_if_dead(server)
-    admin = server.admin()
-    admin.flushall()
-    admin.close()
-    rng = random.Random(trace["seed"])
-    prefixes = [[rng.randint(3, 999) for _ in range(rng.randint(64, 200))] for _ in range(3)]
-    engines = {name: build(shape, server.port, namespace="n", timeout_ms=100) for name in "AB"}
-    faults = itertools.cycle(trace["faults"])  # every fetch draws the next fault
-    injected: Counter[str] = Counter()
-
-    def before_fetch(order: FetchOrder) -> None:
-        _restart_if_dead(server)
-        kind = next(faults)
-        injected[kind] += 1
-        if kind == "deleted":
-            server.admin().delete(redis_key(order.chunk_key))
-        elif kind == "corrupted":
-            server.admin().setrange(redis_key(order.chunk_key), 100, b"\x00\x01" * 4)
-        elif kind == "client-kill":
-            _kill_connections(server)
-        elif kind == "paused":
-            admin = server.admin()
-            admin.client_pause(150, all=True)  # past the 100 ms timeout
-            admin.close()
-        elif kind == "flushed":
-            server.admin().flushall()
-        elif kind == "killed":
-            server.kill()
-
-    for engine in engines.values():
-        engine.worker.worker_remote.before_fetch = before_fetch
-    reports: dict[str, list[InProcessReport]] = {"A": [], "B": []}
-    for i, (name, family, tail, salt, mirror) in enumerate(trace["waves"]):
-        tokens = prefixes[family] + [rng.randint(3, 999) for _ in range(tail)]
-        tokens = tokens[: shape.settings.max_model_len - 8]
-        runs = [(name, salt)]
-        if mirror != "no":
-            other_salt = salt if mirror == "same" else ("t1" if salt is None else None)
-            runs.append(("B" if name == "A" else "A", other_salt))
-        for j, (who, tenant) in enumerate(runs):
-            engine = engines[who]
-            reports[who].append(run_prompts(engine, [Prompt(f"w{i}-{j}", tokens, tenant)]))
-            assert flush_writes(engine)
-            _restart_if_dead(server)
-    written: dict[bytes, set[str | None]] = {}
-    for engine in engines.values():
-        for key, salt in _remote(engine).written_log:
-            written.setdefault(key, set()).add(salt)
-    for name, engine in engines.items():
-        remote = _remote(engine)
-        # An engine's report carries its running totals (the last one: the whole trace) and
-        # the requests finished in that call.
-        assert sum(r.finished for r in reports[name]) == len(engine.requests)
-        last = reports[name][-1] if reports[name] else engine.report(0)
-        assert last.wrong_reads == 0  # content-verified: 0 wrong loads
-        for key, salt in remote.promoted_log:  # 0 cross-tenant hits
-            assert written.get(key) == {salt}, (key.hex(), salt, written.get(key))
-        _quiescent(engine)  # 0 wedges: every promotion and job resolved
-        _counters_add_up(engine)
-        for outcome in OUTCOMES:
-            FIGURES[outcome] += remote.count[outcome]
-        FIGURES["external_hits"] += last.external_hits
-        FIGURES["wrong_reads"] += last.wrong_reads
-        FIGURES["slots_checked"] += last.slots_checked
-        FIGURES["cross_tenant_hits"] += sum(
-            1 for key, salt in remote.promoted_log if written.get(key) != {salt}
-        )
-        engine.close()
+@given(seed=st.integers(0, 2**32 - 1))
+def test_random_two_engine_traces_with_remote_faults(server: Any, seed: int) -> None:
+    """Waves of requests (a family's shared prefix plus a drawn tail on one engine under a
+    drawn tenant, then maybe the same prompt on the other engine), one drawn fault per fetch:
+    0 wrong loads, 0 cross-tenant hits, 0 wedges, the promotion counters add up."""
+    out = play_two_engines(server, random_two_engine_trace(random.Random(seed)))
+    assert out.unfinished == 0
+    assert out.unflushed == 0
+    for report in out.reports.values():
+        assert report.wrong_reads == 0  # content-verified: 0 wrong loads
+    assert out.cross_tenant_hits == 0
+    assert not out.residue, dict(out.residue)  # 0 wedges: every promotion and job resolved
+    assert not out.counter_mismatches, out.counter_mismatches
+    FIGURES.update(out.outcomes)
+    FIGURES["external_hits"] += sum(r.external_hits for r in out.reports.values())
+    FIGURES["wrong_reads"] += sum(r.wrong_reads for r in out.reports.values())
+    FIGURES["slots_checked"] += sum(r.slots_checked for r in out.reports.values())
+    FIGURES["cross_tenant_hits"] += out.cross_tenant_hits
     FIGURES["traces"] += 1
-    FIGURES.update({f"injected_{k}": v for k, v in injected.items()})
+    FIGURES.update({f"injected_{k}": v for k, v in out.injected.items()})
     print(f"\ntwo-engine traces so far: {dict(sorted(FIGURES.items()))}")

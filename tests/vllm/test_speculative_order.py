@@ -1,5 +1,5 @@
 """``HybridKVConnector`` in the runner's speculative-decoding hook order, inside vLLM 0.33's
-real Scheduler (:mod:`hybridkv.vllm.inprocess`, ``EngineSettings.speculative_hooks``).
+real Scheduler (:mod:`hybridkv.vllm.harness.inprocess`, ``EngineSettings.speculative_hooks``).
 
 With a drafter vLLM collects the step's transfer results right after the target forward and
 calls ``wait_for_save`` only after the drafter wrote its layers' KV
@@ -30,12 +30,10 @@ from test_hybridkv_inprocess import CHAT, _transfer  # noqa: E402
 
 from hybridkv.transfer import Direction, TransferEngine, TransferPair  # noqa: E402
 from hybridkv.transfer.api import EngineWrapper, JobId  # noqa: E402
-from hybridkv.vllm.cpu_worker import HybridKVOnCPU  # noqa: E402
-from hybridkv.vllm.delayed import DelayedCompletion  # noqa: E402
-from hybridkv.vllm.inprocess import (  # noqa: E402
-    InProcessEngine,
-    run_trace,
-)
+from hybridkv.vllm.harness.chat import run_trace  # noqa: E402
+from hybridkv.vllm.harness.cpu_worker import HybridKVOnCPU  # noqa: E402
+from hybridkv.vllm.harness.delayed import DelayedCompletion  # noqa: E402
+from hybridkv.vllm.harness.inprocess import InProcessEngine  # noqa: E402
 
 
 class _StoresCopyAtSubmit(EngineWrapper):

@@ -25,9 +25,9 @@ With one KV cache group the block-level path exists (the contrast test): vLLM tr
 request at the first invalid block and discards the step's sampled token.
 
 End to end (``test_failed_sync_loads_are_read_as_if_loaded``): ``HybridKVConnector`` in the
-in-process engine (:mod:`hybridkv.vllm.inprocess`, vLLM's Scheduler and the runner's hook order,
-every read content-checked) with its core switched to ``LoadMode.SYNC`` by the test (the facade
-never selects it). Sync loads that succeed give 0 wrong reads on mamba + full and sliding +
+in-process engine (:mod:`hybridkv.vllm.harness.inprocess`, vLLM's Scheduler and the runner's hook
+order, every read content-checked) with its core switched to ``LoadMode.SYNC`` by the test (the
+facade never selects it). Sync loads that succeed give 0 wrong reads on mamba + full and sliding +
 full: the success path is sound. With every load failing, every request still finishes and the
 forwards read the never-loaded blocks (wrong reads > 0): the failures reach the connector's own
 core, and no channel above can pass them to vLLM. So hybridkv keeps every load async
@@ -59,9 +59,10 @@ from vllm.v1.request import RequestStatus
 from hybridkv.connector import LoadMode
 from hybridkv.errors import HybridKVConfigError
 from hybridkv.vllm.config import parse_extra_config
-from hybridkv.vllm.cpu_worker import FaultPlan, HybridKVOnCPU
-from hybridkv.vllm.inprocess import ChatTrace, InProcessEngine, run_trace
-from hybridkv.vllm.inprocess import EngineSettings as InProcessSettings
+from hybridkv.vllm.harness.chat import ChatTrace, run_trace
+from hybridkv.vllm.harness.cpu_worker import FaultPlan, HybridKVOnCPU
+from hybridkv.vllm.harness.engine_config import EngineSettings as InProcessSettings
+from hybridkv.vllm.harness.inprocess import InProcessEngine
 
 pytestmark = [pytest.mark.vllm, pytest.mark.known_vllm_behaviour]
 

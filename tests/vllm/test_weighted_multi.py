@@ -1,9 +1,9 @@
 """``WeightedMultiConnector`` (:mod:`hybridkv.vllm.multi`) inside vLLM 0.33's real Scheduler
-(:mod:`hybridkv.vllm.inprocess`: both roles, CPU caches from vLLM's ``allocate_kv_cache``, every
-KV slot the forward reads content-checked), with two children that both store every prompt:
+(:mod:`hybridkv.vllm.harness.inprocess`: both roles, CPU caches from vLLM's ``allocate_kv_cache``,
+every KV slot the forward reads content-checked), with two children that both store every prompt:
 ``HybridKVConnector`` (named ``host``) and vLLM's native ``OffloadingConnector`` (named
 ``native``, its worker on CPU tensors through
-:class:`~hybridkv.vllm.native_cpu.NativeOffloadOnCPU`), on the sliding + full layout (two KV
+:class:`~hybridkv.vllm.harness.native_cpu.NativeOffloadOnCPU`), on the sliding + full layout (two KV
 cache groups, so HMA is on).
 
 - The weights decide which child loads, observed in the bytes each child's worker moved: host
@@ -53,18 +53,14 @@ from vllm.distributed.kv_transfer.kv_connector.v1.metrics import KVConnectorProm
 
 from hybridkv.errors import HybridKVConfigError  # noqa: E402
 from hybridkv.vllm.connector import HybridKVConnector  # noqa: E402
-from hybridkv.vllm.cpu_worker import FaultPlan, HybridKVOnCPU  # noqa: E402
-from hybridkv.vllm.inprocess import (  # noqa: E402
-    ChatTrace,
-    EngineSettings,
-    InProcessEngine,
-    InProcessReport,
-    WedgedError,
-    run_trace,
-)
+from hybridkv.vllm.harness.chat import ChatTrace, run_trace  # noqa: E402
+from hybridkv.vllm.harness.cpu_worker import FaultPlan, HybridKVOnCPU  # noqa: E402
+from hybridkv.vllm.harness.engine_config import EngineSettings, WedgedError  # noqa: E402
+from hybridkv.vllm.harness.inprocess import InProcessEngine  # noqa: E402
+from hybridkv.vllm.harness.multi_cpu import MultiOnCPU  # noqa: E402
+from hybridkv.vllm.harness.native_cpu import NativeOffloadOnCPU  # noqa: E402
+from hybridkv.vllm.harness.report import InProcessReport  # noqa: E402
 from hybridkv.vllm.multi import WeightedMultiConnector, WeightedMultiStats  # noqa: E402
-from hybridkv.vllm.multi_cpu import MultiOnCPU  # noqa: E402
-from hybridkv.vllm.native_cpu import NativeOffloadOnCPU  # noqa: E402
 
 LAYOUT = Layout.SLIDING_FULL
 SETTINGS = EngineSettings(
@@ -227,8 +223,8 @@ def test_a_child_without_hma_is_taken_on_a_one_group_model(tmp_path: Path) -> No
     from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory
     from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
 
-    from hybridkv.vllm.inprocess import _process_setup, _vllm_config
-    from hybridkv.vllm.planning import plan_kv_caches
+    from hybridkv.vllm.harness.engine_config import _process_setup, _vllm_config
+    from hybridkv.vllm.harness.planning import plan_kv_caches
 
     _process_setup()
     example = {
@@ -414,8 +410,8 @@ def test_the_docs_config_builds_through_vllms_factory() -> None:
     from vllm.distributed.kv_transfer.kv_connector.factory import KVConnectorFactory
     from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
 
-    from hybridkv.vllm.inprocess import _process_setup, _vllm_config
-    from hybridkv.vllm.planning import plan_kv_caches
+    from hybridkv.vllm.harness.engine_config import _process_setup, _vllm_config
+    from hybridkv.vllm.harness.planning import plan_kv_caches
 
     _process_setup()  # vLLM's one-rank distributed state, as the engine sets it up
     doc = _doc_json()

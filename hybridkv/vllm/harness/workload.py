@@ -1,6 +1,6 @@
 """A ``hybridkv simulate`` workload (:mod:`hybridkv.testbed.trace`) played through vLLM 0.33's real
 ``Scheduler`` with ``HybridKVConnector`` (both roles) in the in-process engine
-(:mod:`hybridkv.vllm.inprocess`): the report's token figures counted from what vLLM did.
+(:mod:`hybridkv.vllm.harness.inprocess`): the report's token figures counted from what vLLM did.
 
 Arrivals follow the trace's rules (``hybridkv.testbed.trace``): a request arrives once the clock
 reaches its ``arrival_step``; a conversation's turn only after its previous turn finished, its
@@ -44,7 +44,8 @@ from typing import Any, Protocol
 
 from hybridkv.store.values import LookupResult
 from hybridkv.testbed.trace import TraceRequest
-from hybridkv.vllm.inprocess import InProcessEngine, WedgedError
+from hybridkv.vllm.harness.engine_config import WedgedError
+from hybridkv.vllm.harness.inprocess import InProcessEngine
 
 __all__ = [
     "Cause",
@@ -344,8 +345,8 @@ def play_workload(
     """Play ``trace`` on ``engine`` until every request finished and nothing is in flight;
     ``watch`` follows failed jobs (module docstring).
 
-    Refusal: :class:`~hybridkv.vllm.inprocess.WedgedError` past ``max_ticks`` clock ticks or
-    ``engine.settings.max_steps`` engine steps, or with transfer jobs in flight at the end.
+    Refusal: :class:`~hybridkv.vllm.harness.engine_config.WedgedError` past ``max_ticks`` clock
+    ticks or ``engine.settings.max_steps`` engine steps, or with transfer jobs in flight at the end.
     """
     run = WorkloadRun(requests=len(trace))
     ledger = _Ledger(run, _NoWatch() if watch is None else watch)
@@ -428,8 +429,10 @@ class WorkloadEngine:
         host_bytes: the host tier (``host_memory_bytes``; at least one slot).
         policy: ``eviction_policy``.
         fault_rate: probability a load or a store job fails (half before submission, half
-            inside the copy, :class:`hybridkv.vllm.cpu_worker.FaultPlan`); ``seed`` seeds it.
-        delay: polls before a transfer reports (:class:`hybridkv.vllm.delayed.DelayedCompletion`).
+            inside the copy, :class:`hybridkv.vllm.harness.cpu_worker.FaultPlan`); ``seed`` seeds
+            it.
+        delay: polls before a transfer reports
+            (:class:`hybridkv.vllm.harness.delayed.DelayedCompletion`).
     """
 
     num_gpu_blocks: int
@@ -448,8 +451,8 @@ class WorkloadEngine:
         failed load), the worker on CPU tensors."""
         from vllm.config import KVTransferConfig
 
-        from hybridkv.vllm.cpu_worker import FaultPlan, HybridKVOnCPU
-        from hybridkv.vllm.inprocess import EngineSettings
+        from hybridkv.vllm.harness.cpu_worker import FaultPlan, HybridKVOnCPU
+        from hybridkv.vllm.harness.engine_config import EngineSettings
 
         transfer = KVTransferConfig(
             kv_connector="HybridKVConnector",

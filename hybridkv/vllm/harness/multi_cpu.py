@@ -1,8 +1,9 @@
 """The in-process engine's worker adapter for
 :class:`~hybridkv.vllm.multi.WeightedMultiConnector`: one child adapter per named child
-(:class:`~hybridkv.vllm.cpu_worker.HybridKVOnCPU`,
-:class:`~hybridkv.vllm.native_cpu.NativeOffloadOnCPU` or
-:class:`~hybridkv.vllm.inprocess.RegisterCaches`), each sizing and registering its own child.
+(:class:`~hybridkv.vllm.harness.cpu_worker.HybridKVOnCPU`,
+:class:`~hybridkv.vllm.harness.native_cpu.NativeOffloadOnCPU` or
+:class:`~hybridkv.vllm.harness.inprocess.RegisterCaches`), each sizing and registering its own
+child.
 
 ``configure`` hands each child adapter a view of the vLLM config whose ``kv_transfer_config``
 exposes that child's own ``kv_connector_extra_config`` (the very dict inside the multi-connector's
@@ -24,7 +25,7 @@ __all__ = ["MultiOnCPU"]
 
 
 class MultiOnCPU:
-    """A :class:`~hybridkv.vllm.inprocess.WorkerAdapter` over child adapters keyed by the
+    """A :class:`~hybridkv.vllm.harness.inprocess.WorkerAdapter` over child adapters keyed by the
     children's names (every child named in the config needs one)."""
 
     def __init__(self, children: Mapping[str, Any]) -> None:

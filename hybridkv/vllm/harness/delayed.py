@@ -2,12 +2,13 @@
 
 The in-process engine gives hybridkv's connector and vLLM's native one the same simulated copy
 latency (``tools/bench_vs_native.py`` compares them at the same ``delay``).
-:class:`hybridkv.vllm.native_cpu.HostCopyWorker` reports a native job once it has been polled
-``delay`` times (one poll a step), in submission order per direction, and ``wait`` releases a job
-and the ones before it; :class:`DelayedCompletion` applies that rule to hybridkv's real CPU
-transfer engine (:class:`hybridkv.vllm.cpu_worker.HybridKVOnCPU` puts it under the connector's
-:class:`~hybridkv.connector.worker.TransferWorker`). Polls are counted before the check, so delay
-0 and delay 1 both report a job at the first poll after its submission, as the native rule does.
+:class:`hybridkv.vllm.harness.native_cpu.HostCopyWorker` reports a native job once it has been
+polled ``delay`` times (one poll a step), in submission order per direction, and ``wait`` releases a
+job and the ones before it; :class:`DelayedCompletion` applies that rule to hybridkv's real CPU
+transfer engine (:class:`hybridkv.vllm.harness.cpu_worker.HybridKVOnCPU` puts it under the
+connector's :class:`~hybridkv.connector.worker.TransferWorker`). Polls are counted before the check,
+so delay 0 and delay 1 both report a job at the first poll after its submission, as the native rule
+does.
 
 When the bytes move:
 

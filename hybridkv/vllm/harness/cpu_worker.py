@@ -18,9 +18,9 @@ layout are one run (a chunk's full-attention block alone), and a fault that only
 second run used to miss them (``hybridkv simulate --engine vllm --requests 32 --faults 0.1``
 injected 4 of 124 jobs; now 8 of 126).
 
-Timing: the engine sits under :class:`~hybridkv.vllm.delayed.DelayedCompletion`, the report rule
-of :class:`hybridkv.vllm.native_cpu.HostCopyWorker`: a job reports once it has been polled
-``delay`` times (one poll a step; 0 and 1 both mean the first poll after submission), in
+Timing: the engine sits under :class:`~hybridkv.vllm.harness.delayed.DelayedCompletion`, the report
+rule of :class:`hybridkv.vllm.harness.native_cpu.HostCopyWorker`: a job reports once it has been
+polled ``delay`` times (one poll a step; 0 and 1 both mean the first poll after submission), in
 submission order per direction, and is waited for then, whatever the copy thread's timing. So
 ``HybridKVOnCPU(delay=d)`` and ``NativeOffloadOnCPU(host_chunks, d)`` simulate the same copy
 latency. A job failed before submission never reaches the engine: it reports at the next poll.
@@ -52,7 +52,7 @@ from hybridkv.transfer.api import (
     TransferEngine,
     TransferPair,
 )
-from hybridkv.vllm.delayed import DelayedCompletion
+from hybridkv.vllm.harness.delayed import DelayedCompletion
 from hybridkv.vllm.layout import read_layout
 
 __all__ = ["FaultPlan", "HybridKVOnCPU", "InjectedFault"]
@@ -173,7 +173,7 @@ class _CopyFaults(EngineWrapper):
 
 
 class HybridKVOnCPU:
-    """The :class:`~hybridkv.vllm.inprocess.WorkerAdapter` of ``HybridKVConnector``: its own
+    """The :class:`~hybridkv.vllm.harness.inprocess.WorkerAdapter` of ``HybridKVConnector``: its own
     registration on the CPU caches, reports ``delay`` polls late (:class:`DelayedCompletion`,
     the rule of the native adapter's ``HostCopyWorker``), ``faults`` injected (None: none).
 

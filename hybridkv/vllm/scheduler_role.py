@@ -1,0 +1,252 @@
+"""``HybridKVConnector``'s scheduler role: vLLM's scheduler-side hooks over the connector core.
+
+In the scheduler process vLLM builds the connector with role SCHEDULER; these hooks turn each
+call into the core's view of it (:mod:`hybridkv.vllm.views`) and back into vLLM's answer, with
+the restart guard (:mod:`hybridkv.vllm.reclaim`), the load deadlines and the remote tier around
+the core. :class:`SchedulerRole` is a base class of
+:class:`~hybridkv.vllm.connector.HybridKVConnector`, kept apart so one file holds one role; the
+state it reads is the connector's, set in its constructor (declared on the class).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorMetadata
+
+from hybridkv.connector import (
+    BlockTable,
+    ConnectorCore,
+    KVConnectorOutput,
+    ScheduledRequest,
+    StepView,
+    TransferKind,
+)
+from hybridkv.connector.deadlines import LoadDeadlines
+from hybridkv.vllm.config import HybridKVConfig
+from hybridkv.vllm.events import BlockPayloads
+from hybridkv.vllm.metrics import GroupAgreement
+from hybridkv.vllm.ranks import JobQuorum
+from hybridkv.vllm.reclaim import Answer, ReclaimGuard
+from hybridkv.vllm.remote import SchedulerRemote
+from hybridkv.vllm.reset import guard_pool_reset, reset_connector_cache
+from hybridkv.vllm.step_metadata import HybridKVMetadata, HybridKVWorkerMeta
+from hybridkv.vllm.views import RequestViews, block_table
+
+__all__ = ["SchedulerRole"]
+
+
+class _PoolPins:
+    """vLLM's ``BlockPool`` as the core's :class:`~hybridkv.connector.GpuBlockPool` (block ids
+    to ``KVCacheBlock`` objects; one pool serves every group)."""
+
+    def __init__(self, pool: Any) -> None:
+        self.pool = pool
+
+    def touch(self, blocks: Iterable[int]) -> None:
+        self.pool.touch([self.pool.blocks[b] for b in blocks])
+
+    def free_blocks(self, ordered_blocks: Iterable[int]) -> None:
+        self.pool.free_blocks([self.pool.blocks[b] for b in ordered_blocks])
+
+
+def _tables(block_ids: Any) -> BlockTable:
+    return block_table(block_ids)
+
+
+class SchedulerRole:
+    """The scheduler-side hooks of :class:`~hybridkv.vllm.connector.HybridKVConnector` (module
+    docstring); every attribute below is the connector's."""
+
+    core: ConnectorCore | None
+    hybridkv_config: HybridKVConfig
+    deadlines: LoadDeadlines | None
+    remote: SchedulerRemote | None
+    _requests: dict[str, Any]
+    _views: RequestViews
+    _reclaim: ReclaimGuard
+    _quorum: JobQuorum
+    _agreement: GroupAgreement
+    _gpu_pool: Any
+    _delayed_frees: set[str]
+    _payloads: BlockPayloads | None
+    _deadline_answers: int
+    _kv_cache_manager: Any  # vLLM's, set by bind_kv_cache_manager
+
+    def _core(self) -> ConnectorCore:
+        if self.core is None:
+            raise RuntimeError("scheduler-side call on the worker-side HybridKVConnector")
+        return self.core
+
+    def bind_gpu_block_pool(self, gpu_block_pool: Any) -> None:
+        """Store sources are pinned in vLLM's pool from a store's emission to its report; a
+        prefix-cache reset gives them back first (hybridkv.vllm.reset)."""
+        self._core().bind_gpu_block_pool(_PoolPins(gpu_block_pool))
+        self._gpu_pool = gpu_block_pool
+        manager = getattr(self, "_kv_cache_manager", None)  # set first by bind_kv_cache_manager
+        guard_pool_reset(gpu_block_pool, self._core(), manager)
+
+    def reset_cache(self) -> bool:
+        """vLLM's ``reset_prefix_cache(reset_connector=True)``: nothing stored before it is
+        served after it, host or remote (hybridkv.vllm.reset)."""
+        return reset_connector_cache(self._core(), self.remote)
+
+    def has_pending_block_frees(self) -> bool:
+        """Whether a store in flight returns blocks to vLLM's free pool when it reports: a
+        finished request's free delayed until ``finished_sending``, or a store source nothing
+        but the store's pin holds (a preempted or finished request's block). vLLM then waits
+        a step instead of preempting a running request (``scheduler.py:924-928``); a store
+        reading blocks a running request still holds frees nothing, so it does not count."""
+        if self._delayed_frees:
+            return True
+        pool = self._gpu_pool
+        if pool is None:
+            return False
+        pins: dict[int, int] = {}
+        for block in self._core().held_blocks():
+            pins[block] = pins.get(block, 0) + 1
+        return any(pool.blocks[b].ref_cnt <= n for b, n in pins.items())
+
+    def on_new_request(self, request: Any) -> None:
+        self._requests[request.request_id] = request
+
+    def get_num_new_matched_tokens(
+        self, request: Any, num_computed_tokens: int
+    ) -> tuple[int | None, bool]:
+        rid = request.request_id
+        self._requests[rid] = request
+        # A request restarted by a failed load that vLLM refused while nothing ran is deferred
+        # or answered nothing, or vLLM 0.33 wedges (hybridkv.vllm.reclaim).
+        answer = self._reclaim.answer(rid)
+        if answer is Answer.DEFER:
+            return None, False
+        if answer is Answer.NONE:
+            return 0, False
+        if self.deadlines is not None and self.deadlines.recomputing(rid):
+            self._deadline_answers += 1
+            return 0, False  # its load missed the deadline: recomputed (LoadDeadlines)
+        view = self._views.view(request)
+        if self.remote is not None:
+            self.remote.before_claim(view, num_computed_tokens)
+        claim = self._core().get_num_new_matched_tokens(view, num_computed_tokens)
+        vllm_answer = claim.as_vllm()
+        if vllm_answer[0] is not None:
+            self._agreement.observe(self._core(), view, num_computed_tokens, vllm_answer[0])
+        return vllm_answer
+
+    def update_state_after_alloc(self, request: Any, blocks: Any, num_external_tokens: int) -> None:
+        # vLLM may call this again for one request; the core loads only for a positive count.
+        self._reclaim.admitted(request.request_id)
+        if num_external_tokens == 0:
+            return  # the core loads only for a positive count and records nothing otherwise
+        self._core().update_state_after_alloc(
+            self._views.view(request), _tables(blocks.get_block_ids()), num_external_tokens
+        )
+
+    def build_connector_meta(self, scheduler_output: Any) -> KVConnectorMetadata:
+        core = self._core()
+        self._reclaim.schedule_ended(ran=bool(scheduler_output.num_scheduled_tokens))
+        scheduled = []
+        no_unit = []
+        completes = core.geometry.completes_a_unit
+        prompt_only = not self.hybridkv_config.offload_decode_state
+        drafts = scheduler_output.scheduled_spec_decode_tokens
+        for rid, num in scheduler_output.num_scheduled_tokens.items():
+            request = self._requests[rid]
+            computed = int(request.num_computed_tokens)
+            stored = int(num)
+            if prompt_only:  # the prompt's units only
+                stored = min(stored, max(0, request.num_prompt_tokens - computed))
+            if drafts and drafts.get(rid):
+                # A step with draft tokens (MTP/EAGLE) stores nothing of its request: a unit
+                # ending on a draft has no block hash yet and may be rejected, and a mamba
+                # state of such a step is not the running state at a unit end. Its prompt's
+                # units were stored by the prefill, which never carries drafts.
+                stored = 0
+            if not completes(computed, computed + stored):
+                # Stores nothing this step (most decode steps): no view, no vLLM block table
+                # (StepView.no_unit_ids); its view catches up when a unit completes.
+                no_unit.append(rid)
+                continue
+            blocks = _tables(self._kv_cache_manager.get_block_ids(rid))
+            scheduled.append(ScheduledRequest(self._views.view(request), blocks, computed, stored))
+        step = StepView(
+            step=0,
+            scheduled=tuple(scheduled),
+            # RequestId is a NewType of str: the ids are taken as they are.
+            finished_ids=frozenset(scheduler_output.finished_req_ids),
+            preempted_ids=frozenset(scheduler_output.preempted_req_ids or ()),
+            no_unit_ids=frozenset(no_unit),
+        )
+        meta = core.build_connector_meta(step)
+        if self._payloads is not None and meta.store_jobs:
+            self._payloads.record(meta.store_jobs, self._requests)
+        slots = {}
+        if meta.load_jobs or meta.store_jobs:  # most decode steps have no job: nothing to name
+            keys = [item.key for job in (*meta.load_jobs, *meta.store_jobs) for item in job.items]
+            slots = dict(zip(keys, core.store.slots(keys), strict=True)) if keys else {}
+        late = () if self.deadlines is None else self.deadlines.step(meta.load_jobs)
+        orders = None
+        if self.remote is not None:
+            views = {str(s.request.request_id): s.request for s in scheduled}
+            self.remote.stores_emitted(meta.store_jobs, views)
+            orders = self.remote.orders()
+        return HybridKVMetadata(meta, slots, tuple(int(j) for j in late) if late else (), orders)
+
+    def update_connector_output(self, connector_output: Any) -> None:
+        self._delayed_frees.difference_update(connector_output.finished_sending or ())
+        worker_meta = connector_output.kv_connector_worker_meta
+        reports = worker_meta.reports if isinstance(worker_meta, HybridKVWorkerMeta) else ()
+        if not reports and not connector_output.failed_recving:
+            # No job result and no failed load: nothing below would change the core. The remote
+            # tier still folds its fetch reports and ticks its promotion deadline every step,
+            # or a promotion reported alone would keep its keys STORING and its claim DEFERred
+            # for ever (a wedge, found by tools/bench_remote.py's two engines).
+            if self.remote is not None:
+                fetched = worker_meta.fetches if isinstance(worker_meta, HybridKVWorkerMeta) else ()
+                self.remote.fold(fetched)
+            return
+        # A job reaches the core once every rank reported it (ranks finish in different steps).
+        jobs = self._quorum.fold(reports)
+        failed = connector_output.failed_recving or ()
+        self._reclaim.load_failed(rid for rid in failed if rid in self._requests)
+        if self.deadlines is not None:
+            self.deadlines.reported(result.job_id for result in jobs)
+        kinds = {}
+        if self.remote is not None:
+            # Which reported jobs are stores, read before the core forgets them.
+            kinds = {r.job_id: self._core().job_kind(r.job_id) for r in jobs}
+        self._core().update_connector_output(
+            KVConnectorOutput(
+                finished_recving=frozenset(connector_output.finished_recving or ()),
+                failed_recving=frozenset(connector_output.failed_recving or ()),
+                finished_sending=frozenset(connector_output.finished_sending or ()),
+                completed_jobs=tuple(jobs),
+            )
+        )
+        if self.remote is not None:
+            for result in jobs:
+                if kinds.get(result.job_id) is TransferKind.STORE:
+                    self.remote.store_reported(int(result.job_id), result.success)
+            fetched = worker_meta.fetches if isinstance(worker_meta, HybridKVWorkerMeta) else ()
+            self.remote.fold(fetched)
+
+    def request_finished(self, request: Any, block_ids: list[int]) -> tuple[bool, None]:
+        return self.request_finished_all_groups(request, (block_ids,))
+
+    def request_finished_all_groups(
+        self, request: Any, block_ids: tuple[list[int], ...]
+    ) -> tuple[bool, None]:
+        self._requests.pop(request.request_id, None)
+        self._agreement.forget(request.request_id)
+        self._reclaim.finished(request.request_id)
+        if self.deadlines is not None:
+            self.deadlines.finished(request.request_id)
+        if self.remote is not None:
+            self.remote.finished(request.request_id)
+        view = self._views.pop(request)  # its last view: the core reads only the id here
+        delayed = self._core().request_finished_all_groups(view, _tables(block_ids))
+        if delayed:
+            self._delayed_frees.add(request.request_id)
+        return delayed, None
