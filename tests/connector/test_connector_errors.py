@@ -90,6 +90,10 @@ def test_the_core_refuses_a_bad_configuration(field: str, kwargs: dict[str, Any]
         "hash_block_size": 2,
         "chunk_size": 2,
     }
+    # Split a copy: the parametrized dict is shared by every run of this case in one process
+    # (mutmut's runs, pytest-repeat), and popping from it left the second run without its
+    # bad value.
+    kwargs = dict(kwargs)
     options = {k: kwargs.pop(k) for k in ("sliding_windows", "load_mode") if k in kwargs}
     args.update(kwargs)
     _refused(field, ConnectorCore, *args.values(), **options)
