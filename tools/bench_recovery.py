@@ -55,7 +55,7 @@ WIDE = GroupSpec(GroupKind.SLIDING, 2, sliding_window=8)  # reads 7 tokens back
 NARROW = GroupSpec(GroupKind.SLIDING, 2, sliding_window=4)  # reads 3 tokens back
 
 P9 = tuple(range(1, 10))  # 9 prompt tokens: the host holds 8, claimed in 4 segments of 2
-OTHER = tuple(range(30, 42))  # 12 unrelated tokens
+OTHER = tuple(range(30, 70))  # 40 unrelated tokens
 
 
 @dataclass(frozen=True, slots=True)
@@ -151,15 +151,17 @@ def cases() -> list[Case]:
             {"r0": 2, "r1": 2},
             salvageable=True,
         ),
-        # A busy engine: one running slot. r0's load fails; r1 (12 unrelated tokens) is
-        # running (12 prompt + 12 output tokens), so r0 waits for the slot while r1's decode
-        # stores (2 entries per 2 tokens) fill the 8-entry host store
-        # and evict r0's 8 entries (least recent first). Restarted from 0, r0 finds nothing in
-        # the host and recomputes everything; truncated, it keeps its first 6 tokens.
+        # A busy engine: one running slot. r0's load fails; r1 (40 unrelated prompt tokens, 16
+        # a step) is running, so r0 waits for the slot while r1's prompt stores fill the
+        # 8-entry host store and evict r0's 8 entries (least recent first) once the failed load
+        # unpinned them. Prompt stores are NORMAL, so they may evict r0's prefix; decode stores
+        # are LOW and may not (hybridkv.store admission), which is why r1's prompt, not its
+        # answer, does the evicting. Restarted from 0, r0 finds nothing in the host and
+        # recomputes everything; truncated, it keeps its first 6 tokens.
         Case(
             "full+sliding8, last segment fails, host evicts before the retry",
             (FULL, WIDE),
-            (("r0", P9, 2), ("r1", OTHER, 12)),
+            (("r0", P9, 2), ("r1", OTHER, 2)),
             (("r0", 8),),
             {"r0": 3},
             salvageable=True,
