@@ -199,9 +199,10 @@ class _TestProm(KVConnectorProm):
 
 # (settings, trace, chunk, host slots, evict): sliding+full is sized so every counter but the
 # deadline's moves (20 slots: at 12 the admission rule refuses the decode units' LOW stores on a
-# full host, so no finished request waits for a store and delayed_frees stays 0); mamba+full's three conversations are too short for that under evictions
-# (each eviction of a full-attention chunk voids every longer mamba claim), so it runs without
-# them and checks the same identities.
+# full host, so no finished request waits for a store and delayed_frees stays 0); mamba+full's
+# three conversations are too short for that under evictions (each eviction of a
+# full-attention chunk voids every longer mamba claim), so it runs without them and checks the
+# same identities.
 SIZED = {
     Layout.SLIDING_FULL: (
         EngineSettings(
