@@ -64,6 +64,7 @@ MODULES: dict[str, tuple[str, ...]] = {
     "hybridkv/hashing.py": (
         "tests/differential/test_hashing_agreement.py",
         "tests/connector/test_engine_hashes.py",
+        "tests/connector/test_hashing_contract.py",
     ),
     **{
         f"hybridkv/store/{name}.py": _STORE_TESTS
