@@ -186,3 +186,90 @@ def test_the_cuda_figure_covers_exactly_what_the_cpu_figure_omits(tmp_path: Path
     reported = set(re.findall(r"^(hybridkv/\S+\.py) ", done.stdout, re.MULTILINE))
     assert reported == {pattern.removeprefix("*/") for pattern in gpu_checks.CUDA_FILES}
     assert re.search(r"^TOTAL\s+\d+", done.stdout, re.MULTILINE)
+
+
+def _fake_pip(
+    monkeypatch: pytest.MonkeyPatch, calls: list[list[str]], *, fails: bool = False
+) -> None:
+    """pip, as ``fetch_for`` calls it, replaced by one that lays out each named package in
+    ``--target`` with a compiled module for CPython 3.12 and a console script (git still runs)."""
+    real_run = subprocess.run
+
+    def run(command: list[str], **kwargs: object) -> object:
+        if command[1:3] != ["-m", "pip"]:
+            return real_run(command, **kwargs)  # type: ignore[call-overload]
+        calls.append(command)
+        if fails:
+            return subprocess.CompletedProcess(command, 1, "", "ERROR: No matching distribution")
+        target = Path(command[command.index("--target") + 1])
+        for requirement in (c for c in command if "==" in c):
+            name = requirement.split("==")[0]
+            (target / name).mkdir(parents=True)
+            (target / name / "__init__.py").write_text("")
+            (target / name / "_speed.cpython-312-x86_64-linux-gnu.so").write_text("\x7fELF")
+        (target / "bin").mkdir(exist_ok=True)
+        (target / "bin" / "script").write_text("#!")
+        return subprocess.CompletedProcess(command, 0, "", "")
+
+    monkeypatch.setattr(pack_gpu_run.subprocess, "run", run)
+
+
+def test_packing_for_another_python_fetches_the_dependencies_built_for_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    site = tmp_path / "site-packages"
+    _stand_in_vllm(site)
+    monkeypatch.syspath_prepend(str(site))
+    monkeypatch.setattr(pack_gpu_run, "packed_names", lambda with_deps: ["vllm", "pluggy"])
+    calls: list[list[str]] = []
+    _fake_pip(monkeypatch, calls)
+    argv = ["--out", str(tmp_path / "dist"), "--python", "3.12", "--level", "1"]
+    assert pack_gpu_run.main(argv) == 0
+    # One pip call: the dependency at the version installed here, as a CPython 3.12 wheel.
+    (command,) = calls
+    assert command[command.index("--python-version") + 1] == "3.12"
+    assert command[command.index("--implementation") + 1] == "cp"
+    assert {"--only-binary=:all:", "--no-deps", "--platform=manylinux2014_x86_64"} <= set(command)
+    assert [c for c in command if "==" in c] == [
+        f"pluggy=={pack_gpu_run.metadata.version('pluggy')}"
+    ]
+    with tarfile.open(tmp_path / "dist" / "hybridkv-gpu-run.tar.gz") as archive:
+        names = set(archive.getnames())
+        member = archive.extractfile("hybridkv-gpu-run/gpu-run.json")
+        assert member is not None
+        manifest = json.load(member)
+    top = "hybridkv-gpu-run/site/"
+    # What pip laid out for 3.12, without its scripts; vLLM copied from here, without kernels.
+    assert top + "pluggy/_speed.cpython-312-x86_64-linux-gnu.so" in names
+    assert not [n for n in names if n.startswith(top + "bin")]
+    assert top + "vllm/v1/core/sched/scheduler.py" in names
+    assert top + "vllm/_C.abi3.so" not in names
+    assert manifest["python"] == "3.12"
+    assert manifest["packages"]["pluggy"] == pack_gpu_run.metadata.version("pluggy")
+
+
+def test_packing_for_another_python_without_its_wheels_writes_no_archive(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    site = tmp_path / "site-packages"
+    _stand_in_vllm(site)
+    monkeypatch.syspath_prepend(str(site))
+    monkeypatch.setattr(pack_gpu_run, "packed_names", lambda with_deps: ["vllm", "pluggy"])
+    _fake_pip(monkeypatch, [], fails=True)
+    assert pack_gpu_run.main(["--out", str(tmp_path / "dist"), "--python", "3.12"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("pack_gpu_run: pip could not fetch the wheels for Python 3.12")
+    assert "ERROR: No matching distribution" in err
+    assert not (tmp_path / "dist" / "hybridkv-gpu-run.tar.gz").exists()
+
+
+@pytest.mark.parametrize("python", ["3", "3.12.1", "python3.12", "12"])
+def test_a_python_that_is_not_a_minor_version_is_refused(
+    tmp_path: Path, python: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert pack_gpu_run.main(["--out", str(tmp_path), "--python", python]) == 2
+    err = capsys.readouterr().err
+    assert (
+        err == f"pack_gpu_run: --python {python!r} is not a Python minor version: give it as 3.12\n"
+    )
+    assert not list(tmp_path.iterdir())

@@ -17,6 +17,12 @@ It writes ``dist/hybridkv-gpu-run.tar.gz``, one folder ``hybridkv-gpu-run/`` hol
 - ``gpu-run.json``: the Python version and platform the packed compiled packages (pydantic_core,
   msgspec...) were built for, each package's version, and the commands to run on the target.
 
+A GPU machine whose Python differs from this interpreter's (the compiled packages are built per
+minor version) gets its own: ``--python 3.12`` fetches every packed dependency, at the version
+installed here, as a wheel for CPython 3.12 on manylinux x86-64 from the registry, and unpacks it
+into ``site/`` (``pip install --target`` for that Python); vLLM's sources are copied as above,
+since without their kernels they are the same for every Python.
+
 Left out because CUDA torch brings its own (and a second copy could shadow it): torch and what
 torch itself requires (filelock, fsspec, Jinja2, MarkupSafe, mpmath, networkx, sympy,
 typing_extensions), and torchvision (a build tied to one torch). ``--no-deps`` packs vLLM alone,
@@ -42,6 +48,7 @@ import subprocess
 import sys
 import sysconfig
 import tarfile
+import tempfile
 from collections.abc import Iterator
 from importlib import metadata
 from pathlib import Path, PurePosixPath
@@ -75,6 +82,13 @@ TEST_RUNNER = [
     "pytest-cov",
     "coverage",
 ]
+# The platforms a wheel fetched for another Python may be built for (--python): manylinux
+# x86-64, the GPU machines' platform, from the oldest glibc tag to a recent one.
+MANYLINUX = (
+    "manylinux1_x86_64",
+    "manylinux2014_x86_64",
+    *(f"manylinux_2_{n}_x86_64" for n in range(17, 40)),
+)
 COMMANDS = [
     f"tar -xzf {ARCHIVE}",
     f"cd {TOP}",
@@ -107,12 +121,8 @@ def packed_names(with_deps: bool) -> list[str]:
     return list(chosen.values())
 
 
-def distribution_files(name: str) -> Iterator[tuple[Path, str]]:
-    """(file on disk, path inside site/) for every file of ``name`` in this interpreter.
-
-    Left out: byte code, files installed outside site-packages (console scripts) and, for vllm,
-    the compiled kernels.
-    """
+def installed(name: str) -> metadata.Distribution:
+    """``name``'s distribution in this interpreter (vllm: the version the checks need)."""
     try:
         dist = metadata.distribution(name)
     except metadata.PackageNotFoundError:
@@ -122,6 +132,16 @@ def distribution_files(name: str) -> Iterator[tuple[Path, str]]:
         ) from None
     if normalize(name) == "vllm" and dist.version != VLLM_VERSION:
         raise PackError(f"this interpreter has vllm {dist.version}; the checks need {VLLM_VERSION}")
+    return dist
+
+
+def distribution_files(name: str) -> Iterator[tuple[Path, str]]:
+    """(file on disk, path inside site/) for every file of ``name`` in this interpreter.
+
+    Left out: byte code, files installed outside site-packages (console scripts) and, for vllm,
+    the compiled kernels.
+    """
+    dist = installed(name)
     for relative in dist.files or ():
         parts = PurePosixPath(str(relative)).parts
         if ".." in parts or "__pycache__" in parts or str(relative).endswith(".pyc"):
@@ -147,34 +167,99 @@ def project_files() -> list[str]:
     return sorted(p for p in listed.decode().split("\0") if p and (ROOT / p).is_file())
 
 
-def manifest(packages: dict[str, str]) -> dict[str, object]:
+def this_python() -> str:
+    """This interpreter's minor version, as ``--python`` takes it (``3.11``)."""
+    return f"{sys.version_info.major}.{sys.version_info.minor}"
+
+
+def fetch_for(python: str, packages: dict[str, str], site: Path) -> None:
+    """Install ``packages`` (name -> version) into ``site`` as CPython ``python`` wheels for
+    manylinux x86-64, fetched from the registry, without their dependencies (each one packed is
+    named here)."""
+    command = [
+        sys.executable,
+        "-m",
+        "pip",
+        "install",
+        "--quiet",
+        "--no-deps",
+        "--no-compile",
+        "--only-binary=:all:",
+        "--target",
+        str(site),
+        "--python-version",
+        python,
+        "--implementation",
+        "cp",
+        *(f"--platform={tag}" for tag in MANYLINUX),
+        *(f"{name}=={version}" for name, version in packages.items()),
+    ]
+    done = subprocess.run(command, capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        said = (done.stderr or done.stdout).strip().splitlines()
+        raise PackError(
+            f"pip could not fetch the wheels for Python {python} "
+            f"({said[-1] if said else f'exit {done.returncode}'}): this needs the registry, "
+            "and every package at the version installed here built for that Python"
+        )
+
+
+def site_files(site: Path) -> Iterator[tuple[Path, str]]:
+    """(file, path inside site/) for what ``fetch_for`` installed, without byte code or scripts."""
+    for path in sorted(site.rglob("*")):
+        inside = path.relative_to(site)
+        if not path.is_file() or inside.parts[0] == "bin" or "__pycache__" in inside.parts:
+            continue
+        yield path, inside.as_posix()
+
+
+def manifest(packages: dict[str, str], python: str) -> dict[str, object]:
     """What the target needs to know: the Python the compiled packages are for, and the steps."""
     return {
-        "python": f"{sys.version_info.major}.{sys.version_info.minor}",
-        "platform": sysconfig.get_platform(),
+        "python": python,
+        "platform": sysconfig.get_platform() if python == this_python() else "manylinux x86_64",
         "packages": packages,
         "vllm_without": "*.so (compiled kernels)",
         "commands": COMMANDS,
     }
 
 
-def pack(out: Path, *, with_deps: bool = True, level: int = 6) -> Path:
-    """Write the archive into ``out`` and return its path (module docstring: what is in it)."""
+def pack(out: Path, *, with_deps: bool = True, level: int = 6, python: str | None = None) -> Path:
+    """Write the archive into ``out`` and return its path (module docstring: what is in it).
+
+    ``python``: the target's minor version; another than this interpreter's fetches the
+    dependencies for it (``fetch_for``)."""
+    python = python or this_python()
     packages: dict[str, str] = {}
     files: list[tuple[Path, str]] = [(ROOT / p, p) for p in project_files()]
+    fetched: dict[str, str] = {}
     for name in packed_names(with_deps):
-        files += [(path, f"site/{inside}") for path, inside in distribution_files(name)]
+        if python != this_python() and normalize(name) != "vllm":
+            fetched[name] = installed(name).version
+        else:
+            files += [(path, f"site/{inside}") for path, inside in distribution_files(name)]
         packages[name] = metadata.version(name)
     out.mkdir(parents=True, exist_ok=True)
     target = out / ARCHIVE
+    with tempfile.TemporaryDirectory() as scratch:
+        if fetched:
+            fetch_for(python, fetched, Path(scratch))
+            files += [(path, f"site/{inside}") for path, inside in site_files(Path(scratch))]
+        write_archive(target, files, manifest(packages, python), level)
+    return target
+
+
+def write_archive(
+    target: Path, files: list[tuple[Path, str]], about: dict[str, object], level: int
+) -> None:
+    """The tar.gz: every file under the one top folder, and ``gpu-run.json``."""
     with tarfile.open(target, "w:gz", compresslevel=level) as archive:
         for path, inside in files:
             archive.add(path, arcname=f"{TOP}/{inside}", recursive=False)
-        text = json.dumps(manifest(packages), indent=2).encode()
+        text = json.dumps(about, indent=2).encode()
         info = tarfile.TarInfo(f"{TOP}/gpu-run.json")
         info.size = len(text)
         archive.addfile(info, io.BytesIO(text))
-    return target
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -185,9 +270,22 @@ def main(argv: list[str] | None = None) -> int:
         "--no-deps", action="store_true", help="pack vLLM alone (the target has its dependencies)"
     )
     parser.add_argument("--level", type=int, default=6, choices=range(1, 10), help="gzip level")
+    parser.add_argument(
+        "--python",
+        metavar="X.Y",
+        help="the GPU machine's Python, when it is not this one's: its dependencies are fetched "
+        "for it from the registry (default: this interpreter's)",
+    )
     args = parser.parse_args(argv)
+    if args.python is not None and not re.fullmatch(r"3\.\d{1,2}", args.python):
+        print(
+            f"pack_gpu_run: --python {args.python!r} is not a Python minor version: "
+            "give it as 3.12",
+            file=sys.stderr,
+        )
+        return 2
     try:
-        target = pack(args.out, with_deps=not args.no_deps, level=args.level)
+        target = pack(args.out, with_deps=not args.no_deps, level=args.level, python=args.python)
     except PackError as err:
         print(f"pack_gpu_run: {err}", file=sys.stderr)
         return 2
