@@ -23,12 +23,14 @@ them), every read content-checked.
 from __future__ import annotations
 
 from collections import Counter
+from typing import Any
 
 import pytest
 
 pytestmark = pytest.mark.vllm
 pytest.importorskip("vllm.v1.core.sched.scheduler", reason="vLLM 0.33 is not installed")
 
+import torch  # noqa: E402
 from _invariants_on_vllm import EXERCISED  # noqa: E402
 from _random_traces import HOST_BYTES, SHAPES, Outcome, Shape, play, residue  # noqa: E402
 from _random_traces import random_trace as _random_trace  # noqa: E402, F401 (re-exported)
@@ -36,6 +38,7 @@ from _random_traces import transfer as _transfer  # noqa: E402
 from diffharness.layouts import RECIPES, Layout  # noqa: E402
 from hypothesis import settings  # noqa: E402
 
+from hybridkv import hostmem  # noqa: E402
 from hybridkv.vllm.harness.chat import ChatTrace, run_trace  # noqa: E402
 from hybridkv.vllm.harness.cpu_worker import FaultPlan, HybridKVOnCPU  # noqa: E402
 from hybridkv.vllm.harness.engine_config import EngineSettings  # noqa: E402
@@ -98,6 +101,48 @@ def test_hybridkv_hits_the_host_tier_with_correct_content(layout: Layout, sized:
     assert report.transfers["bytes_stored"] > 0
     assert engine.scheduler.connector.core.stats().loaded_tokens == report.external_loaded
     _quiescent(engine)
+
+
+POISON = 0xA5
+
+
+def _chat_cache_bytes(layout: Layout) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+    """The chat of ``CHAT[layout]``: every GPU cache's bytes at the end, and the host slots'."""
+    settings_, trace, chunk = CHAT[layout]
+    engine = InProcessEngine(
+        RECIPES[layout].config_json(), settings_, _transfer(chunk), HybridKVOnCPU()
+    )
+    report = run_trace(engine, trace)
+    assert report.wrong_reads == 0
+    assert report.external_loaded > 0
+    caches = {n: t.contiguous().view(torch.uint8).clone() for n, t in engine.kv_caches.items()}
+    host = engine.worker._host.tensor.clone()
+    engine.worker.shutdown()
+    return caches, host
+
+
+@pytest.mark.parametrize("layout", list(CHAT), ids=lambda lay: lay.value)
+def test_a_load_writes_only_bytes_a_store_wrote(
+    layout: Layout, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The chat twice, the second time with every host slot poisoned (0xA5) before the run: the
+    GPU caches must end byte for byte the same. A load that copied host bytes no store wrote
+    (a pad, a tail past the stored tokens, a slot of another unit) would carry the poison into
+    the caches; fresh host memory reads as zeros, like fresh caches, and would hide it. Bytes,
+    not values: some content tags read as NaN in bf16."""
+    clean, _ = _chat_cache_bytes(layout)
+    allocate = hostmem.HostMemory.__init__
+
+    def poisoned(self: hostmem.HostMemory, *args: Any, **kwargs: Any) -> None:
+        allocate(self, *args, **kwargs)
+        self.tensor.fill_(POISON)
+
+    monkeypatch.setattr(hostmem.HostMemory, "__init__", poisoned)
+    dirty, host = _chat_cache_bytes(layout)
+    assert int((host == POISON).sum()) > 0  # slots no store wrote still hold the poison
+    assert clean.keys() == dirty.keys()
+    for name, tensor in clean.items():
+        assert torch.equal(tensor, dirty[name]), name
 
 
 def test_every_load_drawn_to_fail_in_its_copy_fails_one_run_copies_included() -> None:
