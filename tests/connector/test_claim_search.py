@@ -1,0 +1,185 @@
+""":func:`hybridkv.connector.claims.decide_claim` against the rule of its module docstring,
+computed plainly, on random stores: same end, same DEFER, and each unit looked up O(1) times.
+
+The plain rule walks every aligned candidate ``t`` down from the claimable limit and asks every
+needed key of every group (:meth:`ConnectorGeometry.first_needed`); the largest *hopeful*
+candidate (no needed key absent or failed) is claimed when all its keys are READY, deferred when
+one is STORING. The fast search jumps below an absent key and remembers the units it found
+hopeful per group; these tests check its jumps and its memory on layouts whose units, blocks and
+windows differ, including claim alignments larger than the claim unit. They run in well under a
+second, the fast check ``tools/mutants.py`` gives the module beside the differential machine
+(tests/differential/test_connector_agreement.py, which compares the whole core with the spec's).
+"""
+
+from __future__ import annotations
+
+import functools
+import random
+from collections import Counter
+from collections.abc import Callable
+
+import pytest
+
+from hybridkv.connector import ConnectorGeometry
+from hybridkv.connector.claims import ClaimDecision, decide_claim
+from hybridkv.kinds import GroupKind
+from hybridkv.planner import HybridOffloadPlanner
+from hybridkv.store import LookupResult
+
+FULL, SLIDING, MAMBA = GroupKind.FULL, GroupKind.SLIDING, GroupKind.MAMBA
+HIT, PENDING, MISS = LookupResult.HIT, LookupResult.HIT_PENDING, LookupResult.MISS
+
+# name -> (groups (kind, block), hash block, chunk, sliding reaches or ())
+LAYOUTS = {
+    "full4+mamba8": (((FULL, 4), (MAMBA, 8)), 4, 8, ()),
+    "full4+sliding4": (((FULL, 4), (SLIDING, 4)), 4, 4, (0, 9)),
+    "mamba+sliding+full": (((MAMBA, 4), (SLIDING, 4), (FULL, 4)), 4, 8, (0, 13, 0)),
+    "two-full-aligned-12": (((FULL, 4), (FULL, 6)), 2, 12, ()),
+    # Chunks smaller than the blocks: claim unit 4 or 8, but claims end on the scheduler's
+    # block (16 or 8), so the claimable limit is rounded down to the alignment.
+    "full16+mamba8-chunk4": (((FULL, 16), (MAMBA, 8)), 4, 4, ()),
+    "full8+sliding8-chunk4": (((FULL, 8), (SLIDING, 8)), 4, 4, (0, 11)),
+}
+MAX_LEN = 96
+
+
+def _geometry(name: str) -> ConnectorGeometry:
+    groups, hbs, chunk, reaches = LAYOUTS[name]
+    planner = HybridOffloadPlanner(groups, hbs, chunk, MAX_LEN)
+    return ConnectorGeometry.build(planner, tuple(k for k, _ in groups), reaches)
+
+
+def _key(g: int, j: int) -> bytes:
+    return f"{g}:{j}".encode()
+
+
+def _plain(
+    geometry: ConnectorGeometry,
+    num_tokens: int,
+    start: int,
+    *,
+    status: Callable[[bytes], LookupResult],
+    failed: set[bytes],
+    groups: tuple[int, ...],
+) -> ClaimDecision:
+    align = geometry.align
+    limit = geometry.planner.claimable_prefix_tokens(num_tokens) // align * align
+    for t in range(limit, start, -align):
+        if t % align:
+            continue
+        verdicts = [
+            MISS if _key(g, j) in failed else status(_key(g, j))
+            for g in groups
+            for j in range(geometry.first_needed(g, start, t), t // geometry.units[g])
+        ]
+        if MISS in verdicts:
+            continue  # not hopeful
+        if all(v is HIT for v in verdicts):
+            return ClaimDecision(t, False)
+        return ClaimDecision(start, True)  # the largest hopeful candidate has a STORING key
+    return ClaimDecision(start, False)
+
+
+def _status_in(store: dict[bytes, LookupResult], key: bytes) -> LookupResult:
+    return store.get(key, MISS)
+
+
+def _random_store(rng: random.Random, geometry: ConnectorGeometry) -> dict[bytes, LookupResult]:
+    dense = rng.random()  # some stores nearly full, some nearly empty
+    pending = rng.random() * 0.3
+    store = {}
+    for g, u in enumerate(geometry.units):
+        for j in range(MAX_LEN // u):
+            if rng.random() < dense:
+                store[_key(g, j)] = PENDING if rng.random() < pending else HIT
+    return store
+
+
+@pytest.mark.parametrize("name", sorted(LAYOUTS))
+def test_the_search_answers_the_plain_rule_on_random_stores(name: str) -> None:
+    geometry = _geometry(name)
+    rng = random.Random(name)
+    answers: Counter[str] = Counter()
+    for _ in range(400):
+        store = _random_store(rng, geometry)
+        failed = {k for k in store if rng.random() < 0.04}
+        num_tokens = rng.randrange(0, MAX_LEN + 1)
+        start = rng.randrange(0, max(1, num_tokens)) // geometry.scheduler_block
+        start *= geometry.scheduler_block
+        asked: Counter[bytes] = Counter()
+
+        def status(
+            key: bytes,
+            store: dict[bytes, LookupResult] = store,
+            asked: Counter[bytes] = asked,
+        ) -> LookupResult:
+            asked[key] += 1
+            return store.get(key, MISS)
+
+        groups = geometry.scan_order
+        if rng.random() < 0.3:  # a per-group look (the metric): other groups taken as READY
+            groups = (rng.randrange(len(geometry.kinds)),)
+        got = decide_claim(
+            geometry,
+            _key,
+            num_tokens,
+            start,
+            status=status,
+            failed=failed,
+            groups=None if len(groups) > 1 else groups,
+        )
+        expected = _plain(
+            geometry,
+            num_tokens,
+            start,
+            status=functools.partial(_status_in, store),
+            failed=failed,
+            groups=groups,
+        )
+        assert got == expected
+        assert type(got.end) is int
+        # Each unit is asked at most once per call (module docstring: O(1) look-ups per unit).
+        assert max(asked.values(), default=0) <= 1
+        answers["defer" if got.defer else "claim" if got.end > start else "none"] += 1
+    assert min(answers[a] for a in ("defer", "claim", "none")) >= 20, answers
+
+
+def test_a_claim_ends_at_the_largest_ready_candidate_past_a_hole() -> None:
+    # full4+mamba8, align 8: the full units 0..5 READY, 6 absent, 7..11 READY; mamba states
+    # READY at every 8 tokens. Candidates above 24 need full unit 6: the claim is 24.
+    geometry = _geometry("full4+mamba8")
+    store = {_key(0, j): HIT for j in range(12) if j != 6} | {_key(1, j): HIT for j in range(6)}
+    decision = decide_claim(
+        geometry, _key, 49, 0, status=lambda k: store.get(k, MISS), failed=frozenset()
+    )
+    assert decision == ClaimDecision(24, False)
+    # From 16 on, only units from 4 up are needed by the full group: the same hole bounds it.
+    decision = decide_claim(
+        geometry, _key, 49, 16, status=lambda k: store.get(k, MISS), failed=frozenset()
+    )
+    assert decision == ClaimDecision(24, False)
+    # A failed key is a hole too; a STORING one in the largest hopeful candidate defers.
+    failed = {_key(0, 3)}
+    assert decide_claim(
+        geometry, _key, 49, 0, status=lambda k: store.get(k, MISS), failed=failed
+    ) == ClaimDecision(8, False)
+    store[_key(1, 2)] = PENDING
+    assert decide_claim(
+        geometry, _key, 49, 0, status=lambda k: store.get(k, MISS), failed=frozenset()
+    ) == ClaimDecision(0, True)
+
+
+def test_nothing_is_asked_when_no_candidate_lies_past_the_start() -> None:
+    geometry = _geometry("full4+mamba8")
+    asked: list[bytes] = []
+
+    def status(key: bytes) -> LookupResult:
+        asked.append(key)
+        return HIT
+
+    # 9 tokens: the claimable prefix is 8 (the last token is always computed); from 8, none.
+    assert decide_claim(geometry, _key, 9, 8, status=status, failed=()) == ClaimDecision(8, False)
+    assert decide_claim(geometry, _key, 8, 0, status=status, failed=()) == ClaimDecision(0, False)
+    assert asked == []
+    assert decide_claim(geometry, _key, 9, 0, status=status, failed=()) == ClaimDecision(8, False)
+    assert sorted(asked) == [_key(0, 0), _key(0, 1), _key(1, 0)]
