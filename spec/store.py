@@ -14,9 +14,8 @@ an :class:`~spec.policies.EvictionPolicy` only orders resident keys and picks vi
   the priority it was reserved with. NORMAL, the default, evicts as before (any class). LOW is
   for units less likely to be claimed than a prompt's prefix (the connector sends continuation
   units, past the prompt, and sliding-window units too far before the prompt's end to serve a
-  claim there): a LOW request may evict LOW entries only, and where free slots and those fall
-  short it is refused. So a LOW unit never displaces a NORMAL one, and is stored whenever
-  there is room.
+  claim there): a LOW request evicts nothing, and where the free slots fall short it is
+  refused. So a LOW unit never displaces another entry, and is stored whenever there is room.
 - An expected refusal (no space, not ready) is a returned :class:`Refusal` and changes nothing.
   A call that breaks its pre-condition (unknown key, duplicate keys, not bytes) raises
   :class:`~spec.errors.ConfigError` before changing anything.
@@ -285,9 +284,9 @@ class HostStore:
         Post: every absent key is STORING with ``priority`` (``keys_to_store``, in the given
         order); keys already present are skipped and untouched (their priority too); if the
         free slots fall short, the policy's victims among READY, unpinned entries that are not
-        in ``keys`` -- LOW ones only, for a LOW request -- were evicted
-        (``evicted_keys``, one EVICTED event). Refusal NO_SPACE when that cannot make room; a
-        refused call changes nothing, the policy included.
+        in ``keys`` were evicted (``evicted_keys``, one EVICTED event); a LOW request evicts
+        nothing. Refusal NO_SPACE when that cannot make room; a refused call changes nothing,
+        the policy included.
         """
         if not isinstance(priority, StorePriority):
             raise ConfigError(
@@ -301,15 +300,12 @@ class HostStore:
 
         def evictable(key: bytes) -> bool:
             entry = self._entries[key]
-            return (
-                entry.state is EntryState.READY
-                and entry.pins == 0
-                and key not in offered
-                and (priority is StorePriority.NORMAL or entry.priority is priority)
-            )
+            return entry.state is EntryState.READY and entry.pins == 0 and key not in offered
 
         tail_first = incoming[::-1]
         shortfall = max(0, len(incoming) - (self._capacity - len(self._entries)))
+        if shortfall and priority is StorePriority.LOW:
+            return Refusal.NO_SPACE  # a LOW unit takes free slots only
         victims = self._policy.victims(shortfall, evictable, tail_first)
         if len(victims) < shortfall:
             return Refusal.NO_SPACE

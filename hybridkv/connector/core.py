@@ -478,7 +478,7 @@ class ConnectorCore(CoreQueries, OutsideWork):
         prompt = request.num_prompt_tokens
         for part in items_by_end(store_items(geometry, keys, block_ids, start, end)):
             # Admission (hybridkv.connector.stores.low_priority): the part's NORMAL units, then
-            # its LOW ones, which may only displace LOW entries. A refusal that leaves a hole in
+            # its LOW ones, which take free slots only. A refusal that leaves a hole in
             # a claimable prefix (a NORMAL unit or a continuation) ends the job.
             low = [item for item in part if low_priority(geometry, item, prompt)]
             calls = ((part, _NORMAL),) if not low else ((_without(part, low), _NORMAL), (low, _LOW))

@@ -76,7 +76,7 @@ def items_by_end(items: Sequence[TransferItem]) -> list[Sequence[TransferItem]]:
 
 def low_priority(geometry: ConnectorGeometry, item: TransferItem, prompt_tokens: int) -> bool:
     """Whether ``item`` is stored LOW (``hybridkv.store.StorePriority``): less likely claimed
-    than the prompt's prefix, so it may only displace other LOW entries (issue 18 item 2).
+    than the prompt's prefix, so it takes free host slots only (issue 18 item 2).
 
     Two kinds qualify. A continuation unit, ending past the prompt: only its own conversation's
     next turn can claim it. A sliding-window unit ending at or before ``last - reach``, where

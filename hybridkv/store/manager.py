@@ -15,8 +15,8 @@ The contract in brief:
   eviction takes READY entries with no pin that the same call does not name;
 - admission (issue 18): ``prepare_store`` takes a :class:`StorePriority`, and each entry keeps
   the one it was reserved with. A LOW call (the connector's continuation units and far
-  sliding-window units) may only displace LOW entries, so a full host keeps its NORMAL entries
-  (prompt prefixes) and a LOW unit is stored where there is room;
+  sliding-window units) takes free slots only and displaces nothing, so a full host keeps
+  what it holds and a LOW unit is stored where there is room;
 - a refusal is a :class:`Refusal` value and leaves everything as it was; a call with bad
   arguments raises :class:`HybridKVConfigError` before touching anything.
 
@@ -213,8 +213,8 @@ class HostStore:
         """Reserve a STORING entry and a slot for each absent key, evicting if the host is full.
 
         ``keys``: distinct; present ones are left as they are (priority included).
-        ``priority`` (field ``priority``): the class the new entries keep; a LOW call may
-        only evict LOW entries. The victims, chosen by the policy among READY
+        ``priority`` (field ``priority``): the class the new entries keep; a LOW call
+        evicts nothing (free slots only). The victims, chosen by the policy among READY
         unpinned entries the call does not name, leave in one EVICTED event
         (``evicted_keys``); ``keys_to_store`` lists the reserved keys in the given order.
         NO_SPACE when no such victims make room; then nothing changes, the policy included.
@@ -368,22 +368,20 @@ class HostStore:
         missing = len(new) - (self._capacity - len(self._state))
         if missing <= 0:
             return ()
-        low_only = priority is _LOW
-        # Cheap upper bounds on the candidates: refuse before the policy walks anything.
-        pool = self._low if low_only else self._state
-        if missing > len(pool) or missing > len(self._state) - self._storing - len(self._pins):
+        # A LOW unit takes free slots only: trading one unlikely claim for another churns the
+        # host and, in a loop larger than the host, evicts the one claimed sooner.
+        if priority is _LOW:
+            return None
+        # Cheap upper bound on the candidates: refuse before the policy walks anything.
+        if missing > len(self._state) - self._storing - len(self._pins):
             return None
         named = frozenset(valid) if len(new) != len(valid) else frozenset()
-        chosen = self._policy.victims(missing, self._candidate(named, low_only), new[::-1])
+        chosen = self._policy.victims(missing, self._candidate(named), new[::-1])
         return chosen if len(chosen) == missing else None
 
-    def _candidate(self, named: frozenset[bytes], low_only: bool) -> Evictable:
+    def _candidate(self, named: frozenset[bytes]) -> Evictable:
         """The evictability test handed to the policy (``named``: resident keys of the call)."""
-        state, pins, low = self._state, self._pins, self._low
-        if low_only:
-            return lambda key: (
-                key in low and state[key] is _READY and key not in pins and key not in named
-            )
+        state, pins = self._state, self._pins
         if named:
             return lambda key: state[key] is _READY and key not in pins and key not in named
         return lambda key: state[key] is _READY and key not in pins

@@ -121,8 +121,8 @@ class StorePriority(Enum):
     """Admission class of a ``prepare_store`` call, kept by the entries it reserves.
 
     NORMAL may displace any evictable entry. LOW (units less likely to be claimed: past the
-    prompt, or a sliding window's units far before its end) may displace LOW entries only, so
-    it is stored where there is room and refused where the room would cost a NORMAL entry.
+    prompt, or a sliding window's units far before its end) displaces nothing: it is stored
+    where there are free slots and refused where the room would cost any entry.
     """
 
     NORMAL = "normal"

@@ -189,7 +189,7 @@ def _draw_operation(
     if name == "complete_store":
         kwargs["success"] = data.draw(_sampled((True, True, True, False)))
     if name == "prepare_store" and data.draw(_sampled((False, True))):
-        # Admission classes: a LOW store may evict LOW entries only.
+        # Admission classes: a LOW store takes free slots only.
         kwargs["priority"] = data.draw(_sampled(("normal", "low")))
     return name, (keys,), kwargs
 

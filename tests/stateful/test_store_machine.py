@@ -72,11 +72,11 @@ class StoreMachine(RuleBasedStateMachine):
     def prepare_store(self, keys: list[bytes], low: bool) -> None:
         incoming = [key for key in keys if key not in self.entries]
         shortfall = len(incoming) - (self.store.capacity - len(self.entries))
-        # Admission: a LOW store may only evict LOW entries.
+        # Admission: a LOW store evicts nothing (free slots only).
         evictable = [
             key
             for key, (state, pins) in self.entries.items()
-            if state == READY and pins == 0 and key not in keys and (not low or key in self.low)
+            if state == READY and pins == 0 and key not in keys and not low
         ]
         out = self.store.prepare_store(keys, StorePriority.LOW if low else StorePriority.NORMAL)
         if out is Refusal.NO_SPACE:

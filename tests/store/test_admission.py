@@ -1,4 +1,4 @@
-"""Admission under host pressure (issue 18 item 2): a LOW store never displaces a NORMAL entry.
+"""Admission under host pressure (issue 18 item 2): a LOW store takes free slots only.
 
 The connector stores a prompt's units NORMAL and the units a decode step completes (a
 continuation, past the prompt) LOW, like the sliding-window units no claim of the prompt reads.
@@ -85,6 +85,29 @@ def test_with_room_the_continuation_is_stored_and_claimed() -> None:
     assert core.stats().stores_refused == 0
 
 
+def test_a_full_host_keeps_an_earlier_continuation_over_a_later_one() -> None:
+    # Conversations A and B take turns; the host holds A's prompt (2 units) and continuation
+    # (1 unit) and B's prompt (2 units): 5 of 5 slots. A's answer came first, so A's next turn
+    # comes first too. B's continuation, a LOW unit, may not displace A's: on bb61df5 it
+    # evicted it (a LOW store could take a LOW entry's place), and A's second turn then
+    # claimed only its prompt.
+    core = _core(5)
+    a_prompt, b_prompt = PROMPT, tuple(range(101, 110))
+    for rid, prompt in (("a1", a_prompt), ("b1", b_prompt)):
+        prefill = RequestView(RequestId(rid), prompt, len(prompt))
+        assert _run(core, ScheduledRequest(prefill, TABLE, 0, len(prompt))) == 2
+        decoded = RequestView(RequestId(rid), prompt + ANSWER, len(prompt))
+        stored = _run(core, ScheduledRequest(decoded, TABLE, len(prompt), len(ANSWER)))
+        core.request_finished_all_groups(decoded, TABLE)
+        assert stored == (1 if rid == "a1" else 0)  # B's continuation finds no free slot
+    assert core.stats().stores_refused == 1
+    follow_up = a_prompt + ANSWER + (60, 61)
+    claim = core.get_num_new_matched_tokens(
+        RequestView(RequestId("a2"), follow_up, len(follow_up)), 0
+    )
+    assert (claim.kind, claim.num_tokens) == (ClaimKind.ASYNC, 12)  # prompt and A's answer
+
+
 def test_low_priority_marks_continuations_and_far_sliding_units() -> None:
     planner = HybridOffloadPlanner(((FULL, 4), (SLIDING, 4)), 4, 4, 1 << 10)
     geometry = ConnectorGeometry.build(planner, (FULL, SLIDING), (0, 7))
@@ -109,26 +132,20 @@ STORES: list[tuple[Any, Any]] = [
 
 
 @pytest.mark.parametrize(("store_type", "priorities"), STORES)
-def test_a_low_store_evicts_only_low_entries(store_type: Any, priorities: Any) -> None:
+def test_a_low_store_takes_free_slots_only(store_type: Any, priorities: Any) -> None:
     store = store_type(3, "lru")
-    for key, priority in (
-        (b"p", priorities.NORMAL),
-        (b"c", priorities.LOW),
-        (b"q", priorities.NORMAL),
-    ):
+    for key, priority in ((b"p", priorities.NORMAL), (b"c", priorities.LOW)):
         store.prepare_store([key], priority)
         store.complete_store([key], success=True)
-    # p is the least recent entry, but a LOW store may only take c's place.
-    out = store.prepare_store([b"d"], priorities.LOW)
-    assert out.evicted_keys == (b"c",)
+    # One free slot: a LOW store takes it.
+    assert store.prepare_store([b"d"], priorities.LOW).evicted_keys == ()
     store.complete_store([b"d"], success=True)
-    assert store.snapshot()["low"] == (b"d".hex(),)
-    # With no LOW entry left to evict (d pinned by a load), a LOW store is refused...
-    store.prepare_load([b"d"])
-    refused = store.snapshot()
+    assert store.snapshot()["low"] == tuple(sorted((b"c".hex(), b"d".hex())))
+    # Full: a LOW store displaces nothing, not even the older LOW entry c, and is refused.
+    full = store.snapshot()
     assert store.prepare_store([b"e"], priorities.LOW).value == Refusal.NO_SPACE.value
-    assert store.snapshot() == refused
-    # ...while a NORMAL one evicts by the policy's order, whatever the class.
+    assert store.snapshot() == full
+    # A NORMAL store evicts by the policy's order, whatever the class.
     assert store.prepare_store([b"e"]).evicted_keys == (b"p",)
 
 

@@ -1,10 +1,11 @@
-"""tools/host_tier_bound.py and tools/gpu_hit_loss.py on vLLM 0.33's real scheduler, small.
+"""tools/host_tier_bound.py, gpu_hit_loss.py and host_pressure_seeds.py on vLLM 0.33, small.
 
 - The recorder captures the host tier's traffic faithfully: replaying it under the run's own
   policy reproduces every ask's claim and the run's loaded tokens, with evictions (0.5x tier).
 - The GPU-hit probe's sums are vLLM's own counter, and on sliding + full a connector's loads
   cut GPU hits through the sliding group: the full-attention group still holds a request's
   prefix, the sliding group no longer holds its window.
+- The seed sweep prints one row per seed and policy and their sum.
 """
 
 from __future__ import annotations
@@ -71,3 +72,18 @@ def test_connector_loads_cut_gpu_hits_through_the_sliding_group() -> None:
     assert sum(a.null for a in hybrid.admissions.values()) > 0
     served = sum(a.gpu + a.ext for a in hybrid.admissions.values())
     assert served > sum(a.gpu for a in none.admissions.values())
+
+
+seeds = load_tool("host_pressure_seeds")
+
+
+def test_seed_sweep_reports_each_row_and_the_sum(capsys: pytest.CaptureFixture[str]) -> None:
+    # One chat seed at a 2x tier: nothing is evicted, so hybridkv computes the trace's floor
+    # (one-block claims) and native its own figure, as in the bench's own 2x rows.
+    assert seeds.main(["--chat-seeds", "1234", "--traffic-seeds", "", "--host", "2"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    rows = [line for line in lines if line.startswith("chat 1234")]
+    assert len(rows) == 2
+    for row in rows:
+        assert "native   2636 hybridkv   2380 (-256)" in row
+    assert lines[-1] == "sum: hybridkv 4760 native 5272 (0.903); 2 of 2 rows <= native"

@@ -198,8 +198,9 @@ class _TestProm(KVConnectorProm):
 
 
 # (settings, trace, chunk, host slots, evict): sliding+full is sized so every counter but the
-# deadline's moves (20 slots: at 12 the admission rule refuses the decode units' LOW stores on a
-# full host, so no finished request waits for a store and delayed_frees stays 0); mamba+full's
+# deadline's moves (26 slots: at 24 or fewer the admission rule refuses the decode units' LOW
+# stores, which take free slots only, so no finished request waits for a store and
+# delayed_frees stays 0); mamba+full's
 # three conversations are too short for that under evictions (each eviction of a
 # full-attention chunk voids every longer mamba claim), so it runs without them and checks the
 # same identities.
@@ -215,7 +216,7 @@ SIZED = {
         ),
         ChatTrace(convs=4, turns=3, system_len=128),
         32,
-        20,
+        26,
         True,
     ),
     Layout.MAMBA_FULL: (
