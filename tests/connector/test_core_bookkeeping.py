@@ -27,6 +27,7 @@ from hybridkv.connector import (
     StepView,
     TransferJob,
 )
+from hybridkv.connector.checkpoints import NO_CHECKPOINTS, CheckpointRule
 from hybridkv.errors import HybridKVConfigError
 from hybridkv.kinds import GroupKind
 from hybridkv.planner import HybridOffloadPlanner
@@ -183,3 +184,45 @@ def test_a_step_stores_its_normal_and_low_units_together() -> None:
     _report(core, [job])
     again = RequestView(RequestId("B"), view.token_ids, 33)
     assert core.get_num_new_matched_tokens(again, 0).num_tokens == 32
+
+
+def test_a_full_host_refuses_low_units_and_then_ends_the_job_at_a_normal_refusal() -> None:
+    """A host of 8 entries, 4 of them another prompt's (NORMAL, READY, evictable by NORMAL
+    units only). One step stores 32 tokens of full attention and a 3-token sliding reach: the
+    early sliding units are LOW. Once the host is full of this job's STORING entries, each
+    LOW unit is refused and the job goes on (a hole in LOW units leaves every claim whole);
+    the first NORMAL refusal (end 28) ends the job, so the stored prefix has no hole."""
+    planner = HybridOffloadPlanner(((FULL, 4), (SLIDING, 4)), 4, 4, 1 << 14)
+    core = ConnectorCore(planner, HostStore(8), (FULL, SLIDING), 4, 4, sliding_windows=(0, 3))
+    core.seed(RequestView(RequestId("S"), tuple(range(1000, 1033)), 33), 16, (0,))
+    view = RequestView(RequestId("A"), tuple(range(1, 34)), 33)
+    table = (tuple(range(1, 9)), tuple(range(101, 109)))
+    row = ScheduledRequest(view, table, 0, 32)
+    (job,) = core.build_connector_meta(StepView(1, (row,))).store_jobs
+    stored = [(item.group_idx, item.end_token) for item in job.items]
+    assert stored == [(0, 4), (1, 4), (0, 8), (1, 8), (0, 12), (0, 16), (0, 20), (0, 24)]
+    assert core.stats().stores_refused == 5  # LOW at 12, 16, 20, 24; NORMAL at 28
+    _report(core, [job])
+    again = RequestView(RequestId("B"), view.token_ids, 33)
+    assert core.get_num_new_matched_tokens(again, 0).num_tokens == 8
+
+
+def test_a_salted_store_records_its_salt_and_its_span_until_it_reports() -> None:
+    core = mamba_full_core(64)
+    view = _view("A", 1, salt="tenant")
+    job = _store_step(core, view, 1, 0)
+    snap = core.snapshot()
+    assert [j[1:4] for j in snap["jobs"]] == [("store", "A", "tenant")]
+    assert snap["store_spans"] == ((job.job_id, 0, 8),)
+    stored = {item.key.hex() for item in job.items}
+    assert {k: s for k, s in snap["key_salts"] if k in stored} == dict.fromkeys(stored, "tenant")
+    _report(core, [job])
+    assert core.snapshot()["store_spans"] == ()
+
+
+def test_the_checkpoint_rules_reach_the_geometry() -> None:
+    planner = HybridOffloadPlanner(((FULL, 4), (MAMBA, 4)), 2, 4, 1 << 14)
+    rules = (NO_CHECKPOINTS, CheckpointRule(4, 2, 2))
+    core = ConnectorCore(planner, HostStore(64), (FULL, MAMBA), 2, 4, checkpoints=rules)
+    assert core.geometry.checkpoints == rules
+    assert core.snapshot()["checkpoints"] == ((None, 1, 1, False, 0), (4, 2, 2, False, 0))
