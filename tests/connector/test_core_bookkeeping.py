@@ -9,7 +9,7 @@ Each test was written for mutants mutmut left alive in ``tools/mutants.py``'s ru
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 import pytest
 from small_core import mamba_full_core
@@ -141,12 +141,12 @@ class _Pool:
     def __init__(self) -> None:
         self.refs: dict[int, int] = {}
 
-    def touch(self, blocks: Sequence[int]) -> None:
+    def touch(self, blocks: Iterable[int]) -> None:
         for b in blocks:
             self.refs[b] = self.refs.get(b, 0) + 1
 
-    def free_blocks(self, blocks: Sequence[int]) -> None:
-        for b in blocks:
+    def free_blocks(self, ordered_blocks: Iterable[int]) -> None:
+        for b in ordered_blocks:
             self.refs[b] -= 1
 
 
@@ -226,3 +226,18 @@ def test_the_checkpoint_rules_reach_the_geometry() -> None:
     core = ConnectorCore(planner, HostStore(64), (FULL, MAMBA), 2, 4, checkpoints=rules)
     assert core.geometry.checkpoints == rules
     assert core.snapshot()["checkpoints"] == ((None, 1, 1, False, 0), (4, 2, 2, False, 0))
+
+
+def test_an_allocation_past_the_claim_loads_only_the_ready_units() -> None:
+    """vLLM's accepted count is the claim, but the reference connector takes any count and
+    loads only the units the host holds READY and no failed load is remembered for (its
+    ``load_items``); the core agrees: past the claim, nothing absent is pinned or loaded."""
+    core = mamba_full_core(64)
+    view = _view("A", 1)
+    core.seed(view, 8)
+    claim = core.get_num_new_matched_tokens(view, 0)
+    assert claim.num_tokens == 8
+    core.update_state_after_alloc(view, TABLE, 16)  # 8 tokens past the claim: not in the host
+    loads = core.build_connector_meta(StepView(1, ())).load_jobs
+    assert max(item.end_token for job in loads for item in job.items) == 8
+    assert core.stats().loaded_tokens == 16
