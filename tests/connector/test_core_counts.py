@@ -76,3 +76,30 @@ def test_a_request_finished_while_its_load_is_in_flight_is_never_delayed() -> No
     )
     stats = core.stats()
     assert (stats.jobs_in_flight, stats.requests, stats.delayed_frees) == (0, 0, 0), stats
+
+
+def test_each_count_adds_every_event_over_two_requests() -> None:
+    """Two requests, each with two or more load jobs that all fail and a store that fails:
+    every count is the number of its events, not the last one."""
+    core = mamba_full_core(64)
+    load_jobs = store_jobs = 0
+    for step, rid in enumerate(("B", "C"), start=1):
+        tokens = tuple(t + 100 * step for t in TOKENS)  # a prefix of its own, seeded
+        core.seed(RequestView(RequestId(f"seed-{rid}"), tokens, len(tokens)), 16)
+        view = RequestView(RequestId(rid), tokens, len(tokens))
+        claim = core.get_num_new_matched_tokens(view, 0)
+        core.update_state_after_alloc(view, TABLE, claim.num_tokens)
+        meta = core.build_connector_meta(StepView(step, (ScheduledRequest(view, TABLE, 16, 16),)))
+        assert len(meta.load_jobs) > 1
+        assert meta.store_jobs
+        load_jobs += len(meta.load_jobs)
+        store_jobs += len(meta.store_jobs)
+        jobs = (*meta.load_jobs, *meta.store_jobs)
+        core.update_connector_output(
+            KVConnectorOutput(completed_jobs=tuple(JobResult(JobId(j.job_id), False) for j in jobs))
+        )
+        _check(core)
+    stats = core.stats()
+    assert stats.claims == 2
+    assert (stats.load_jobs, stats.load_jobs_failed) == (load_jobs, load_jobs)
+    assert (stats.store_jobs, stats.store_jobs_failed) == (store_jobs, store_jobs)

@@ -23,7 +23,8 @@ from hybridkv.connector import (
 )
 from hybridkv.errors import HybridKVConfigError
 from hybridkv.kinds import GroupKind
-from hybridkv.store import LookupResult
+from hybridkv.planner import HybridOffloadPlanner
+from hybridkv.store import HostStore, LookupResult
 
 FULL, MAMBA = GroupKind.FULL, GroupKind.MAMBA
 TOKENS = tuple(range(1, 34))  # 33 tokens: 32 claimable, 8 units of 4
@@ -128,3 +129,16 @@ def test_job_kind_names_jobs_in_flight_only() -> None:
     job = meta.load_jobs[0]
     assert core.job_kind(job.job_id) is TransferKind.LOAD
     assert core.job_kind(JobId(10_000)) is None
+
+
+def test_a_chunk_of_one_token_units_ends_at_token_1() -> None:
+    """With 1-token units (the layout ``hybridkv check`` explores) the first chunk ends at
+    token 1: every group's unit ends there."""
+    planner = HybridOffloadPlanner(((FULL, 1), (MAMBA, 1)), 1, 1, 1 << 14)
+    core = ConnectorCore(planner, HostStore(16), (FULL, MAMBA), 1, 1)
+    view = _view("A")
+    first = core.chunk_members(view, 1)
+    assert len(first) == 2
+    assert core.chunk_members(view, 1, recurrent=False) == first[:1]
+    assert core.chunk_members(view, 2) != first
+    assert core.chunk_members(view, 0) == ()

@@ -218,3 +218,40 @@ def test_request_keys_lend_the_cores_chain_only_for_engine_hashes() -> None:
     assert first is not second  # hashed here: a fresh chain each time, never kept
     assert _all_keys(first, 32) == _all_keys(second, 32)
     assert core.stats() == before  # nothing counted or recorded
+
+
+def _fresh(view: RequestView) -> list[bytes]:
+    chain = RequestKeys.for_view(GEOMETRY, view)
+    chain.sync(view)
+    return _all_keys(chain, len(view.token_ids))
+
+
+def _core() -> ConnectorCore:
+    planner = HybridOffloadPlanner(((GroupKind.FULL, 4), (GroupKind.MAMBA, 8)), HBS, 8, 64)
+    return ConnectorCore(planner, HostStore(64, "lru"), (GroupKind.FULL, GroupKind.MAMBA), 4, 8)
+
+
+def test_request_keys_answer_a_request_the_core_never_saw() -> None:
+    core = _core()
+    unseen = _view(32, _hashes(9, 8))
+    assert _all_keys(core.request_keys(unseen), 32) == _fresh(unseen)  # no chain of its own yet
+    assert core.stats().hashes_computed == 0  # and none is made: nothing hashed in the core
+    core.get_num_new_matched_tokens(unseen, 0)
+    assert _all_keys(core.request_keys(unseen), 32) == _fresh(unseen)
+
+
+def test_request_keys_without_engine_hashes_never_grow_the_cores_own_chain() -> None:
+    """Hashed outside the core, the chain is fresh each time: the core's own chain (built
+    without engine hashes too) stays where it was, so what the core later hashes and counts is
+    what a core never asked counts."""
+    asked, quiet = _core(), _core()
+    for core in (asked, quiet):
+        core.get_num_new_matched_tokens(_view(16, None), 0)
+    grown = _view(32, None)
+    lent = asked.request_keys(grown)
+    assert _all_keys(lent, 32) == _fresh(grown)
+    assert lent is not asked.request_keys(grown)
+    for core in (asked, quiet):
+        core.get_num_new_matched_tokens(grown, 0)
+    assert asked.stats() == quiet.stats()
+    assert asked.stats().hashes_computed == 32 // HBS  # each hash block once, in the core
