@@ -4,16 +4,17 @@ per function, for hybridkv and native on the same variant.
 Each variant runs three times: a warm-up (one-time costs of the first run in a process), a
 timed run with the profiler off (per-hook figures) and a run with the profiler on.
 
-Runs one variant of bench_vs_native (layout, connector, policy, delay, 2x host tier in equal
-bytes, hybridkv at its default chunk as the bench gives it) through the same in-process engine
-and times exactly what the bench times: the outermost scheduler-side connector hooks that
+Runs one variant of bench_vs_native (layout, connector, policy, delay, host tier in equal
+bytes: ``--host`` times the working set, 2 by default; hybridkv at its default chunk as the
+bench gives it) through the same in-process engine and times exactly what the bench times:
+the outermost scheduler-side connector hooks that
 :class:`hybridkv.vllm.harness.report.ConnectorClock` wraps. Prints per hook: calls, total µs and µs
 per engine step; then cProfile's top functions by internal time, collected only inside those
 hooks, in the calling thread's CPU time (``time.thread_time``; the profiler's own overhead
 inflates them; the per-hook totals are taken with the profiler off, in a separate run).
 
 Usage: ``python tools/profile_scheduler_side.py [--layout sliding+full] [--delay 1]
-[--policy lru] [--answers 4] [--trace chat|traffic] [--top 25]``; needs vLLM 0.33 (as
+[--policy lru] [--host 2] [--answers 4] [--trace chat|traffic] [--top 25]``; needs vLLM 0.33 (as
 bench_vs_native).
 Not a benchmark (``nox -s bench`` runs ``bench_*.py`` only): a diagnosis aid.
 """
@@ -128,6 +129,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--trace", default="chat", choices=("chat", "traffic"), help="the bench's trace family"
     )
+    parser.add_argument(
+        "--host", type=float, default=2.0, help="host tier in working sets (0.5, 1, 2)"
+    )
     parser.add_argument("--repeats", type=int, default=5, help="timed runs per kind, interleaved")
     parser.add_argument("--top", type=int, default=25, help="0: no profiled run")
     parser.add_argument("--sort", default="tottime", help="pstats key: tottime, cumulative")
@@ -142,10 +146,10 @@ def main(argv: list[str] | None = None) -> int:
     family = case.traffic if args.trace == "traffic" else case.trace
     trace = replace(family, output_len=args.answers)
     probe = inprocess.InProcessEngine(case.config_json, case.settings)
-    # The bench's sizing: 2x the working set in native chunks, hybridkv the same bytes, at its
-    # default chunk (bench_vs_native's module docstring).
+    # The bench's sizing: --host times the working set in native chunks, hybridkv the same
+    # bytes, at its default chunk (bench_vs_native's module docstring).
     chunk_bytes = bench.native_chunk_bytes(probe)
-    big = 2 * bench._figures(trace, probe)[1]
+    big = max(1, round(args.host * bench._figures(trace, probe)[1]))
     setup = (bench, harness_report, case, trace, chunk_bytes)
     variants = {}
     for kind in args.kinds.split(","):

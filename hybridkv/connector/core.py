@@ -30,7 +30,7 @@ What makes it cheap (the reference re-hashes every request and rescans every job
 hashes grow incrementally per request and each offload key is built once
 (:mod:`hybridkv.connector.requests`); the claim search is
 linear in the units it inspects (:mod:`hybridkv.connector.claims`) and its answer is remembered
-per waiting request until the store's statuses or the failure memory change; per-request
+per waiting request until a key it read changes status or the failure memory changes; per-request
 counters replace scans over the jobs in flight; the failure memory and salt record forget keys
 through the departures the core itself causes (:mod:`hybridkv.connector.memory`) instead of
 rescanning every remembered key each step.
@@ -137,7 +137,11 @@ class ConnectorCore(CoreQueries, OutsideWork):
         self._unsent_loads: list[JobId] = []
         self._loads: dict[RequestId, LoadRecord] = {}
         self._memory = KeyMemory(store)
-        self._claim_memo: dict[RequestId, tuple[tuple[Any, ...], int, bool]] = {}
+        # Per request: (start, tokens, salt, failure epoch), end, defer, the keys the search
+        # read and their statuses then (_decide).
+        self._claim_memo: dict[
+            RequestId, tuple[tuple[Any, ...], int, bool, list[bytes], tuple[LookupResult, ...]]
+        ] = {}
         self._delayed: set[RequestId] = set()
         self._unsent_delayed: set[RequestId] = set()
         self._asked: dict[RequestId, int] = {}
@@ -421,28 +425,36 @@ class ConnectorCore(CoreQueries, OutsideWork):
 
     def _decide(self, request: RequestView, start: int) -> tuple[int, bool]:
         """The claim rule's answer, remembered per request: a scheduler asks a waiting request
-        again every step, and the answer changes only with its tokens, its start, the store's
-        statuses (every status change moves one of the store's reserved, stored, removed or
-        evicted counters) or the failure memory."""
-        memo_key = (
-            start,
-            len(request.token_ids),
-            request.cache_salt,
-            self.store.status_counts(),  # reserved, stored, removed, evicted
-            self._memory.epoch,
-        )
+        again every step, and the answer changes only with its tokens, its start, the failure
+        memory or the status of a key the search read.
+
+        The search (:func:`~hybridkv.connector.claims.decide_claim`) is deterministic: which
+        key it reads next depends only on what it read before, so while every key it read has
+        its status, the same search reads the same keys and gives the same answer. The memo
+        keeps those keys and their statuses and compares them again (one C-level pass,
+        :meth:`HostStore.statuses`) instead of searching; it used to be dropped whenever any
+        key of the store changed status, which on a busy host is every step."""
+        memo_key = (start, len(request.token_ids), request.cache_salt, self._memory.epoch)
+        store = self.store
         memo = self._claim_memo.get(request.request_id)
-        if memo is not None and memo[0] == memo_key:
+        if memo is not None and memo[0] == memo_key and store.statuses(memo[3]) == memo[4]:
             return memo[1], memo[2]
+        read: list[bytes] = []
+        store_status = store.status
+
+        def status(key: bytes) -> LookupResult:
+            read.append(key)
+            return store_status(key)
+
         end, defer = decide_claim(
             self.geometry,
             self._keys(request).key,
             len(request.token_ids),
             start,
-            status=self.store.status,
+            status=status,
             failed=self._memory.failed,
         )
-        self._claim_memo[request.request_id] = (memo_key, end, defer)
+        self._claim_memo[request.request_id] = (memo_key, end, defer, read, store.statuses(read))
         return end, defer
 
     def _loadable(self, key: bytes) -> bool:

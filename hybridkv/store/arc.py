@@ -27,7 +27,6 @@ from hybridkv.store.policy import Evictable, EvictionPolicy
 
 __all__ = ["ARCPolicy"]
 
-_ONE = Fraction(1)
 _ZERO = Fraction(0)
 _ABSENT = object()  # pop() default: tells "not in this list" from any stored value
 
@@ -138,17 +137,21 @@ class ARCPolicy(EvictionPolicy):
     def _target_after(self, misses: Sequence[bytes]) -> Fraction:
         # Ghost hits change only p (ghost sizes stay), so folding them is exact and pure.
         target = self.target
-        if self._b1 or self._b2:
+        b1, b2 = self._b1, self._b2
+        if b1 or b2:
             for key in misses:
-                target = self._adapted(target, key)
+                if key in b1 or key in b2:  # only a ghost moves p: no Fraction work otherwise
+                    target = self._adapted(target, key)
         return target
 
     def _adapted(self, target: Fraction, key: bytes) -> Fraction:
+        # Fraction arithmetic is pure Python: a whole step of 1 adds an int, and the bounds are
+        # compared as ints (equal values give the same Fraction, so p is exactly as before).
         b1, b2 = len(self._b1), len(self._b2)
         if key in self._b1:
-            step = Fraction(b2, b1) if b2 > b1 else _ONE
-            return min(target + step, Fraction(self.capacity))
+            raised = target + (Fraction(b2, b1) if b2 > b1 else 1)
+            return raised if raised < self.capacity else Fraction(self.capacity)
         if key in self._b2:
-            step = Fraction(b1, b2) if b1 > b2 else _ONE
-            return max(target - step, _ZERO)
+            lowered = target - (Fraction(b1, b2) if b1 > b2 else 1)
+            return lowered if lowered > 0 else _ZERO
         return target

@@ -64,6 +64,8 @@ _READY = EntryState.READY
 _STORING = EntryState.STORING
 _LOW = StorePriority.LOW
 _NOTHING_STORED = PrepareStoreOutput((), ())
+# An entry's state (None: no entry) as lookup reports it.
+_RESULT_OF = {None: LookupResult.MISS, _READY: LookupResult.HIT, _STORING: LookupResult.HIT_PENDING}
 
 
 class HostStore:
@@ -124,6 +126,14 @@ class HostStore:
         if found is _READY:
             return LookupResult.HIT
         return LookupResult.MISS if found is None else LookupResult.HIT_PENDING
+
+    def statuses(self, keys: Sequence[bytes]) -> tuple[LookupResult, ...]:
+        """Each key's :meth:`status`, in order (repeats allowed), in C-level passes: what a
+        memo of answers that read these keys compares to know nothing it read has moved.
+        Changes nothing."""
+        return tuple(
+            map(_RESULT_OF.__getitem__, map(self._state.get, _valid_keys(keys, distinct=False)))
+        )
 
     def lookup(self, keys: Sequence[bytes]) -> LookupOutcome:
         """How many keys from the head are READY, and the status of the first that is not.
@@ -428,6 +438,7 @@ def _fresh_policy(policy: str | EvictionPolicy, capacity: int) -> EvictionPolicy
 
 
 _LISTS = (list, tuple)  # containers that are surely key sequences, checked without isinstance
+_BYTES_ONLY = frozenset({bytes})
 
 
 def _valid_key(field: str, key: object) -> bytes:
@@ -442,9 +453,10 @@ def _valid_keys(keys: object, *, distinct: bool) -> tuple[bytes, ...]:
     ):
         raise HybridKVConfigError("keys", keys, "is not a sequence of keys", "pass a list of keys")
     valid: tuple[bytes, ...] = tuple(cast("Iterable[bytes]", keys))
-    # The common case (all non-empty bytes) is one C-level pass; otherwise the key-by-key
-    # check finds the first bad key to name.
-    if not (all(type(key) is bytes for key in valid) and all(valid)):
+    # The common case (all non-empty bytes) is two C-level passes (the key types as a set,
+    # then truthiness: an empty bytes is false); otherwise the key-by-key check finds the
+    # first bad key to name.
+    if not ({*map(type, valid)} <= _BYTES_ONLY and all(valid)):
         for key in valid:
             _valid_key("keys", key)
     if distinct and len(set(valid)) != len(valid):

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import random
 
+from hybridkv.errors import HybridKVConfigError
 from hybridkv.store import HostStore, LookupResult, PrepareStoreOutput
 
 
@@ -33,3 +34,38 @@ def test_status_counts_equal_the_stats_counters_through_every_change() -> None:
         stats = store.stats()
         assert store.status_counts() == (stats.reserved, stats.stored, stats.removed, stats.evicted)
     assert min(store.status_counts()) > 0  # every counter moved
+
+
+def test_statuses_equal_status_key_by_key_through_every_change() -> None:
+    """``HostStore.statuses``: the claim memo's check, each key's ``status`` in one pass."""
+    store = HostStore(6)
+    rng = random.Random(7)
+    storing: list[bytes] = []
+    keys = [_key(i) for i in range(12)]
+    seen = set()
+    for _ in range(300):
+        roll = rng.random()
+        if roll < 0.45:
+            prepared = store.prepare_store([_key(i) for i in rng.sample(range(12), 2)])
+            if isinstance(prepared, PrepareStoreOutput):
+                storing.extend(prepared.keys_to_store)
+        elif storing:
+            done, storing = storing[:1], storing[1:]
+            store.complete_store(done, success=rng.random() < 0.8)
+        asked = [*keys, keys[0]]  # a repeat is answered twice
+        answers = store.statuses(asked)
+        assert answers == tuple(store.status(k) for k in asked)
+        seen.update(answers)
+    assert seen == set(LookupResult)  # HIT, HIT_PENDING and MISS all met
+
+
+def test_statuses_refuses_what_status_refuses() -> None:
+    store = HostStore(2)
+    for bad in ([b""], ["text"], b"one key"):
+        try:
+            store.statuses(bad)  # type: ignore[arg-type]
+        except HybridKVConfigError as error:
+            assert error.field == "keys"
+        else:
+            raise AssertionError(f"{bad!r} accepted")
+    assert store.statuses([]) == ()
