@@ -44,7 +44,17 @@ class ClaimDecision(NamedTuple):
 class _GroupScan:
     """One group's look at the candidates: its hopeful interval and the STORING units seen."""
 
-    __slots__ = ("_failed", "_first", "_g", "_key_of", "_ok_hi", "_ok_lo", "_pending", "_status")
+    __slots__ = (
+        "_failed",
+        "_first",
+        "_g",
+        "_key_of",
+        "_ok_hi",
+        "_ok_lo",
+        "_pending",
+        "_read",
+        "_status",
+    )
 
     def __init__(
         self,
@@ -53,25 +63,35 @@ class _GroupScan:
         key_of: KeyOf,
         status: Callable[[bytes], LookupResult],
         failed: Container[bytes],
+        *,
+        read: list[bytes],
     ) -> None:
         self._g = g
         self._first = geometry.first_needed
         self._key_of = key_of
         self._status = status
         self._failed = failed
+        self._read = read.append  # a C method: recording costs no Python call
         self._ok_lo = self._ok_hi = 0  # units [ok_lo, ok_hi) are known hopeful
         self._pending: list[int] = []
 
     def highest_bad(self, lo: int, hi: int) -> int:
         """The highest unit in ``[lo, hi)`` whose key is absent or failed; -1 if none."""
         ok_lo, ok_hi = self._ok_lo, self._ok_hi
-        g, key_of, status, failed = self._g, self._key_of, self._status, self._failed
+        g, key_of, status, failed, read = (
+            self._g,
+            self._key_of,
+            self._status,
+            self._failed,
+            self._read,
+        )
         j = hi - 1
         while j >= lo:
             if ok_lo <= j < ok_hi:
                 j = ok_lo - 1
                 continue
             key = key_of(g, j)
+            read(key)
             verdict = status(key)
             if (verdict is not _HIT and verdict is not _PENDING) or key in failed:
                 if ok_hi > j:  # later candidates only look below j
@@ -104,11 +124,15 @@ def decide_claim(
     status: Callable[[bytes], LookupResult],
     failed: Container[bytes],
     groups: tuple[int, ...] | None = None,
+    read: list[bytes] | None = None,
 ) -> ClaimDecision:
     """Apply the module rule. Pure: ``status`` (the store's per-key lookup) must not mutate.
 
     ``groups``: look at these groups only (default: every group), i.e. the rule with every
     other group's keys taken as READY (a per-group prefix, :mod:`hybridkv.vllm.metrics`).
+    ``read``: when given, every key whose status the search reads is appended to it, in
+    order; the answer is a function of those keys' statuses (and of ``failed``), so a caller
+    may keep it while they hold (the core's claim memo).
 
     Pre: ``key_of`` reaches every unit of the request's ``num_tokens`` tokens; ``start`` is a
     multiple of the scheduler block. Post: ``end`` is ``start`` or the largest hopeful
@@ -120,8 +144,9 @@ def decide_claim(
     limit -= limit % align
     lowest = (start // align + 1) * align
     units = geometry.units
+    read = [] if read is None else read
     scans = [
-        (units[g], _GroupScan(g, geometry, key_of, status, failed))
+        (units[g], _GroupScan(g, geometry, key_of, status, failed, read=read))
         for g in (geometry.scan_order if groups is None else groups)
     ]
     t = limit

@@ -440,19 +440,14 @@ class ConnectorCore(CoreQueries, OutsideWork):
         if memo is not None and memo[0] == memo_key and store.statuses(memo[3]) == memo[4]:
             return memo[1], memo[2]
         read: list[bytes] = []
-        store_status = store.status
-
-        def status(key: bytes) -> LookupResult:
-            read.append(key)
-            return store_status(key)
-
         end, defer = decide_claim(
             self.geometry,
             self._keys(request).key,
             len(request.token_ids),
             start,
-            status=status,
+            status=store.status,
             failed=self._memory.failed,
+            read=read,
         )
         self._claim_memo[request.request_id] = (memo_key, end, defer, read, store.statuses(read))
         return end, defer
