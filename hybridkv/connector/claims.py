@@ -23,6 +23,7 @@ from collections.abc import Callable, Container
 from typing import NamedTuple
 
 from hybridkv.connector.geometry import ConnectorGeometry
+from hybridkv.kinds import GroupKind
 from hybridkv.store import LookupResult
 
 __all__ = ["ClaimDecision", "decide_claim"]
@@ -46,12 +47,13 @@ class _GroupScan:
 
     __slots__ = (
         "_failed",
-        "_first",
         "_g",
         "_key_of",
+        "_mamba",
         "_ok_hi",
         "_ok_lo",
         "_pending",
+        "_reach",
         "_read",
         "_status",
     )
@@ -67,7 +69,10 @@ class _GroupScan:
         read: list[bytes],
     ) -> None:
         self._g = g
-        self._first = geometry.first_needed
+        # geometry.first_needed, decided once per scan instead of once per candidate.
+        kind = geometry.kinds[g]
+        self._mamba = kind is GroupKind.MAMBA
+        self._reach = geometry.reaches[g] if kind is GroupKind.SLIDING else None
         self._key_of = key_of
         self._status = status
         self._failed = failed
@@ -111,8 +116,15 @@ class _GroupScan:
         return any(lo <= j < hi for j in self._pending)
 
     def needed(self, start: int, end: int, unit: int) -> tuple[int, int]:
-        """The unit range the group needs for a claim ``[start, end)``."""
-        return self._first(self._g, start, end), end // unit
+        """The unit range the group needs for a claim ``[start, end)``
+        (:meth:`ConnectorGeometry.first_needed` to ``end // unit``)."""
+        last = end // unit
+        if self._mamba:
+            return last - 1, last
+        reach = self._reach
+        if reach is not None:
+            return max(start, end - reach) // unit, last
+        return start // unit, last
 
 
 def decide_claim(
@@ -140,8 +152,7 @@ def decide_claim(
     key (then ``end`` is ``start``).
     """
     align = geometry.align
-    limit = geometry.planner.claimable_prefix_tokens(num_tokens)
-    limit -= limit % align
+    limit = geometry.claim_limit(num_tokens)
     lowest = (start // align + 1) * align
     units = geometry.units
     read = [] if read is None else read

@@ -127,6 +127,18 @@ class ConnectorGeometry:
                 return True
         return False
 
+    def claim_limit(self, num_tokens: int) -> int:
+        """The largest claim end the claim rule considers for ``num_tokens`` tokens: the
+        planner's ``claimable_prefix_tokens`` rounded down to ``align``.
+
+        Pre: ``num_tokens`` is an int >= 0 (a request's token count): the planner's argument
+        check is skipped, since a claim search asks this once per group scanned."""
+        claim = self.planner.claim_unit
+        if num_tokens <= claim:
+            return 0
+        limit = (num_tokens - 1) // claim * claim
+        return limit - limit % self.align
+
     def first_needed(self, group_idx: int, start: int, end: int) -> int:
         """The first unit index group ``group_idx`` needs to resume at ``end`` from ``start``.
 

@@ -270,7 +270,7 @@ class GroupAgreement:
         if self._seen.get(view.request_id) == position:
             return
         self._seen[view.request_id] = position
-        if claimed and start + claimed == _largest_candidate(core, len(view.token_ids)):
+        if claimed and start + claimed == core.geometry.claim_limit(len(view.token_ids)):
             # Every group's needed keys at the largest candidate end are READY and not failed
             # (the core claimed it), so each group alone reaches that end too: they agree,
             # and the per-group scans would only confirm it.
@@ -313,13 +313,6 @@ class GroupAgreement:
                 failed=failed,
                 groups=(g,),
             ).end
-
-
-def _largest_candidate(core: ConnectorCore, num_tokens: int) -> int:
-    """The largest end the claim rule considers for ``num_tokens`` tokens (decide_claim)."""
-    geometry = core.geometry
-    limit = geometry.planner.claimable_prefix_tokens(num_tokens)
-    return limit - limit % geometry.align
 
 
 def store_events_to_vllm(
