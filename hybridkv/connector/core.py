@@ -74,6 +74,7 @@ from hybridkv.errors import HybridKVConfigError
 from hybridkv.kinds import GroupKind
 from hybridkv.planner import HybridOffloadPlanner
 from hybridkv.store import (
+    EntryState,
     HostStore,
     LookupResult,
     PrepareLoadOutput,
@@ -140,7 +141,7 @@ class ConnectorCore(CoreQueries, OutsideWork):
         # Per request: (start, tokens, salt, failure epoch), end, defer, the keys the search
         # read and their statuses then (_decide).
         self._claim_memo: dict[
-            RequestId, tuple[tuple[Any, ...], int, bool, list[bytes], tuple[LookupResult, ...]]
+            RequestId, tuple[tuple[Any, ...], int, bool, list[bytes], tuple[EntryState | None, ...]]
         ] = {}
         self._delayed: set[RequestId] = set()
         self._unsent_delayed: set[RequestId] = set()
@@ -432,12 +433,12 @@ class ConnectorCore(CoreQueries, OutsideWork):
         key it reads next depends only on what it read before, so while every key it read has
         its status, the same search reads the same keys and gives the same answer. The memo
         keeps those keys and their statuses and compares them again (one C-level pass,
-        :meth:`HostStore.statuses`) instead of searching; it used to be dropped whenever any
+        :meth:`HostStore.entry_states`) instead of searching; it used to be dropped whenever any
         key of the store changed status, which on a busy host is every step."""
         memo_key = (start, len(request.token_ids), request.cache_salt, self._memory.epoch)
         store = self.store
         memo = self._claim_memo.get(request.request_id)
-        if memo is not None and memo[0] == memo_key and store.statuses(memo[3]) == memo[4]:
+        if memo is not None and memo[0] == memo_key and store.entry_states(memo[3]) == memo[4]:
             return memo[1], memo[2]
         read: list[bytes] = []
         end, defer = decide_claim(
@@ -449,7 +450,13 @@ class ConnectorCore(CoreQueries, OutsideWork):
             failed=self._memory.failed,
             read=read,
         )
-        self._claim_memo[request.request_id] = (memo_key, end, defer, read, store.statuses(read))
+        self._claim_memo[request.request_id] = (
+            memo_key,
+            end,
+            defer,
+            read,
+            store.entry_states(read),
+        )
         return end, defer
 
     def _loadable(self, key: bytes) -> bool:

@@ -64,8 +64,6 @@ _READY = EntryState.READY
 _STORING = EntryState.STORING
 _LOW = StorePriority.LOW
 _NOTHING_STORED = PrepareStoreOutput((), ())
-# An entry's state (None: no entry) as lookup reports it.
-_RESULT_OF = {None: LookupResult.MISS, _READY: LookupResult.HIT, _STORING: LookupResult.HIT_PENDING}
 
 
 class HostStore:
@@ -127,13 +125,12 @@ class HostStore:
             return LookupResult.HIT
         return LookupResult.MISS if found is None else LookupResult.HIT_PENDING
 
-    def statuses(self, keys: Sequence[bytes]) -> tuple[LookupResult, ...]:
-        """Each key's :meth:`status`, in order (repeats allowed), in C-level passes: what a
-        memo of answers that read these keys compares to know nothing it read has moved.
-        Changes nothing."""
-        return tuple(
-            map(_RESULT_OF.__getitem__, map(self._state.get, _valid_keys(keys, distinct=False)))
-        )
+    def entry_states(self, keys: Sequence[bytes]) -> tuple[EntryState | None, ...]:
+        """Each key's entry state, None when it has no entry, in order (repeats allowed): what
+        :meth:`status` reads, in C-level passes. A memo of answers that read these keys keeps
+        them while this tuple is unchanged (the states are compared by identity, so no enum
+        is hashed). Changes nothing."""
+        return tuple(map(self._state.get, _valid_keys(keys, distinct=False)))
 
     def lookup(self, keys: Sequence[bytes]) -> LookupOutcome:
         """How many keys from the head are READY, and the status of the first that is not.

@@ -7,7 +7,7 @@ from __future__ import annotations
 import random
 
 from hybridkv.errors import HybridKVConfigError
-from hybridkv.store import HostStore, LookupResult, PrepareStoreOutput
+from hybridkv.store import EntryState, HostStore, LookupResult, PrepareStoreOutput
 
 
 def _key(i: int) -> bytes:
@@ -36,12 +36,15 @@ def test_status_counts_equal_the_stats_counters_through_every_change() -> None:
     assert min(store.status_counts()) > 0  # every counter moved
 
 
-def test_statuses_equal_status_key_by_key_through_every_change() -> None:
-    """``HostStore.statuses``: the claim memo's check, each key's ``status`` in one pass."""
+def test_entry_states_give_status_key_by_key_through_every_change() -> None:
+    """``HostStore.entry_states``: the claim memo's check, each key's entry state in one pass;
+    ``status`` is a function of it (no entry: MISS; READY: HIT; STORING: HIT_PENDING)."""
     store = HostStore(6)
     rng = random.Random(7)
     storing: list[bytes] = []
     keys = [_key(i) for i in range(12)]
+    of_state = {None: LookupResult.MISS, EntryState.READY: LookupResult.HIT}
+    of_state[EntryState.STORING] = LookupResult.HIT_PENDING
     seen = set()
     for _ in range(300):
         roll = rng.random()
@@ -53,19 +56,19 @@ def test_statuses_equal_status_key_by_key_through_every_change() -> None:
             done, storing = storing[:1], storing[1:]
             store.complete_store(done, success=rng.random() < 0.8)
         asked = [*keys, keys[0]]  # a repeat is answered twice
-        answers = store.statuses(asked)
-        assert answers == tuple(store.status(k) for k in asked)
-        seen.update(answers)
-    assert seen == set(LookupResult)  # HIT, HIT_PENDING and MISS all met
+        states = store.entry_states(asked)
+        assert tuple(of_state[s] for s in states) == tuple(store.status(k) for k in asked)
+        seen.update(states)
+    assert seen == {None, *EntryState}  # absent, STORING and READY all met
 
 
-def test_statuses_refuses_what_status_refuses() -> None:
+def test_entry_states_refuse_what_status_refuses() -> None:
     store = HostStore(2)
     for bad in ([b""], ["text"], b"one key"):
         try:
-            store.statuses(bad)  # type: ignore[arg-type]
+            store.entry_states(bad)  # type: ignore[arg-type]
         except HybridKVConfigError as error:
             assert error.field == "keys"
         else:
             raise AssertionError(f"{bad!r} accepted")
-    assert store.statuses([]) == ()
+    assert store.entry_states([]) == ()
