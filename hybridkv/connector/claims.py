@@ -15,6 +15,12 @@ units). Here a key that is absent at unit ``k`` of group ``g`` rules out every c
 range's first unit never grows as ``t`` falls), so the search jumps straight below ``k * u_g``.
 Each group remembers one interval of units it has seen hopeful, so a range a later candidate
 shares with an earlier one is not looked up again. Every unit is looked up O(1) times.
+
+A full-attention group needs every unit from the same first one (``start // u``) at every
+candidate, so its candidates are hopeful exactly up to its lowest bad unit: it is scanned from
+the bottom (:meth:`_GroupScan.lowest_bad`), which reads only the good prefix and one bad unit,
+and the search asks it first (``ConnectorGeometry.scan_order``): a prefix the host lacks ends
+the search after one lookup instead of one per candidate.
 """
 
 from __future__ import annotations
@@ -46,8 +52,10 @@ class _GroupScan:
     """One group's look at the candidates: its hopeful interval and the STORING units seen."""
 
     __slots__ = (
+        "_bad_at",
         "_failed",
         "_g",
+        "_good_to",
         "_key_of",
         "_mamba",
         "_ok_hi",
@@ -78,6 +86,8 @@ class _GroupScan:
         self._failed = failed
         self._read = read.append  # a C method: recording costs no Python call
         self._ok_lo = self._ok_hi = 0  # units [ok_lo, ok_hi) are known hopeful
+        # lowest_bad's memory: units [lo, good_to) are good, bad_at the lowest bad (-1: none).
+        self._good_to = self._bad_at = -1
         self._pending: list[int] = []
 
     def highest_bad(self, lo: int, hi: int) -> int:
@@ -109,6 +119,35 @@ class _GroupScan:
             self._ok_lo, self._ok_hi = min(lo, ok_lo), max(hi, ok_hi)
         else:
             self._ok_lo, self._ok_hi = lo, hi
+        return -1
+
+    def lowest_bad(self, lo: int, hi: int) -> int:
+        """The lowest unit in ``[lo, hi)`` whose key is absent or failed; -1 if none.
+
+        For a group whose ranges all start at the same ``lo`` (full attention) and whose ``hi``
+        never grows (the candidates fall): each unit is read at most once per search."""
+        bad = self._bad_at
+        if 0 <= bad < hi:
+            return bad
+        g, key_of, status, failed, read = (
+            self._g,
+            self._key_of,
+            self._status,
+            self._failed,
+            self._read,
+        )
+        j = max(lo, self._good_to)
+        while j < hi:
+            key = key_of(g, j)
+            read(key)
+            verdict = status(key)
+            if (verdict is not _HIT and verdict is not _PENDING) or key in failed:
+                self._bad_at = self._good_to = j
+                return j
+            if verdict is _PENDING:
+                self._pending.append(j)
+            j += 1
+        self._good_to = j
         return -1
 
     def has_pending(self, lo: int, hi: int) -> bool:
@@ -156,20 +195,22 @@ def decide_claim(
     lowest = (start // align + 1) * align
     units = geometry.units
     read = [] if read is None else read
-    scans = [
-        (units[g], _GroupScan(g, geometry, key_of, status, failed, read=read))
-        for g in (geometry.scan_order if groups is None else groups)
-    ]
+    kinds = geometry.kinds
+    scans = []
+    for g in geometry.scan_order if groups is None else groups:
+        scan = _GroupScan(g, geometry, key_of, status, failed, read=read)
+        first_bad = scan.lowest_bad if kinds[g] is GroupKind.FULL else scan.highest_bad
+        scans.append((units[g], scan, first_bad))
     t = limit
     while t >= lowest:
-        for u, scan in scans:
+        for u, scan, first_bad in scans:
             lo, hi = scan.needed(start, t, u)
-            bad = scan.highest_bad(lo, hi)
+            bad = first_bad(lo, hi)
             if bad >= 0:
                 t = bad * u // align * align  # every candidate above bad * u needs unit bad
                 break
         else:
-            if any(scan.has_pending(*scan.needed(start, t, u)) for u, scan in scans):
+            if any(scan.has_pending(*scan.needed(start, t, u)) for u, scan, _ in scans):
                 return ClaimDecision(start, True)
             return ClaimDecision(t, False)
     return ClaimDecision(start, False)
