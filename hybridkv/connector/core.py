@@ -86,6 +86,8 @@ __all__ = ["ConnectorCore", "ConnectorStats", "LoadMode"]
 
 _LOAD, _STORE = TransferKind.LOAD, TransferKind.STORE
 _NORMAL, _LOW = StorePriority.NORMAL, StorePriority.LOW
+# Values, so one of each serves every lookup (a Claim checks its fields when built).
+_DEFER, _NONE = Claim(ClaimKind.DEFER), Claim(ClaimKind.NONE)
 
 
 class ConnectorCore(CoreQueries, OutsideWork):
@@ -215,15 +217,15 @@ class ConnectorCore(CoreQueries, OutsideWork):
         record = self._loads.get(rid)
         if record is not None and record.in_flight:
             self._count["deferred"] += 1
-            return Claim(ClaimKind.DEFER)
+            return _DEFER
         if rid in self._restarting:
-            return Claim(ClaimKind.NONE)  # salvage off (``_set_salvage``)
+            return _NONE  # salvage off (``_set_salvage``)
         end, defer = self._decide(request, start)
         if defer:
             self._count["deferred"] += 1
-            return Claim(ClaimKind.DEFER)
+            return _DEFER
         if end == start:
-            return Claim(ClaimKind.NONE)
+            return _NONE
         self._count["claims"] += 1
         self._count["claimed_tokens"] += end - start
         kind = ClaimKind.ASYNC if self.load_mode is LoadMode.ASYNC else ClaimKind.SYNC
