@@ -19,8 +19,10 @@ shares with an earlier one is not looked up again. Every unit is looked up O(1) 
 A full-attention group needs every unit from the same first one (``start // u``) at every
 candidate, so its candidates are hopeful exactly up to its lowest bad unit: it is scanned from
 the bottom (:meth:`_GroupScan.lowest_bad`), which reads only the good prefix and one bad unit,
-and the search asks it first (``ConnectorGeometry.scan_order``): a prefix the host lacks ends
-the search after one lookup instead of one per candidate.
+and the search asks it before any sliding group (``ConnectorGeometry.scan_order``): a prefix
+the host lacks ends the search after one lookup instead of one per candidate. A mamba group
+(one state per candidate) is asked before it: asked first, a stored attention prefix would be
+read whole even when no candidate has its mamba state.
 """
 
 from __future__ import annotations

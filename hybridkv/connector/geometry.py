@@ -49,10 +49,10 @@ class ConnectorGeometry:
         planner: the offload geometry (units, claim unit, hash contract).
         scheduler_block: ``lcm`` of the block sizes (the scheduler's computed-count alignment).
         align: where a claim may end: ``lcm(claim_unit, scheduler_block)``.
-        scan_order: group indices FULL first, then MAMBA, then SLIDING: the claim search asks
-            the cheapest, most selective groups first (a full-attention group is read from the
-            bottom once per search and ends it at the first unit the host lacks;
-            :mod:`hybridkv.connector.claims`).
+        scan_order: group indices MAMBA first, then FULL, then SLIDING: the claim search asks
+            the cheapest, most selective groups first (a mamba group reads one state per
+            candidate; a full-attention group is read from the bottom, once per search, and
+            ends it at the first unit the host lacks: :mod:`hybridkv.connector.claims`).
         distinct_units: the different unit sizes, ascending (a step completes a unit of some
             group exactly when it crosses a multiple of one of them).
     """
@@ -101,7 +101,7 @@ class ConnectorGeometry:
         reaches = _reaches(sliding_windows, len(kinds), planner.max_model_len)
         blocks = tuple(block for _, block in planner.groups)
         scheduler_block = math.lcm(*blocks)
-        rank = {GroupKind.FULL: 0, GroupKind.MAMBA: 1, GroupKind.SLIDING: 2}
+        rank = {GroupKind.MAMBA: 0, GroupKind.FULL: 1, GroupKind.SLIDING: 2}
         return cls(
             kinds=kinds,
             reaches=reaches,
