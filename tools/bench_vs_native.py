@@ -29,7 +29,8 @@ turn's answer: loaded by the connector, the part of those in the previous turn's
 GPU prefix hits; :class:`Continuation`), engine steps, scheduler-side connector µs per step and
 its share of the scheduler's time, wall clock, then the same calls' CPU time per step (``cpu
 us``: the calling thread's CPU time, which a shared machine's other jobs do not inflate; the
-wall figure charges a call for every moment another job held the core) (medians over repeats;
+wall figure charges a call for every moment another job held the core) (medians over repeats,
+which run in rounds over a trace's variants so that native and hybridkv meet the same load;
 every repeat's counters must agree),
 evictions and dropped stores (counted at the host store's ``prepare_store``), and hybridkv /
 native ratios at the same policy and delay. The floor is what no cache can supply, from the

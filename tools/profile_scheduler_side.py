@@ -9,9 +9,11 @@ bytes: ``--host`` times the working set, 2 by default; hybridkv at its default c
 bench gives it) through the same in-process engine and times exactly what the bench times:
 the outermost scheduler-side connector hooks that
 :class:`hybridkv.vllm.harness.report.ConnectorClock` wraps. Prints per hook: calls, total µs and µs
-per engine step; then cProfile's top functions by internal time, collected only inside those
-hooks, in the calling thread's CPU time (``time.thread_time``; the profiler's own overhead
-inflates them; the per-hook totals are taken with the profiler off, in a separate run).
+per engine step, and the CPU time of the cyclic garbage collector's passes that ran inside a
+hook (charged to whichever side triggered them); then cProfile's top functions by internal
+time, collected only inside those hooks, in the calling thread's CPU time
+(``time.thread_time``; the profiler's own overhead inflates them; the per-hook totals are
+taken with the profiler off, in a separate run).
 
 Usage: ``python tools/profile_scheduler_side.py [--layout sliding+full] [--delay 1]
 [--policy lru] [--host 2] [--answers 4] [--trace chat|traffic] [--top 25]``; needs vLLM 0.33 (as
