@@ -29,7 +29,8 @@ turn's answer: loaded by the connector, the part of those in the previous turn's
 GPU prefix hits; :class:`Continuation`), engine steps, scheduler-side connector µs per step and
 its share of the scheduler's time, wall clock, then the same calls' CPU time per step (``cpu
 us``: the calling thread's CPU time, which a shared machine's other jobs do not inflate; the
-wall figure charges a call for every moment another job held the core) (medians over repeats;
+wall figure charges a call for every moment another job held the core) (medians over repeats,
+which run in rounds over a trace's variants so that native and hybridkv meet the same load;
 every repeat's counters must agree),
 evictions and dropped stores (counted at the host store's ``prepare_store``), and hybridkv /
 native ratios at the same policy and delay. The floor is what no cache can supply, from the
@@ -799,27 +800,62 @@ def run_variant(
     repeats: int,
 ) -> Result:
     """``repeats`` fresh runs; timing medians; counters must agree across repeats."""
-    reports, counts, ledgers = [], [], []
+    return run_variants(case, trace, [variant], chunk_bytes, repeats)[variant]
+
+
+def run_variants(
+    case: Case,
+    trace: ChatTrace | TrafficTrace,
+    variants: list[Variant],
+    chunk_bytes: int,
+    repeats: int,
+) -> dict[Variant, Result]:
+    """``repeats`` fresh runs of each variant, in rounds: every round runs each variant once,
+    in order, so the repeats of native and hybridkv meet the same load on a shared machine
+    (run one variant after the other, a load that changed between them moved their CPU
+    ratio: docs/benchmarks, "Scheduler-side cost: round 3"). Timing medians; counters must
+    agree across repeats."""
     settings = case.traffic_settings if isinstance(trace, TrafficTrace) else case.settings
     case = replace(case, settings=settings)
-    try:
-        for _ in range(repeats):
-            engine, counter = _engine(case, variant, chunk_bytes)
+    runs: dict[Variant, list[tuple[InProcessReport, Any, tuple[Any, ...]]]] = {
+        variant: [] for variant in variants
+    }
+    failed: dict[Variant, Result] = {}
+    for _ in range(repeats):
+        for variant in variants:
+            if variant in failed:
+                continue
             try:
-                admissions = _Admissions(engine)
-                report, ledger = _play(engine, trace)
-                reports.append(report)
-                ledgers.append(ledger)
-                skip = set(ledger.aborted) if ledger else set()
-                continuation = continuation_hits(engine, admissions.cached, skip)
-            finally:
-                engine.close()  # a worker's copy thread would keep its memory (inprocess)
-            evicted = (counter.evictions, counter.dropped) if counter else (0, 0)
-            counts.append((*evicted, continuation))
-    except Exception as error:  # a failing connector is a result to print, not a crash
-        if variant.kind != "hybridkv":
-            raise
-        return Result(None, error=f"{type(error).__name__}: {str(error).splitlines()[0][:90]}")
+                runs[variant].append(_one_run(case, trace, variant, chunk_bytes))
+            except Exception as error:  # a failing connector is a result to print, not a crash
+                if variant.kind != "hybridkv":
+                    raise
+                reason = f"{type(error).__name__}: {str(error).splitlines()[0][:90]}"
+                failed[variant] = Result(None, error=reason)
+    return {v: failed[v] if v in failed else _combined(runs[v]) for v in variants}
+
+
+def _one_run(
+    case: Case, trace: ChatTrace | TrafficTrace, variant: Variant, chunk_bytes: int
+) -> tuple[InProcessReport, Any, tuple[Any, ...]]:
+    """One fresh run: its report, its per-request ledger and its store and continuation counts."""
+    engine, counter = _engine(case, variant, chunk_bytes)
+    try:
+        admissions = _Admissions(engine)
+        report, ledger = _play(engine, trace)
+        skip = set(ledger.aborted) if ledger else set()
+        continuation = continuation_hits(engine, admissions.cached, skip)
+    finally:
+        engine.close()  # a worker's copy thread would keep its memory (inprocess)
+    evicted = (counter.evictions, counter.dropped) if counter else (0, 0)
+    return report, ledger, (*evicted, continuation)
+
+
+def _combined(runs: list[tuple[InProcessReport, Any, tuple[Any, ...]]]) -> Result:
+    """One variant's repeats as one result: timing medians, counters that must agree."""
+    reports = [report for report, _, _ in runs]
+    ledgers = [ledger for _, ledger, _ in runs]
+    counts = [count for _, _, count in runs]
     first = reports[0]
     if any(_counters(r) != _counters(first) for r in reports) or len(set(counts)) > 1:
         return Result(first, error="counters differ between repeats")
@@ -1001,10 +1037,9 @@ def bench_trace(
     block = probe.block_size
     floor, working, words = _figures(trace, probe)
     chunk_bytes = native_chunk_bytes(probe)
-    results: dict[Variant, Result] = {}
     delays = [1] if traffic else args.delays
-    for variant in _variants(working, delays, sweep):
-        results[variant] = run_variant(case, trace, variant, chunk_bytes, args.repeats)
+    variants = _variants(working, delays, sweep)
+    results = run_variants(case, trace, variants, chunk_bytes, args.repeats)
     plain = results[Variant("none")].report
     assert plain is not None
     lines = [

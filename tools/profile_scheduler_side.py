@@ -4,16 +4,19 @@ per function, for hybridkv and native on the same variant.
 Each variant runs three times: a warm-up (one-time costs of the first run in a process), a
 timed run with the profiler off (per-hook figures) and a run with the profiler on.
 
-Runs one variant of bench_vs_native (layout, connector, policy, delay, 2x host tier in equal
-bytes, hybridkv at its default chunk as the bench gives it) through the same in-process engine
-and times exactly what the bench times: the outermost scheduler-side connector hooks that
+Runs one variant of bench_vs_native (layout, connector, policy, delay, host tier in equal
+bytes: ``--host`` times the working set, 2 by default; hybridkv at its default chunk as the
+bench gives it) through the same in-process engine and times exactly what the bench times:
+the outermost scheduler-side connector hooks that
 :class:`hybridkv.vllm.harness.report.ConnectorClock` wraps. Prints per hook: calls, total µs and µs
-per engine step; then cProfile's top functions by internal time, collected only inside those
-hooks, in the calling thread's CPU time (``time.thread_time``; the profiler's own overhead
-inflates them; the per-hook totals are taken with the profiler off, in a separate run).
+per engine step, and the CPU time of the cyclic garbage collector's passes that ran inside a
+hook (charged to whichever side triggered them); then cProfile's top functions by internal
+time, collected only inside those hooks, in the calling thread's CPU time
+(``time.thread_time``; the profiler's own overhead inflates them; the per-hook totals are
+taken with the profiler off, in a separate run).
 
 Usage: ``python tools/profile_scheduler_side.py [--layout sliding+full] [--delay 1]
-[--policy lru] [--answers 4] [--trace chat|traffic] [--top 25]``; needs vLLM 0.33 (as
+[--policy lru] [--host 2] [--answers 4] [--trace chat|traffic] [--top 25]``; needs vLLM 0.33 (as
 bench_vs_native).
 Not a benchmark (``nox -s bench`` runs ``bench_*.py`` only): a diagnosis aid.
 """
@@ -22,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import cProfile
+import gc
 import importlib.util
 import pstats
 import statistics
@@ -53,6 +57,23 @@ class _HookTimes:
         self.cpu: dict[str, float] = defaultdict(float)
         self.calls: dict[str, int] = defaultdict(int)
         self.profiler = profiler
+        # The cyclic garbage collector's passes that ran inside a hook: charged to that hook's
+        # CPU time (a collection walks the young objects of the whole process, a full one every
+        # tracked object), whichever connector's allocation triggered it.
+        self.gc_cpu = 0.0
+        self.gc_runs = [0, 0, 0]  # per generation
+        self._inside = False
+        self._gc_start = 0.0
+
+    def on_gc(self, phase: str, info: dict[str, int]) -> None:
+        """A ``gc.callbacks`` entry: times the collections that run inside a hook."""
+        if not self._inside:
+            return
+        if phase == "start":
+            self._gc_start = time.thread_time()
+        else:
+            self.gc_cpu += time.thread_time() - self._gc_start
+            self.gc_runs[info["generation"]] += 1
 
     def install(self, harness_report: Any) -> None:
         times = self
@@ -69,6 +90,7 @@ class _HookTimes:
                 # call, slow on a loaded machine) and outside the profile; the wall span is the
                 # bench's own.
                 start_cpu = time.thread_time()
+                times._inside = True
                 if times.profiler is not None:
                     times.profiler.enable()
                 start = time.perf_counter()
@@ -76,6 +98,7 @@ class _HookTimes:
                     return method(*args, **kwargs)
                 finally:
                     spent = time.perf_counter() - start
+                    times._inside = False
                     if times.profiler is not None:
                         times.profiler.disable()
                     times.cpu[name] += time.thread_time() - start_cpu
@@ -95,12 +118,14 @@ def _run(setup: tuple[Any, Any, Any, Any, int], variant: Any, times: _HookTimes)
     bench, harness_report, case, trace, chunk_bytes = setup
     original = harness_report.ConnectorClock._wrap
     times.install(harness_report)
+    gc.callbacks.append(times.on_gc)
     try:
         engine, _ = bench._engine(case, variant, chunk_bytes)
         report, _ = bench._play(engine, trace)
         engine.close()
     finally:
         harness_report.ConnectorClock._wrap = original
+        gc.callbacks.remove(times.on_gc)
     return report
 
 
@@ -118,6 +143,36 @@ def _print_top(stats: pstats.Stats, steps: int, sort: str, top: int) -> None:
         )
 
 
+def _print_kind(
+    layout: str, variant: Any, trace: Any, found: list[tuple[Any, _HookTimes]]
+) -> tuple[float, float]:
+    """Print one kind's medians, its GC share and its hooks; returns (wall, CPU) us/step."""
+    steps = found[0][0].steps
+    wall = statistics.median(r.connector_us for r, _ in found)
+    cpu = statistics.median(1e6 * sum(t.cpu.values()) / steps for _, t in found)
+    print(
+        f"== {layout} {variant.name()}, {trace.output_len}-token answers: {steps} "
+        f"steps; connector us/step median of {len(found)}: wall {wall:.0f}, "
+        f"thread CPU {cpu:.0f}; schedule "
+        f"{statistics.median(r.schedule_us for r, _ in found):.0f} us/step (wall)"
+    )
+    gc_us = statistics.median(1e6 * t.gc_cpu / steps for _, t in found)
+    gens = found[0][1].gc_runs
+    print(
+        f"   of which the cyclic GC inside hooks: {gc_us:.1f} us/step (thread CPU, median; "
+        f"collections by generation in the first run: {gens[0]}, {gens[1]}, {gens[2]})"
+    )
+    names = found[0][1].seconds
+    for name in sorted(names, key=lambda n: -statistics.median(t.cpu[n] for _, t in found)):
+        calls = found[0][1].calls[name]
+        per_step = statistics.median(1e6 * t.cpu[name] / steps for _, t in found)
+        print(
+            f"   {name:<32} {calls:6d} calls {per_step:8.1f} us/step "
+            f"{per_step * steps / calls:8.1f} us/call (thread CPU, median)"
+        )
+    return wall, cpu
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--layout", default="sliding+full")
@@ -127,6 +182,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--answers", type=int, default=4, help="answer tokens (4 or 40)")
     parser.add_argument(
         "--trace", default="chat", choices=("chat", "traffic"), help="the bench's trace family"
+    )
+    parser.add_argument(
+        "--host", type=float, default=2.0, help="host tier in working sets (0.5, 1, 2)"
     )
     parser.add_argument("--repeats", type=int, default=5, help="timed runs per kind, interleaved")
     parser.add_argument("--top", type=int, default=25, help="0: no profiled run")
@@ -142,10 +200,10 @@ def main(argv: list[str] | None = None) -> int:
     family = case.traffic if args.trace == "traffic" else case.trace
     trace = replace(family, output_len=args.answers)
     probe = inprocess.InProcessEngine(case.config_json, case.settings)
-    # The bench's sizing: 2x the working set in native chunks, hybridkv the same bytes, at its
-    # default chunk (bench_vs_native's module docstring).
+    # The bench's sizing: --host times the working set in native chunks, hybridkv the same
+    # bytes, at its default chunk (bench_vs_native's module docstring).
     chunk_bytes = bench.native_chunk_bytes(probe)
-    big = 2 * bench._figures(trace, probe)[1]
+    big = max(1, round(args.host * bench._figures(trace, probe)[1]))
     setup = (bench, harness_report, case, trace, chunk_bytes)
     variants = {}
     for kind in args.kinds.split(","):
@@ -158,27 +216,10 @@ def main(argv: list[str] | None = None) -> int:
             times = _HookTimes(None)
             report = _run(setup, variant, times)
             runs[kind].append((report, times))
-    medians = {}
-    for kind, variant in variants.items():
-        found = runs[kind]
-        steps = found[0][0].steps
-        wall = statistics.median(r.connector_us for r, _ in found)
-        cpu = statistics.median(1e6 * sum(t.cpu.values()) / steps for _, t in found)
-        medians[kind] = (wall, cpu)
-        print(
-            f"== {case.name} {variant.name()}, {trace.output_len}-token answers: {steps} "
-            f"steps; connector us/step median of {args.repeats}: wall {wall:.0f}, "
-            f"thread CPU {cpu:.0f}; schedule "
-            f"{statistics.median(r.schedule_us for r, _ in found):.0f} us/step (wall)"
-        )
-        names = found[0][1].seconds
-        for name in sorted(names, key=lambda n: -statistics.median(t.cpu[n] for _, t in found)):
-            calls = found[0][1].calls[name]
-            per_step = statistics.median(1e6 * t.cpu[name] / steps for _, t in found)
-            print(
-                f"   {name:<32} {calls:6d} calls {per_step:8.1f} us/step "
-                f"{per_step * steps / calls:8.1f} us/call (thread CPU, median)"
-            )
+    medians = {
+        kind: _print_kind(case.name, variant, trace, runs[kind])
+        for kind, variant in variants.items()
+    }
     if "hybridkv" in medians and "native" in medians:
         ours, theirs = medians["hybridkv"], medians["native"]
         print(

@@ -30,7 +30,7 @@ What makes it cheap (the reference re-hashes every request and rescans every job
 hashes grow incrementally per request and each offload key is built once
 (:mod:`hybridkv.connector.requests`); the claim search is
 linear in the units it inspects (:mod:`hybridkv.connector.claims`) and its answer is remembered
-per waiting request until the store's statuses or the failure memory change; per-request
+per waiting request until a key it read changes status or the failure memory changes; per-request
 counters replace scans over the jobs in flight; the failure memory and salt record forget keys
 through the departures the core itself causes (:mod:`hybridkv.connector.memory`) instead of
 rescanning every remembered key each step.
@@ -74,6 +74,7 @@ from hybridkv.errors import HybridKVConfigError
 from hybridkv.kinds import GroupKind
 from hybridkv.planner import HybridOffloadPlanner
 from hybridkv.store import (
+    EntryState,
     HostStore,
     LookupResult,
     PrepareLoadOutput,
@@ -85,6 +86,8 @@ __all__ = ["ConnectorCore", "ConnectorStats", "LoadMode"]
 
 _LOAD, _STORE = TransferKind.LOAD, TransferKind.STORE
 _NORMAL, _LOW = StorePriority.NORMAL, StorePriority.LOW
+# Values, so one of each serves every lookup (a Claim checks its fields when built).
+_DEFER, _NONE = Claim(ClaimKind.DEFER), Claim(ClaimKind.NONE)
 
 
 class ConnectorCore(CoreQueries, OutsideWork):
@@ -137,7 +140,11 @@ class ConnectorCore(CoreQueries, OutsideWork):
         self._unsent_loads: list[JobId] = []
         self._loads: dict[RequestId, LoadRecord] = {}
         self._memory = KeyMemory(store)
-        self._claim_memo: dict[RequestId, tuple[tuple[Any, ...], int, bool]] = {}
+        # Per request: (start, tokens, salt, failure epoch), end, defer, the keys the search
+        # read and their statuses then (_decide).
+        self._claim_memo: dict[
+            RequestId, tuple[tuple[Any, ...], int, bool, list[bytes], tuple[EntryState | None, ...]]
+        ] = {}
         self._delayed: set[RequestId] = set()
         self._unsent_delayed: set[RequestId] = set()
         self._asked: dict[RequestId, int] = {}
@@ -210,15 +217,15 @@ class ConnectorCore(CoreQueries, OutsideWork):
         record = self._loads.get(rid)
         if record is not None and record.in_flight:
             self._count["deferred"] += 1
-            return Claim(ClaimKind.DEFER)
+            return _DEFER
         if rid in self._restarting:
-            return Claim(ClaimKind.NONE)  # salvage off (``_set_salvage``)
+            return _NONE  # salvage off (``_set_salvage``)
         end, defer = self._decide(request, start)
         if defer:
             self._count["deferred"] += 1
-            return Claim(ClaimKind.DEFER)
+            return _DEFER
         if end == start:
-            return Claim(ClaimKind.NONE)
+            return _NONE
         self._count["claims"] += 1
         self._count["claimed_tokens"] += end - start
         kind = ClaimKind.ASYNC if self.load_mode is LoadMode.ASYNC else ClaimKind.SYNC
@@ -421,28 +428,37 @@ class ConnectorCore(CoreQueries, OutsideWork):
 
     def _decide(self, request: RequestView, start: int) -> tuple[int, bool]:
         """The claim rule's answer, remembered per request: a scheduler asks a waiting request
-        again every step, and the answer changes only with its tokens, its start, the store's
-        statuses (every status change moves one of the store's reserved, stored, removed or
-        evicted counters) or the failure memory."""
-        memo_key = (
-            start,
-            len(request.token_ids),
-            request.cache_salt,
-            self.store.status_counts(),  # reserved, stored, removed, evicted
-            self._memory.epoch,
-        )
+        again every step, and the answer changes only with its tokens, its start, the failure
+        memory or the status of a key the search read.
+
+        The search (:func:`~hybridkv.connector.claims.decide_claim`) is deterministic: which
+        key it reads next depends only on what it read before, so while every key it read has
+        its status, the same search reads the same keys and gives the same answer. The memo
+        keeps those keys and their statuses and compares them again (one C-level pass,
+        :meth:`HostStore.entry_states`) instead of searching; it used to be dropped whenever any
+        key of the store changed status, which on a busy host is every step."""
+        memo_key = (start, len(request.token_ids), request.cache_salt, self._memory.epoch)
+        store = self.store
         memo = self._claim_memo.get(request.request_id)
-        if memo is not None and memo[0] == memo_key:
+        if memo is not None and memo[0] == memo_key and store.entry_states(memo[3]) == memo[4]:
             return memo[1], memo[2]
+        read: list[bytes] = []
         end, defer = decide_claim(
             self.geometry,
             self._keys(request).key,
             len(request.token_ids),
             start,
-            status=self.store.status,
+            status=store.status,
             failed=self._memory.failed,
+            read=read,
         )
-        self._claim_memo[request.request_id] = (memo_key, end, defer)
+        self._claim_memo[request.request_id] = (
+            memo_key,
+            end,
+            defer,
+            read,
+            store.entry_states(read),
+        )
         return end, defer
 
     def _loadable(self, key: bytes) -> bool:

@@ -49,8 +49,10 @@ class ConnectorGeometry:
         planner: the offload geometry (units, claim unit, hash contract).
         scheduler_block: ``lcm`` of the block sizes (the scheduler's computed-count alignment).
         align: where a claim may end: ``lcm(claim_unit, scheduler_block)``.
-        scan_order: group indices MAMBA first, then SLIDING, then FULL: the claim search asks
-            the cheapest, most selective groups first.
+        scan_order: group indices MAMBA first, then FULL, then SLIDING: the claim search asks
+            the cheapest, most selective groups first (a mamba group reads one state per
+            candidate; a full-attention group is read from the bottom, once per search, and
+            ends it at the first unit the host lacks: :mod:`hybridkv.connector.claims`).
         distinct_units: the different unit sizes, ascending (a step completes a unit of some
             group exactly when it crosses a multiple of one of them).
     """
@@ -99,7 +101,7 @@ class ConnectorGeometry:
         reaches = _reaches(sliding_windows, len(kinds), planner.max_model_len)
         blocks = tuple(block for _, block in planner.groups)
         scheduler_block = math.lcm(*blocks)
-        rank = {GroupKind.MAMBA: 0, GroupKind.SLIDING: 1, GroupKind.FULL: 2}
+        rank = {GroupKind.MAMBA: 0, GroupKind.FULL: 1, GroupKind.SLIDING: 2}
         return cls(
             kinds=kinds,
             reaches=reaches,
@@ -126,6 +128,18 @@ class ConnectorGeometry:
             if start // u != end // u:
                 return True
         return False
+
+    def claim_limit(self, num_tokens: int) -> int:
+        """The largest claim end the claim rule considers for ``num_tokens`` tokens: the
+        planner's ``claimable_prefix_tokens`` rounded down to ``align``.
+
+        Pre: ``num_tokens`` is an int >= 0 (a request's token count): the planner's argument
+        check is skipped, since a claim search asks this once per group scanned."""
+        claim = self.planner.claim_unit
+        if num_tokens <= claim:
+            return 0
+        limit = (num_tokens - 1) // claim * claim
+        return limit - limit % self.align
 
     def first_needed(self, group_idx: int, start: int, end: int) -> int:
         """The first unit index group ``group_idx`` needs to resume at ``end`` from ``start``.

@@ -36,7 +36,12 @@ class RequestKeys:
         ``cache_salt``); ``engine_hashes``: the views carry the engine's block hashes."""
         self._geometry = geometry
         self._salt = cache_salt
-        self._hashes = RequestHashList(geometry.planner.hash_block_size, cache_salt=cache_salt)
+        # Hashed here only without the engine's hashes (built once per request otherwise).
+        self._hashes = (
+            None
+            if engine_hashes
+            else RequestHashList(geometry.planner.hash_block_size, cache_salt=cache_salt)
+        )
         self._engine = engine_hashes
         self._given: tuple[bytes, ...] = ()
         self._seen = 0
@@ -74,7 +79,7 @@ class RequestKeys:
             self._given = given  # the engine hashed them: nothing computed here
             self._seen = len(tokens)
             return 0
-        if len(tokens) <= self._seen:
+        if len(tokens) <= self._seen or self._hashes is None:  # None: an engine chain (Pre)
             return 0
         new = self._hashes.append_tokens(tokens[self._seen :])
         self._seen = len(tokens)
@@ -83,7 +88,7 @@ class RequestKeys:
     @property
     def hashes_computed(self) -> int:
         """Block hashes this chain has computed in its life (each once)."""
-        return self._hashes.hashes_computed
+        return 0 if self._hashes is None else self._hashes.hashes_computed
 
     def key(self, group_idx: int, unit: int) -> bytes:
         """The offload key of unit ``unit`` of group ``group_idx``.
@@ -95,7 +100,7 @@ class RequestKeys:
             return built[unit]
         geometry = self._geometry
         stride, suffix = geometry.strides[group_idx], geometry.suffixes[group_idx]
-        hashes = self._given if self._engine else self._hashes
+        hashes = self._given if self._hashes is None else self._hashes
         if unit < 0:
             return hashes[(unit + 1) * stride - 1] + suffix  # as asked; not kept
         for j in range(len(built), unit + 1):  # IndexError past the hashed tokens, as before

@@ -11,7 +11,10 @@ size is at least ``floor(p)`` take from T1, otherwise (or when T1 has none left)
 as a last resort T1 again. Victims become the most recent ghosts of their list; each ghost list
 is then cut to ``capacity`` from its least recent end (``popitem(last=False)``, no copy).
 
-``p`` is an exact ``Fraction``, as in the reference, so the snapshot's ``target`` agrees.
+``p`` is an exact fraction, as in the reference, so the snapshot's ``target`` agrees. It is
+kept as a numerator and a denominator in lowest terms (ints: ``Fraction`` arithmetic is pure
+Python, several calls per step on a host that evicts) and read as a ``Fraction``
+(:attr:`ARCPolicy.target`).
 Touching a STORING entry keeps it in T1 (its first use is its store, not a reuse).
 """
 
@@ -27,8 +30,7 @@ from hybridkv.store.policy import Evictable, EvictionPolicy
 
 __all__ = ["ARCPolicy"]
 
-_ONE = Fraction(1)
-_ZERO = Fraction(0)
+_ZERO_P = (0, 1)
 _ABSENT = object()  # pop() default: tells "not in this list" from any stored value
 
 
@@ -39,7 +41,7 @@ class ARCPolicy(EvictionPolicy):
 
     def __init__(self, capacity: int) -> None:
         super().__init__(capacity)
-        self.target = _ZERO
+        self._p = _ZERO_P  # target p as (numerator, denominator > 0), lowest terms
         self._t1: OrderedDict[bytes, None] = OrderedDict()
         self._t2: OrderedDict[bytes, None] = OrderedDict()
         self._b1: OrderedDict[bytes, None] = OrderedDict()
@@ -65,10 +67,10 @@ class ARCPolicy(EvictionPolicy):
     def on_miss(self, key: bytes) -> None:
         """A ghost hit adapts ``p`` and moves the ghost to its list's MRU end."""
         if key in self._b1:
-            self.target = self._adapted(self.target, key)
+            self._p = self._adapted(self._p, key)
             self._b1.move_to_end(key)
         elif key in self._b2:
-            self.target = self._adapted(self.target, key)
+            self._p = self._adapted(self._p, key)
             self._b2.move_to_end(key)
 
     def on_remove(self, key: bytes) -> None:
@@ -93,7 +95,8 @@ class ARCPolicy(EvictionPolicy):
         """The ``n`` victims with ``p`` first adapted to ``incoming``; pure."""
         if n <= 0:
             return ()
-        target = math.floor(self._target_after(incoming))
+        numerator, denominator = self._target_after(incoming)
+        target = numerator // denominator  # floor(p)
         t1: Iterator[bytes] = filter(evictable, self._t1)
         t2: Iterator[bytes] = filter(evictable, self._t2)
         t1_size = len(self._t1)
@@ -124,31 +127,46 @@ class ARCPolicy(EvictionPolicy):
         """The four lists (hex keys, least recent first) and ``target`` as (numer, denom)."""
         lists = {"t1": self._t1, "t2": self._t2, "b1": self._b1, "b2": self._b2}
         view: dict[str, Any] = {name: tuple(k.hex() for k in keys) for name, keys in lists.items()}
-        view["target"] = (self.target.numerator, self.target.denominator)
+        view["target"] = self._p
         return view
 
     def copy(self) -> ARCPolicy:
         """An independent copy."""
         twin = ARCPolicy(self.capacity)
-        twin.target = self.target
+        twin._p = self._p
         twin._t1, twin._t2 = OrderedDict(self._t1), OrderedDict(self._t2)
         twin._b1, twin._b2 = OrderedDict(self._b1), OrderedDict(self._b2)
         return twin
 
-    def _target_after(self, misses: Sequence[bytes]) -> Fraction:
+    @property
+    def target(self) -> Fraction:
+        """The target size ``p`` of T1, exact."""
+        return Fraction(*self._p)
+
+    def _target_after(self, misses: Sequence[bytes]) -> tuple[int, int]:
         # Ghost hits change only p (ghost sizes stay), so folding them is exact and pure.
-        target = self.target
-        if self._b1 or self._b2:
+        target = self._p
+        b1, b2 = self._b1, self._b2
+        if b1 or b2:
             for key in misses:
-                target = self._adapted(target, key)
+                if key in b1 or key in b2:  # only a ghost moves p
+                    target = self._adapted(target, key)
         return target
 
-    def _adapted(self, target: Fraction, key: bytes) -> Fraction:
+    def _adapted(self, target: tuple[int, int], key: bytes) -> tuple[int, int]:
+        """``p`` after a miss on ``key``: up by ``max(1, |B2|/|B1|)`` (at most capacity) on a
+        B1 ghost, down by ``max(1, |B1|/|B2|)`` (at least 0) on a B2 ghost; in lowest terms."""
+        n, d = target
         b1, b2 = len(self._b1), len(self._b2)
         if key in self._b1:
-            step = Fraction(b2, b1) if b2 > b1 else _ONE
-            return min(target + step, Fraction(self.capacity))
-        if key in self._b2:
-            step = Fraction(b1, b2) if b1 > b2 else _ONE
-            return max(target - step, _ZERO)
-        return target
+            n, d = (n * b1 + b2 * d, d * b1) if b2 > b1 else (n + d, d)
+            if n >= self.capacity * d:
+                return (self.capacity, 1)
+        elif key in self._b2:
+            n, d = (n * b2 - b1 * d, d * b2) if b1 > b2 else (n - d, d)
+            if n <= 0:
+                return _ZERO_P
+        else:
+            return target
+        common = math.gcd(n, d)
+        return (n // common, d // common)

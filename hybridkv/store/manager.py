@@ -125,6 +125,13 @@ class HostStore:
             return LookupResult.HIT
         return LookupResult.MISS if found is None else LookupResult.HIT_PENDING
 
+    def entry_states(self, keys: Sequence[bytes]) -> tuple[EntryState | None, ...]:
+        """Each key's entry state, None when it has no entry, in order (repeats allowed): what
+        :meth:`status` reads, in C-level passes. A memo of answers that read these keys keeps
+        them while this tuple is unchanged (the states are compared by identity, so no enum
+        is hashed). Changes nothing."""
+        return tuple(map(self._state.get, _valid_keys(keys, distinct=False)))
+
     def lookup(self, keys: Sequence[bytes]) -> LookupOutcome:
         """How many keys from the head are READY, and the status of the first that is not.
 
@@ -426,6 +433,7 @@ def _fresh_policy(policy: str | EvictionPolicy, capacity: int) -> EvictionPolicy
 
 
 _LISTS = (list, tuple)  # containers that are surely key sequences, checked without isinstance
+_BYTES_ONLY = frozenset({bytes})
 
 
 def _valid_key(field: str, key: object) -> bytes:
@@ -440,9 +448,10 @@ def _valid_keys(keys: object, *, distinct: bool) -> tuple[bytes, ...]:
     ):
         raise HybridKVConfigError("keys", keys, "is not a sequence of keys", "pass a list of keys")
     valid: tuple[bytes, ...] = tuple(cast("Iterable[bytes]", keys))
-    # The common case (all non-empty bytes) is one C-level pass; otherwise the key-by-key
-    # check finds the first bad key to name.
-    if not (all(type(key) is bytes for key in valid) and all(valid)):
+    # The common case (all non-empty bytes) is two C-level passes (the key types as a set,
+    # then truthiness: an empty bytes is false); otherwise the key-by-key check finds the
+    # first bad key to name.
+    if not ({*map(type, valid)} <= _BYTES_ONLY and all(valid)):
         for key in valid:
             _valid_key("keys", key)
     if distinct and len(set(valid)) != len(valid):

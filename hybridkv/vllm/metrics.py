@@ -43,6 +43,8 @@ from hybridkv.store import EventKind, LookupResult, StoreEvent
 from hybridkv.vllm.events import BlockPayloads
 from hybridkv.vllm.reclaim import ReclaimGuard
 
+_HIT, _MISS = LookupResult.HIT, LookupResult.MISS
+
 __all__ = [
     "ALL_COUNTERS",
     "COUNTERS",
@@ -268,12 +270,16 @@ class GroupAgreement:
         if self._seen.get(view.request_id) == position:
             return
         self._seen[view.request_id] = position
-        if claimed and start + claimed == _largest_candidate(core, len(view.token_ids)):
+        if claimed and start + claimed == core.geometry.claim_limit(len(view.token_ids)):
             # Every group's needed keys at the largest candidate end are READY and not failed
             # (the core claimed it), so each group alone reaches that end too: they agree,
             # and the per-group scans would only confirm it.
             return
-        if len(set(self.group_ends(core, view, start))) > 1:
+        # The groups disagree as soon as one group's end differs from the first's: the scans
+        # of the groups after it could not make them agree again.
+        ends = self._ends(core, view, start)
+        first = next(ends)
+        if any(end != first for end in ends):
             self.count += 1
 
     def forget(self, request_id: str) -> None:
@@ -282,19 +288,23 @@ class GroupAgreement:
     @staticmethod
     def group_ends(core: ConnectorCore, view: RequestView, start: int) -> tuple[int, ...]:
         """Each group's own claim end from ``start`` (``start`` when it has nothing)."""
-        geometry, store = core.geometry, core.store
+        return tuple(GroupAgreement._ends(core, view, start))
+
+    @staticmethod
+    def _ends(core: ConnectorCore, view: RequestView, start: int) -> Iterator[int]:
+        """:meth:`group_ends`, one group at a time, each scanned only when asked for."""
+        geometry, status = core.geometry, core.store.status
         keys = core.request_keys(view)
         failed = core.failed_keys()
 
         def ready_only(key: bytes) -> LookupResult:  # STORING counts as absent here
-            found = store.status(key)
-            return found if found is LookupResult.HIT else LookupResult.MISS
+            found = status(key)
+            return found if found is _HIT else _MISS
 
-        ends = []
         # Only group g is scanned: every other group's keys count as READY and never failed,
         # so their scans could not lower or defer the answer (decide_claim's ``groups``).
         for g in range(geometry.num_groups):
-            decision = decide_claim(
+            yield decide_claim(
                 geometry,
                 keys.key,
                 len(view.token_ids),
@@ -302,16 +312,7 @@ class GroupAgreement:
                 status=ready_only,
                 failed=failed,
                 groups=(g,),
-            )
-            ends.append(decision.end)
-        return tuple(ends)
-
-
-def _largest_candidate(core: ConnectorCore, num_tokens: int) -> int:
-    """The largest end the claim rule considers for ``num_tokens`` tokens (decide_claim)."""
-    geometry = core.geometry
-    limit = geometry.planner.claimable_prefix_tokens(num_tokens)
-    return limit - limit % geometry.align
+            ).end
 
 
 def store_events_to_vllm(

@@ -109,6 +109,28 @@ def test_a_claim_looks_each_key_up_a_bounded_number_of_times() -> None:
     assert store.lookups == again
 
 
+def test_a_re_ask_is_searched_again_only_when_a_key_it_read_moved() -> None:
+    core = _core()
+    tokens = tuple(range(1, 402))  # 400 claimable tokens: 100 units per group
+    core.seed(_view("S", tokens), 200)  # the host holds the first half
+    store = core.store
+    assert isinstance(store, CountingStore)
+    first = core.get_num_new_matched_tokens(_view("B", tokens), 0)
+    assert (first.kind, first.num_tokens) == (ClaimKind.ASYNC, 200)
+    # Another request's keys change status (stored): nothing B's search read moved, so the
+    # re-ask is answered from memory, with no per-key lookup.
+    core.seed(_view("C", tuple(range(5001, 5402))), 400)
+    before = store.lookups
+    assert core.get_num_new_matched_tokens(_view("B", tokens), 0) == first
+    assert store.lookups == before
+    # A key B's search read (the first absent unit past the claim) becomes READY: the re-ask
+    # searches again and claims further.
+    core.seed(_view("S", tokens), 400)
+    again = core.get_num_new_matched_tokens(_view("B", tokens), 0)
+    assert store.lookups > before
+    assert (again.kind, again.num_tokens) == (ClaimKind.ASYNC, 400)
+
+
 def test_a_claim_past_a_hole_jumps_instead_of_walking_every_end() -> None:
     core = _core()
     tokens = tuple(range(1, 2002))
