@@ -57,6 +57,7 @@ _CORE_TESTS = (
 
 MODULES: dict[str, tuple[str, ...]] = {
     "hybridkv/planner.py": (
+        "tests/test_planner_contract.py",
         "tests/differential/test_planner_agreement.py",
         "tests/connector/test_connector_errors.py",
         "tests/cli/test_plan_fuzz.py",
