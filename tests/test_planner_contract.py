@@ -320,3 +320,23 @@ def test_the_snapshot_is_plain_data_in_the_schema_order() -> None:
     assert shot["units"] == (64, 64)
     shot["units"] = ()
     assert planner.snapshot()["units"] == (64, 64)
+
+
+def test_every_derived_count_is_an_int() -> None:
+    # The PL-* predicates and the snapshot schema read ints: a float that equals the int
+    # (2.0 for 2) would pass an equality and still change what the snapshot exports.
+    planner = plan([(FULL, 128), (SLIDING, 96), (MAMBA, 64)], 16, 64, 4096)
+    counts = (
+        *planner.units,
+        *planner.hash_factors,
+        *planner.first_storable_chunks,
+        planner.claim_unit,
+        planner.shortest_hit_prompt,
+        planner.chunk_count_for_tokens(250),
+        planner.storable_prefix_tokens(250),
+        planner.claimable_prefix_tokens(250),
+        *planner.group_covered_tokens(3),
+        planner.unit_hash_index(1, 2),
+    )
+    assert [type(count) for count in counts] == [int] * len(counts)
+    assert [type(flag) for flag in planner.splittable] == [bool] * 3

@@ -102,8 +102,9 @@ def test_a_used_policy_is_refused_whole(used: str) -> None:
     )
 
 
-@pytest.mark.parametrize("policy", [LRUPolicy(2), ARCPolicy(2)])
-def test_a_fresh_policy_object_is_the_one_used(policy: LRUPolicy | ARCPolicy) -> None:
+@pytest.mark.parametrize("policy_type", [LRUPolicy, ARCPolicy])
+def test_a_fresh_policy_object_is_the_one_used(policy_type: type[LRUPolicy | ARCPolicy]) -> None:
+    policy = policy_type(2)  # built here: a store fills it, so no two runs may share it
     store = HostStore(2, policy)
     store.prepare_store([A])
     assert policy.resident() == (A,)
