@@ -1,0 +1,61 @@
+"""The eviction policies' own contract, called directly: what a policy promises any caller.
+
+The store (hybridkv.store.HostStore) never asks a policy for zero victims and copies only
+through its own ``copy``; the differential and stateful tests reach the policies through the
+store. These call :class:`~hybridkv.store.LRUPolicy` and :class:`~hybridkv.store.ARCPolicy`
+as a custom store or a test would (both are exported): ``victims(0, ...)`` is empty, and
+``copy`` is a policy of the same capacity and order that shares nothing with the original.
+They were written for the mutants mutmut left alive in ``tools/mutants.py``'s runs over
+lru.py and arc.py (docs/explanation/mutations.md, "Whole modules under mutmut").
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from hybridkv.store import ARCPolicy, HostStore, LRUPolicy, PrepareStoreOutput
+
+A, B, C, D = (name.encode() for name in "abcd")
+POLICIES = [LRUPolicy, ARCPolicy]
+
+
+def anything(key: bytes) -> bool:
+    return True
+
+
+@pytest.mark.parametrize("policy_type", POLICIES)
+def test_no_victim_is_asked_for_none(policy_type: type[LRUPolicy | ARCPolicy]) -> None:
+    policy = policy_type(3)
+    for key in (A, B, C):
+        policy.on_insert(key)
+    assert policy.victims(0, anything, ()) == ()
+    assert policy.victims(-1, anything, (D,)) == ()
+    assert policy.victims(1, anything, ()) == (A,)
+
+
+def test_a_copied_lru_keeps_capacity_and_order_and_shares_nothing() -> None:
+    policy = LRUPolicy(3)
+    for key in (A, B, C):
+        policy.on_insert(key)
+    policy.on_access(A, ready=True)
+    twin = policy.copy()
+    assert type(twin) is LRUPolicy
+    assert (twin.capacity, twin.resident(), twin.ghosts()) == (3, (B, C, A), ())
+    assert twin.snapshot() == policy.snapshot()
+    twin.on_evict([B])
+    twin.on_insert(D)
+    assert policy.resident() == (B, C, A)
+    assert twin.resident() == (C, A, D)
+    assert twin.victims(2, anything, ()) == (C, A)
+
+
+def test_a_copied_lru_store_evicts_on_its_own() -> None:
+    store = HostStore(2, "lru")
+    out = store.prepare_store([A, B])
+    assert isinstance(out, PrepareStoreOutput)
+    store.complete_store(out.keys_to_store, success=True)
+    # Keys reach the policy tail first: a is the most recent, b the next victim.
+    twin = store.copy()
+    twin.touch([B])
+    assert twin.prepare_store([C]) == PrepareStoreOutput((C,), (A,))
+    assert store.prepare_store([D]) == PrepareStoreOutput((D,), (B,))
