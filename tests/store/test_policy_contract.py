@@ -59,3 +59,43 @@ def test_a_copied_lru_store_evicts_on_its_own() -> None:
     twin.touch([B])
     assert twin.prepare_store([C]) == PrepareStoreOutput((C,), (A,))
     assert store.prepare_store([D]) == PrepareStoreOutput((D,), (B,))
+
+
+def arc_with_history() -> ARCPolicy:
+    """T1 = [c], T2 = [b], B1 = [a], target 1 after a ghost hit on a."""
+    policy = ARCPolicy(2)
+    for key in (A, B):
+        policy.on_insert(key)
+    policy.on_access(B, ready=True)  # b: T1 -> T2
+    policy.on_evict([A])  # a: T1 -> B1
+    policy.on_insert(C)
+    policy.on_miss(A)  # a B1 ghost hit: target 0 -> 1
+    return policy
+
+
+def test_a_copied_arc_keeps_lists_and_target_and_shares_nothing() -> None:
+    policy = arc_with_history()
+    assert policy.extra() == {
+        "t1": (C.hex(),),
+        "t2": (B.hex(),),
+        "b1": (A.hex(),),
+        "b2": (),
+        "target": (1, 1),
+    }
+    twin = policy.copy()
+    assert type(twin) is ARCPolicy
+    assert twin.capacity == 2
+    assert twin.snapshot() == policy.snapshot()
+    twin.on_evict([B, C])  # b -> B2, c -> B1
+    twin.on_miss(B)  # a B2 ghost hit: target 1 -> 0
+    twin.on_insert(D)
+    assert twin.extra() == {
+        "t1": (D.hex(),),
+        "t2": (),
+        "b1": (A.hex(), C.hex()),
+        "b2": (B.hex(),),
+        "target": (0, 1),
+    }
+    assert policy.extra()["t1"] == (C.hex(),)
+    assert policy.extra()["target"] == (1, 1)
+    assert policy.snapshot() == arc_with_history().snapshot()
