@@ -15,7 +15,7 @@ import pytest
 
 from hybridkv.store import ARCPolicy, HostStore, LRUPolicy, PrepareStoreOutput
 
-A, B, C, D = (name.encode() for name in "abcd")
+A, B, C, D, E = (name.encode() for name in "abcde")
 POLICIES = [LRUPolicy, ARCPolicy]
 
 
@@ -99,3 +99,71 @@ def test_a_copied_arc_keeps_lists_and_target_and_shares_nothing() -> None:
     assert policy.extra()["t1"] == (C.hex(),)
     assert policy.extra()["target"] == (1, 1)
     assert policy.snapshot() == arc_with_history().snapshot()
+
+
+def arc_with_ghosts(capacity: int, b1: tuple[bytes, ...], b2: tuple[bytes, ...]) -> ARCPolicy:
+    """An ARC policy whose only state is the ghost lists ``b1`` and ``b2`` (least recent first)."""
+    policy = ARCPolicy(capacity)
+    for key in b2:
+        policy.on_insert(key)
+        policy.on_access(key, ready=True)  # T1 -> T2, so that its eviction leaves a B2 ghost
+    policy.on_evict(b2)
+    for key in b1:
+        policy.on_insert(key)
+    policy.on_evict(b1)
+    assert policy.ghosts() == (*b1, *b2)
+    return policy
+
+
+def target(policy: ARCPolicy) -> tuple[int, int]:
+    numerator, denominator = policy.extra()["target"]
+    return numerator, denominator
+
+
+def test_a_b1_ghost_hit_raises_the_target_by_the_ghost_ratio_up_to_capacity() -> None:
+    # |B1| = 2 < |B2| = 3: a B1 hit adds 3/2; the target never passes the capacity (4).
+    policy = arc_with_ghosts(4, (A, B), (C, D, E))
+    policy.on_miss(A)
+    assert target(policy) == (3, 2)
+    assert policy.extra()["b1"] == (B.hex(), A.hex())  # the ghost moved to its MRU end
+    policy.on_miss(B)
+    assert target(policy) == (3, 1)
+    policy.on_miss(A)
+    assert target(policy) == (4, 1)
+
+
+def test_a_b1_ghost_hit_adds_one_when_b2_is_not_longer() -> None:
+    for b2 in ((C, D), (C,)):
+        policy = arc_with_ghosts(4, (A, B), b2)
+        policy.on_miss(A)
+        assert target(policy) == (1, 1)
+
+
+def test_a_b2_ghost_hit_lowers_the_target_by_the_ghost_ratio_down_to_zero() -> None:
+    # |B1| = 3 > |B2| = 1: a B2 hit takes 3 off; the target never goes below 0.
+    policy = arc_with_ghosts(4, (A, B, C), (D,))
+    for key in (A, B, C, A):
+        policy.on_miss(key)
+    assert target(policy) == (4, 1)
+    policy.on_miss(D)
+    assert target(policy) == (1, 1)
+    assert policy.extra()["b2"] == (D.hex(),)
+    policy.on_miss(D)
+    assert target(policy) == (0, 1)
+
+
+def test_a_b2_ghost_hit_takes_one_off_when_b1_is_not_longer() -> None:
+    for b1 in ((A, B), (A,)):
+        policy = arc_with_ghosts(4, b1, (C, D))
+        for key in b1:
+            policy.on_miss(key)
+        before = target(policy)[0]
+        policy.on_miss(C)
+        assert target(policy) == (before - 1, 1)
+
+
+def test_a_miss_that_is_no_ghost_changes_nothing() -> None:
+    policy = arc_with_ghosts(4, (A,), (B,))
+    before = policy.snapshot()
+    policy.on_miss(C)
+    assert policy.snapshot() == before
