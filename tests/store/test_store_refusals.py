@@ -208,3 +208,37 @@ def test_completing_a_store_not_in_flight_names_the_key(keys: list[bytes], idle:
         idle,
         ("has no store in flight", "complete once"),
     )
+
+
+class LookAlike:
+    """Hashes and compares like the bytes key it wraps, and is not bytes: not an offload key."""
+
+    def __init__(self, key: bytes) -> None:
+        self.key = key
+
+    def __hash__(self) -> int:
+        return hash(self.key)
+
+    def __eq__(self, other: object) -> bool:
+        return other == self.key
+
+    def __repr__(self) -> str:
+        return f"LookAlike({self.key!r})"
+
+
+def test_status_refuses_a_look_alike_of_a_resident_key() -> None:
+    # The dict lookup finds a's entry for the look-alike; the answer must still be a refusal.
+    look_alike = LookAlike(A)
+    refused(lambda: populated().status(loose(look_alike)), "key", look_alike, NOT_A_KEY)
+    assert populated().status(A).value == "hit"
+
+
+def test_slots_accept_repeated_keys() -> None:
+    assert populated().slots([B, A, B]) == (1, 0, 1)
+
+
+def test_a_store_sized_in_bytes_keeps_its_policy() -> None:
+    store = HostStore.from_bytes(3 * 4096 + 1, 4096, "arc")
+    assert store.capacity == 3
+    assert store.snapshot()["policy"]["name"] == "arc"
+    assert HostStore.from_bytes(4096, 4096).snapshot()["policy"]["name"] == "lru"
