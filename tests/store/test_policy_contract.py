@@ -167,3 +167,13 @@ def test_a_miss_that_is_no_ghost_changes_nothing() -> None:
     before = policy.snapshot()
     policy.on_miss(C)
     assert policy.snapshot() == before
+
+
+def test_a_b2_ghost_hit_steps_by_a_fraction() -> None:
+    # |B1| = 3, |B2| = 2: each B1 hit adds 1 (B2 is shorter), the B2 hit takes 3/2 off.
+    policy = arc_with_ghosts(5, (A, B, C), (D, E))
+    for key in (A, B, C):
+        policy.on_miss(key)
+    assert target(policy) == (3, 1)
+    policy.on_miss(D)
+    assert target(policy) == (3, 2)
