@@ -15,7 +15,7 @@ import pytest
 
 from hybridkv.store import ARCPolicy, HostStore, LRUPolicy, PrepareStoreOutput
 
-A, B, C, D, E = (name.encode() for name in "abcde")
+A, B, C, D, E, X, Y, Z = (name.encode() for name in "abcdexyz")
 POLICIES = [LRUPolicy, ARCPolicy]
 
 
@@ -177,3 +177,30 @@ def test_a_b2_ghost_hit_steps_by_a_fraction() -> None:
     assert target(policy) == (3, 1)
     policy.on_miss(D)
     assert target(policy) == (3, 2)
+
+
+def arc_before_three_ghost_hits() -> ARCPolicy:
+    """B1 = [x, y, z], T1 = [a, c], T2 = [b], target 0, capacity 3."""
+    policy = ARCPolicy(3)
+    for key in (X, Y, Z):
+        policy.on_insert(key)
+    policy.on_evict([X, Y, Z])
+    for key in (A, B):
+        policy.on_insert(key)
+    policy.on_access(B, ready=True)
+    policy.on_insert(C)
+    assert policy.resident() == (A, C, B)
+    return policy
+
+
+def test_arc_victims_follow_the_target_the_incoming_ghosts_would_set() -> None:
+    policy = arc_before_three_ghost_hits()
+    before = policy.snapshot()
+    # Target 0: T1 (2 keys) is at least floor(p), so T1's least recent goes first.
+    assert policy.victims(1, anything, ()) == (A,)
+    # Three B1 ghosts coming back would raise p to 3 > |T1|: T2 goes first, then T1.
+    assert policy.victims(1, anything, (X, Y, Z)) == (B,)
+    assert policy.victims(3, anything, (X, Y, Z)) == (B, A, C)
+    # No evictable key in T2: T1 after all.
+    assert policy.victims(1, lambda key: key != B, (X, Y, Z)) == (A,)
+    assert policy.snapshot() == before  # victims is pure
