@@ -201,6 +201,12 @@ def test_arc_victims_follow_the_target_the_incoming_ghosts_would_set() -> None:
     # Three B1 ghosts coming back would raise p to 3 > |T1|: T2 goes first, then T1.
     assert policy.victims(1, anything, (X, Y, Z)) == (B,)
     assert policy.victims(3, anything, (X, Y, Z)) == (B, A, C)
+    # Two ghosts raise p to 2: T1 gives one key, then has 1 < 2 left, so T2 gives the next.
+    assert policy.victims(2, anything, (X, Y)) == (A, B)
+    # One ghost raises p to 1: T1 gives one key and still has 1 >= 1, so it gives the next.
+    assert policy.victims(2, anything, (X,)) == (A, C)
+    # More victims asked than keys resident: every key, and no more.
+    assert policy.victims(4, anything, ()) == (A, C, B)
     # No evictable key in T2: T1 after all.
     assert policy.victims(1, lambda key: key != B, (X, Y, Z)) == (A,)
     assert policy.snapshot() == before  # victims is pure
