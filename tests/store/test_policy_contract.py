@@ -210,3 +210,11 @@ def test_arc_victims_follow_the_target_the_incoming_ghosts_would_set() -> None:
     # No evictable key in T2: T1 after all.
     assert policy.victims(1, lambda key: key != B, (X, Y, Z)) == (A,)
     assert policy.snapshot() == before  # victims is pure
+
+
+def test_arc_victims_count_t1_down_as_they_take_from_it() -> None:
+    # T1 = [a, c, d], T2 = [b]; two B1 ghosts raise p to 2: T1 gives a (3 -> 2 left, still
+    # >= 2), then c (1 left, below 2), then T2 gives b.
+    policy = arc_before_three_ghost_hits()
+    policy.on_insert(D)
+    assert policy.victims(3, anything, (X, Y)) == (A, C, B)
