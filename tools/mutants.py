@@ -20,7 +20,7 @@ equivalent is stale or was killed, or when mutmut could not run a module.
 
 Usage: ``python tools/mutants.py [--module hybridkv/planner.py ...] [--max-children N]
 [--json PATH] [--survivors]``; ``nox -s mutants`` installs what it needs. ``--survivors``
-prints each survivor's diff (what to triage).
+prints each survivor's diff (what to triage), and each timeout's (to check by hand).
 """
 
 from __future__ import annotations
@@ -282,6 +282,11 @@ def run_module(
                 survivors.append(name)
                 if show_survivors:
                     print(f"--- survivor ({verdict})", _diff(workdir, env, name), sep="\n")
+            elif verdict == "timeout" and show_survivors:
+                # Counted as killed, but each is to be applied by hand (a hang or a slow
+                # survivor): its diff is printed with the survivors', since the scratch folder
+                # that could show it is gone when the run ends.
+                print("--- timeout (counted as killed)", _diff(workdir, env, name), sep="\n")
         missing = sorted(set(equivalents) - set(verdicts))
         stale.extend(
             f"{name}: listed as equivalent but mutmut no longer generates it" for name in missing

@@ -34,6 +34,9 @@ LAYOUTS = {
     "full4+mamba8": (((FULL, 4), (MAMBA, 8)), 4, 8, ()),
     "full4+sliding4": (((FULL, 4), (SLIDING, 4)), 4, 4, (0, 9)),
     "mamba+sliding+full": (((MAMBA, 4), (SLIDING, 4), (FULL, 4)), 4, 8, (0, 13, 0)),
+    # Two sliding groups: the first one scanned (the wider window) is asked again at lower
+    # candidates whenever the second finds a hole, so its memory of hopeful units is used.
+    "sliding13+sliding9+full": (((SLIDING, 4), (SLIDING, 4), (FULL, 4)), 4, 4, (13, 9, 0)),
     "two-full-aligned-12": (((FULL, 4), (FULL, 6)), 2, 12, ()),
     # Chunks smaller than the blocks: claim unit 4 or 8, but claims end on the scheduler's
     # block (16 or 8), so the claimable limit is rounded down to the alignment.
@@ -99,6 +102,7 @@ def _random_store(rng: random.Random, geometry: ConnectorGeometry) -> dict[bytes
 def test_the_search_answers_the_plain_rule_on_random_stores(name: str) -> None:
     geometry = _geometry(name)
     rng = random.Random(name)
+    pass_read = random.Random(f"{name}/read")  # its own stream: the stores stay as they were
     answers: Counter[str] = Counter()
     for _ in range(400):
         store = _random_store(rng, geometry)
@@ -107,18 +111,24 @@ def test_the_search_answers_the_plain_rule_on_random_stores(name: str) -> None:
         start = rng.randrange(0, max(1, num_tokens)) // geometry.scheduler_block
         start *= geometry.scheduler_block
         asked: Counter[bytes] = Counter()
+        in_order: list[bytes] = []
 
         def status(
             key: bytes,
             store: dict[bytes, LookupResult] = store,
             asked: Counter[bytes] = asked,
+            in_order: list[bytes] = in_order,
         ) -> LookupResult:
             asked[key] += 1
+            in_order.append(key)
             return store.get(key, MISS)
 
         groups = geometry.scan_order
         if rng.random() < 0.3:  # a per-group look (the metric): other groups taken as READY
             groups = (rng.randrange(len(geometry.kinds)),)
+        # ``read`` (the core's claim memo) gets every key whose status was read, in order; a
+        # list already holding keys is appended to, not replaced.
+        read = [b"before"] if pass_read.random() < 0.5 else None
         got = decide_claim(
             geometry,
             _key,
@@ -127,7 +137,10 @@ def test_the_search_answers_the_plain_rule_on_random_stores(name: str) -> None:
             status=status,
             failed=failed,
             groups=None if len(groups) > 1 else groups,
+            read=read,
         )
+        if read is not None:
+            assert read == [b"before", *in_order]
         expected = _plain(
             geometry,
             num_tokens,
@@ -183,3 +196,59 @@ def test_nothing_is_asked_when_no_candidate_lies_past_the_start() -> None:
     assert asked == []
     assert decide_claim(geometry, _key, 9, 0, status=status, failed=()) == ClaimDecision(8, False)
     assert sorted(asked) == [_key(0, 0), _key(0, 1), _key(1, 0)]
+
+
+def test_a_full_group_the_host_lacks_from_its_first_unit_ends_the_search_at_once() -> None:
+    # Module docstring: a full-attention group is read from the bottom, so a prefix the host
+    # lacks ends the search after one lookup, not one per candidate (48 candidates here; a
+    # scan from the top would ask each candidate's last unit).
+    geometry = _geometry("two-full-aligned-12")
+    asked: list[bytes] = []
+
+    def status(key: bytes) -> LookupResult:
+        asked.append(key)
+        return MISS
+
+    assert decide_claim(geometry, _key, 97, 0, status=status, failed=()) == ClaimDecision(0, False)
+    assert asked == [_key(geometry.scan_order[0], 0)]
+    # Every unit READY but the first of the second full group: the first group is read whole
+    # once (24 units of 4 tokens), the second group once, at its first unit.
+    asked.clear()
+    store = {_key(0, j): HIT for j in range(24)} | {_key(1, j): HIT for j in range(1, 16)}
+
+    def stored(key: bytes) -> LookupResult:
+        asked.append(key)
+        return store.get(key, MISS)
+
+    decision = decide_claim(geometry, _key, 97, 0, status=stored, failed=())
+    assert decision == ClaimDecision(0, False)
+    assert sorted(asked) == sorted([*(_key(0, j) for j in range(24)), _key(1, 0)])
+
+
+def test_a_second_sliding_group_s_hole_sends_the_first_one_below_its_memory() -> None:
+    # sliding13+sliding9+full, units of 4 tokens, claims every 4: at 96 the full group reads
+    # its prefix, the first sliding group finds units 20..23 hopeful and the second finds unit
+    # 23 absent. At 92 the first group needs units 19..22: it knows 20..22 and reads 19 only
+    # (absent), so the claim falls to 76, where every needed unit is READY.
+    geometry = _geometry("sliding13+sliding9+full")
+    assert geometry.scan_order == (2, 0, 1)
+    store = {_key(g, j): HIT for g in range(3) for j in range(24)}
+    del store[_key(0, 19)], store[_key(1, 23)]
+    asked: Counter[bytes] = Counter()
+
+    def status(key: bytes) -> LookupResult:
+        asked[key] += 1
+        return store.get(key, MISS)
+
+    assert decide_claim(geometry, _key, 97, 0, status=status, failed=()) == ClaimDecision(76, False)
+    assert max(asked.values()) == 1
+    # Only unit 21 of the second group absent: at 84 the first group needs 17..20 and knows
+    # 20 from the look at 96; it reads 17..19 only, each unit once.
+    store[_key(0, 19)] = store[_key(1, 23)] = HIT
+    del store[_key(1, 21)]
+    asked.clear()
+    assert decide_claim(geometry, _key, 97, 0, status=status, failed=()) == ClaimDecision(84, False)
+    assert max(asked.values()) == 1
+    assert {j for g, j in (k.decode().split(":") for k in asked) if g == "0"} == {
+        str(j) for j in range(17, 24)
+    }

@@ -179,6 +179,21 @@ def test_a_b2_ghost_hit_steps_by_a_fraction() -> None:
     assert target(policy) == (3, 2)
 
 
+def test_arc_victims_compare_t1_with_the_floor_of_a_fractional_target() -> None:
+    # Target 3/2 (the test above), T1 = [x], T2 = [y]: |T1| = 1 is at least floor(3/2), so T1
+    # gives the victim (ARC's rule, module docstring); compared with 3/2 itself, T2 would.
+    policy = arc_with_ghosts(5, (A, B, C), (D, E))
+    for key in (A, B, C, D):
+        policy.on_miss(key)
+    assert target(policy) == (3, 2)
+    policy.on_insert(X)
+    policy.on_insert(Y)
+    policy.on_access(Y, ready=True)
+    assert policy.resident() == (X, Y)
+    assert policy.victims(1, anything, ()) == (X,)
+    assert policy.victims(2, anything, ()) == (X, Y)
+
+
 def arc_before_three_ghost_hits() -> ARCPolicy:
     """B1 = [x, y, z], T1 = [a, c], T2 = [b], target 0, capacity 3."""
     policy = ARCPolicy(3)
