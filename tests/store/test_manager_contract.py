@@ -158,3 +158,29 @@ def test_store_refused_when_named_resident_keys_leave_too_few_victims() -> None:
     # Two new keys need two victims; A is named by the call, so only B may go: refused.
     assert store.prepare_store([A, C, D]) is Refusal.NO_SPACE
     assert store.snapshot() == before
+
+
+def test_arc_victims_see_the_new_keys_tail_first() -> None:
+    """The victims are chosen with ``p`` adapted to the call's new keys in the order the
+    policy then sees them (tail first), every one of them: ``p`` is clamped to [0, capacity],
+    so another order, or skipping a key, moves it elsewhere and picks other victims."""
+    store = HostStore(3, "arc")
+    e, f, g = (name.encode() for name in "efg")
+    _ready(store, [g, f])
+    _ready(store, [f, A, g])
+    store.touch([g, B])
+    _ready(store, [g, D, B])
+    _ready(store, [f, C, e])
+    store.touch([B])
+    store.touch([e, D])
+    extra = store.snapshot()["policy"]["extra"]
+    assert (extra["t1"], extra["t2"]) == ((C.hex(), f.hex()), (e.hex(),))
+    assert (extra["b1"], extra["b2"], extra["target"]) == ((B.hex(), D.hex()), (g.hex(),), (3, 1))
+    # New keys (D, g), seen tail first: g is a B2 ghost, p = 3 - max(1, |B1|/|B2|) = 1; then
+    # D is a B1 ghost, p = 1 + max(1, |B2|/|B1|) = 2. Two victims: T1 holds 2 >= floor(p),
+    # so C; T1 then holds 1 < 2, so T2's e. (Head first, D would first push p to 3, clamped,
+    # then g to 1; g alone also gives 1: either way T1's C and f would go.)
+    out = store.prepare_store([D, g])
+    assert isinstance(out, PrepareStoreOutput)
+    assert out.evicted_keys == (C, e)
+    assert store.snapshot()["policy"]["extra"]["target"] == (2, 1)
