@@ -85,6 +85,8 @@ MODULES: dict[str, tuple[str, ...]] = {
     ),
     **{f"hybridkv/store/{name}.py": _STORE_TESTS for name in ("lru", "arc", "capacity", "values")},
     "hybridkv/store/manager.py": _MANAGER_TESTS,
+    # The policy base, its factory and the MIN oracle: the store's own tests reach them all.
+    **{f"hybridkv/store/{name}.py": ("tests/store",) for name in ("policy", "policies", "belady")},
     "hybridkv/connector/core.py": _CORE_TESTS,
     "hybridkv/connector/worker.py": (
         "tests/connector/test_worker_contract.py",
