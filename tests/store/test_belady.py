@@ -84,3 +84,46 @@ def test_min_refuses_when_only_unevictable_keys_are_left() -> None:
     twin = policy.copy()
     twin.on_insert(A)
     assert (policy.resident(), twin.resident(), twin.ghosts()) == ((), (A,), ())
+
+
+@pytest.mark.parametrize("position", [-1, True, 2.0, "3"])
+def test_a_use_that_is_not_a_position_is_refused_whole(position: object) -> None:
+    with pytest.raises(HybridKVConfigError) as bad:
+        FutureUses([(0, A), (position, B)])  # type: ignore[list-item]
+    error = bad.value
+    assert (error.field, error.value) == ("uses", position)
+    assert (error.problem, error.fix) == ("a position is an int >= 0", "number reads from 0")
+    assert str(error) == f"uses={position!r}: a position is an int >= 0; number reads from 0"
+
+
+def test_position_0_is_a_use_and_the_clock_starts_there() -> None:
+    future = FutureUses([(0, A), (0, B), (3, B)])
+    assert (future.now, future.next_use(A), future.next_use(B)) == (0, 0, 0)
+    future.advance(0)  # staying put is not going back
+    assert future.next_use(A) == 0
+    future.advance(1)
+    assert (future.next_use(A), future.next_use(B)) == (NEVER, 3)
+
+
+def test_a_clock_going_back_is_refused_whole_and_stays_where_it_was() -> None:
+    future = FutureUses([(5, A)])
+    future.advance(4)
+    with pytest.raises(HybridKVConfigError) as back:
+        future.advance(3)
+    error = back.value
+    assert (error.field, error.value) == ("position", 3)
+    assert (error.problem, error.fix) == ("is before the clock 4", "replay in order")
+    assert str(error) == "position=3: is before the clock 4; replay in order"
+    assert (future.now, future.next_use(A)) == (4, 5)
+
+
+def test_a_copy_keeps_capacity_oracle_and_order_and_shares_no_order() -> None:
+    future = FutureUses([(2, A), (1, B)])
+    policy = BeladyPolicy(3, future)
+    policy.on_insert(A)
+    policy.on_insert(B)
+    twin = policy.copy()
+    assert (twin.capacity, twin.future, twin.resident()) == (3, future, (A, B))
+    assert twin.victims(1, lambda key: True, ()) == (A,)  # A is read later than B
+    twin.on_remove(A)
+    assert (policy.resident(), twin.resident()) == ((A, B), (B,))
