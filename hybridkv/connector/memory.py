@@ -89,6 +89,8 @@ class KeyMemory:
         """Forget the failures and salts of keys ``store`` no longer holds (agrees with the
         reference's full rescan, module docstring)."""
         seen = _departures(store)
+        if seen == self._departures and not self._departed:
+            return  # nothing left the store since the last prune (most steps)
         if seen != self._departures:
             candidates: Iterable[bytes] = [*self._failed, *self._salts]
             self._departures = seen
