@@ -303,12 +303,6 @@ class ConnectorCore(CoreQueries, OutsideWork):
         refusal, as one store job; keys the host no longer holds leave the failure memory and
         the salt record; no asked position is kept.
         """
-        if self._unsent_loads:
-            jobs = self._jobs
-            loads = tuple([jobs[job_id][0] for job_id in self._unsent_loads])
-            self._unsent_loads = []
-        else:
-            loads = ()
         stores = []
         for scheduled in step.scheduled:
             self._restarting.discard(scheduled.request.request_id)
@@ -323,6 +317,29 @@ class ConnectorCore(CoreQueries, OutsideWork):
                 stores.append(job)
         if self._restarting and step.no_unit_ids:  # scheduled too: no longer restarting
             self._restarting.difference_update(step.no_unit_ids)
+        return self._step_meta(stores)
+
+    def build_unit_free_meta(self, scheduled_ids: Iterable[RequestId]) -> ConnectorMeta:
+        """:meth:`build_connector_meta` of a step in which no scheduled request completes a
+        unit, ``scheduled_ids`` naming every request it schedules: the same metadata and the
+        same changes as ``build_connector_meta(StepView(0, (), no_unit_ids=...))`` with those
+        ids, without a view of the step (most decode steps store nothing).
+
+        Pre: as :meth:`build_connector_meta`'s for ``no_unit_ids``."""
+        if self._restarting:  # scheduled: no longer restarting
+            self._restarting.difference_update(scheduled_ids)
+        return self._step_meta(())
+
+    def _step_meta(self, stores: Sequence[TransferJob]) -> ConnectorMeta:
+        """The end of every metadata, once its store jobs are built: the loads built since the
+        last one and the delayed frees not yet announced are taken, departed keys pruned from
+        the memory, asked positions forgotten."""
+        if self._unsent_loads:
+            jobs = self._jobs
+            loads = tuple([jobs[job_id][0] for job_id in self._unsent_loads])
+            self._unsent_loads = []
+        else:
+            loads = ()
         if self._unsent_delayed:
             delayed = frozenset(self._unsent_delayed)
             self._unsent_delayed = set()

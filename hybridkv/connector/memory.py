@@ -88,7 +88,8 @@ class KeyMemory:
     def prune(self, store: HostStore) -> None:
         """Forget the failures and salts of keys ``store`` no longer holds (agrees with the
         reference's full rescan, module docstring)."""
-        seen = _departures(store)
+        _, _, removed, evicted = store.status_counts()  # read every step: no StoreStats built
+        seen = evicted + removed
         if seen == self._departures and not self._departed:
             return  # nothing left the store since the last prune (most steps)
         if seen != self._departures:

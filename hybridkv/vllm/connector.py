@@ -77,7 +77,6 @@ from hybridkv.vllm.metrics import (
     TransferMeter,
     scheduler_counter_values,
     scheduler_counters,
-    scheduler_mark,
     store_events_to_vllm,
 )
 from hybridkv.vllm.platform_check import refuse_unsupported_platform
@@ -269,26 +268,32 @@ class HybridKVConnector(SchedulerRole, WorkerRole, KVConnectorBase_V1, SupportsH
         self._last_mark = mark
         # The counters are linear in the mark (scheduler_counter_values), so the increments
         # are the counters of the mark's difference: C-level passes, no dict per side.
-        moved = scheduler_counter_values(tuple(map(sub, mark, before)) if before is not None else mark)
+        moved = scheduler_counter_values(
+            tuple(map(sub, mark, before)) if before is not None else mark
+        )
         if not any(moved):
             return None  # only counts no counter reads moved (hashes, items)
         return HybridKVStats(dict(zip(SCHEDULER_COUNTERS, moved, strict=True)))
 
     def _stats_mark(self) -> tuple[int, ...] | None:
-        """Everything the scheduler side's counters are computed from
-        (:func:`~hybridkv.vllm.metrics.scheduler_mark`), or None (worker side, remote tier:
-        no mark, the counters are read each call). Equal marks give equal counters, so an
-        unchanged mark means a zero delta without building the counters."""
+        """Everything the scheduler side's counters are computed from, laid out as
+        :func:`~hybridkv.vllm.metrics.scheduler_mark` lays it out (built here in one frame: it
+        is read every step), or None (worker side, remote tier: no mark, the counters are
+        read each call). Equal marks give equal counters, so an unchanged mark means a zero
+        delta without building the counters."""
         core = self.core
         if core is None or self.remote is not None:
             return None
+        guard = self._reclaim
         deadlines = self.deadlines
-        return scheduler_mark(
-            core,
+        return (
+            *core.counts(),
+            guard.overridden,
+            guard.deferred,
+            guard.whole,
             self._agreement.count,
-            self._reclaim,
-            deadlines_fired=0 if deadlines is None else deadlines.fired,
-            deadline_answers=self._deadline_answers,
+            0 if deadlines is None else deadlines.fired,
+            self._deadline_answers,
         )
 
     def _counters(self) -> dict[str, int | float]:
@@ -331,7 +336,9 @@ class HybridKVConnector(SchedulerRole, WorkerRole, KVConnectorBase_V1, SupportsH
         """The host store's events since the last call as vLLM KV cache events (medium CPU),
         when vLLM's KV events are on. Drained every call either way: nothing else takes them,
         and an undrained store would grow its event list for the server's life."""
-        core = self._core()
+        core = self.core
+        if core is None:
+            raise RuntimeError("scheduler-side call on the worker-side HybridKVConnector")
         events = core.store.take_events()
         # Events on <=> payloads kept (__init__ reads kv_events_config once for both).
         if not events or self._payloads is None:

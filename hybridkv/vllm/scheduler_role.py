@@ -185,8 +185,13 @@ class SchedulerRole:
         # The core reads neither the finished ids (request_finished_all_groups tells it) nor
         # the preempted ones (a preempted request's next step is a restart it sees then), so
         # vLLM's sets are not copied into the step's view.
-        step = StepView(0, tuple(scheduled), no_unit_ids=frozenset(no_unit) if no_unit else _NO_IDS)
-        meta = core.build_connector_meta(step)
+        if scheduled:
+            step = StepView(
+                0, tuple(scheduled), no_unit_ids=frozenset(no_unit) if no_unit else _NO_IDS
+            )
+            meta = core.build_connector_meta(step)
+        else:  # no request completes a unit (most decode steps): no view of the step
+            meta = core.build_unit_free_meta(no_unit)
         load_jobs, store_jobs = meta.load_jobs, meta.store_jobs
         slots = {}
         if load_jobs or store_jobs:  # most decode steps have no job: nothing to name
