@@ -68,6 +68,8 @@ class KeyMemory:
 
     def stored(self, keys: Iterable[bytes]) -> None:
         """A store of ``keys`` succeeded: the host holds fresh copies, none is failed now."""
+        if not self._failed:
+            return  # nothing remembered as failed (almost always): no key to look up
         for key in keys:
             if self._failed.pop(key, None) is not None:
                 self.epoch += 1
