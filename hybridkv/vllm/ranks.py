@@ -92,14 +92,6 @@ class JobQuorum:
 
         Refusal: a job reported by more workers than exist (a worker reported it twice).
         """
-        if self.world_size == 1 and not self._pending:
-            # One worker and nothing held: a report of one worker is a whole quorum. Any other
-            # count (0 held, 2 refused) takes the general path below, from the same state.
-            reports = tuple(reports)
-            released = [JobResult(r.job_id, r.success) for r in reports if r.workers == 1]
-            if len(released) == len(reports):
-                released.sort()
-                return tuple(released)
         released = []
         for r in reports:
             workers, ok = self._pending.pop(r.job_id, (0, True))
