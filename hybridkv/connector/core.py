@@ -43,6 +43,7 @@ The core owns its store: keys enter and leave it through the core (``seed`` incl
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from operator import attrgetter
 from typing import Any
 
 from hybridkv.connector.api import (
@@ -88,6 +89,9 @@ _LOAD, _STORE = TransferKind.LOAD, TransferKind.STORE
 _NORMAL, _LOW = StorePriority.NORMAL, StorePriority.LOW
 # Values, so one of each serves every lookup (a Claim checks its fields when built).
 _DEFER, _NONE = Claim(ClaimKind.DEFER), Claim(ClaimKind.NONE)
+_NO_IDS: frozenset[RequestId] = frozenset()
+_NO_JOBS = ConnectorMeta((), (), _NO_IDS)  # a step with no job and no delayed free
+_KEY = attrgetter("key")  # an item's key, read in C
 
 
 class ConnectorCore(CoreQueries, OutsideWork):
@@ -299,9 +303,6 @@ class ConnectorCore(CoreQueries, OutsideWork):
         refusal, as one store job; keys the host no longer holds leave the failure memory and
         the salt record; no asked position is kept.
         """
-        jobs = self._jobs
-        loads = tuple(jobs[job_id][0] for job_id in self._unsent_loads)
-        self._unsent_loads = []
         stores = []
         for scheduled in step.scheduled:
             self._restarting.discard(scheduled.request.request_id)
@@ -316,10 +317,38 @@ class ConnectorCore(CoreQueries, OutsideWork):
                 stores.append(job)
         if self._restarting and step.no_unit_ids:  # scheduled too: no longer restarting
             self._restarting.difference_update(step.no_unit_ids)
-        delayed = frozenset(self._unsent_delayed)
-        self._unsent_delayed = set()
+        return self._step_meta(stores)
+
+    def build_unit_free_meta(self, scheduled_ids: Iterable[RequestId]) -> ConnectorMeta:
+        """:meth:`build_connector_meta` of a step in which no scheduled request completes a
+        unit, ``scheduled_ids`` naming every request it schedules: the same metadata and the
+        same changes as ``build_connector_meta(StepView(0, (), no_unit_ids=...))`` with those
+        ids, without a view of the step (most decode steps store nothing).
+
+        Pre: as :meth:`build_connector_meta`'s for ``no_unit_ids``."""
+        if self._restarting:  # scheduled: no longer restarting
+            self._restarting.difference_update(scheduled_ids)
+        return self._step_meta(())
+
+    def _step_meta(self, stores: Sequence[TransferJob]) -> ConnectorMeta:
+        """The end of every metadata, once its store jobs are built: the loads built since the
+        last one and the delayed frees not yet announced are taken, departed keys pruned from
+        the memory, asked positions forgotten."""
+        if self._unsent_loads:
+            jobs = self._jobs
+            loads = tuple([jobs[job_id][0] for job_id in self._unsent_loads])
+            self._unsent_loads = []
+        else:
+            loads = ()
+        if self._unsent_delayed:
+            delayed = frozenset(self._unsent_delayed)
+            self._unsent_delayed = set()
+        else:
+            delayed = _NO_IDS
         self._memory.prune(self.store)
         self._asked.clear()
+        if not (loads or stores or delayed):
+            return _NO_JOBS  # most decode steps: one shared value (frozen, so never changed)
         return ConnectorMeta(loads, tuple(stores), delayed)
 
     def update_connector_output(self, output: KVConnectorOutput) -> None:
@@ -331,17 +360,22 @@ class ConnectorCore(CoreQueries, OutsideWork):
         dropped), unpins its blocks, and a success clears their failure memory; a delayed
         request whose last store reported is no longer delayed.
         """
+        jobs, spans, jobs_of = self._jobs, self._store_spans, self._jobs_of
         for result in output.completed_jobs:
-            entry = self._jobs.pop(result.job_id, None)
+            entry = jobs.pop(result.job_id, None)
             if entry is None:
                 raise HybridKVConfigError(
                     "completed_jobs", result.job_id, "no such job", "report once"
                 )
-            self._store_spans.pop(result.job_id, None)
+            spans.pop(result.job_id, None)
             job = entry[0]
             rid = job.request_id
-            self._job_left(rid)
-            keys = tuple(item.key for item in job.items)
+            left = jobs_of[rid] - 1  # the request's jobs in flight (inlined: once per job)
+            if left:
+                jobs_of[rid] = left
+            else:
+                del jobs_of[rid]
+            keys = tuple(map(_KEY, job.items))
             if job.kind is _LOAD:
                 self._load_reported(job, keys, result.success)
             else:
@@ -358,7 +392,8 @@ class ConnectorCore(CoreQueries, OutsideWork):
         still read their sources safely: those stay pinned until each store reports.
 
         Post: the request's hash chain, asked position and (unless in flight) load record are
-        forgotten; a delayed request is announced to the worker in the next metadata.
+        forgotten; a delayed request is announced to the worker in the next metadata. Only the
+        request's id is read, neither its tokens nor ``block_ids`` (vLLM frees the blocks).
         """
         rid = request.request_id
         self._asked.pop(rid, None)
@@ -579,13 +614,6 @@ class ConnectorCore(CoreQueries, OutsideWork):
         self._jobs[job.job_id] = (job, salt)
         rid = job.request_id
         self._jobs_of[rid] = self._jobs_of.get(rid, 0) + 1
-
-    def _job_left(self, rid: RequestId) -> None:
-        left = self._jobs_of[rid] - 1
-        if left:
-            self._jobs_of[rid] = left
-        else:
-            del self._jobs_of[rid]
 
     def _new_job_id(self) -> JobId:
         """Job ids count up from 1 in creation order, as the reference numbers them."""

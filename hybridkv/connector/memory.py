@@ -68,6 +68,8 @@ class KeyMemory:
 
     def stored(self, keys: Iterable[bytes]) -> None:
         """A store of ``keys`` succeeded: the host holds fresh copies, none is failed now."""
+        if not self._failed:
+            return  # nothing remembered as failed (almost always): no key to look up
         for key in keys:
             if self._failed.pop(key, None) is not None:
                 self.epoch += 1
@@ -88,7 +90,10 @@ class KeyMemory:
     def prune(self, store: HostStore) -> None:
         """Forget the failures and salts of keys ``store`` no longer holds (agrees with the
         reference's full rescan, module docstring)."""
-        seen = _departures(store)
+        _, _, removed, evicted = store.status_counts()  # read every step: no StoreStats built
+        seen = evicted + removed
+        if seen == self._departures and not self._departed:
+            return  # nothing left the store since the last prune (most steps)
         if seen != self._departures:
             candidates: Iterable[bytes] = [*self._failed, *self._salts]
             self._departures = seen

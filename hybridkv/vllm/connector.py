@@ -45,6 +45,7 @@ the start-up refusals, and the metrics and events.
 from __future__ import annotations
 
 from collections.abc import Iterable
+from operator import sub
 from typing import Any
 
 from vllm.distributed.kv_transfer.kv_connector.v1.base import (
@@ -69,10 +70,12 @@ from hybridkv.vllm.config import HybridKVConfig, check_failure_policy, parse_ext
 from hybridkv.vllm.events import BlockPayloads
 from hybridkv.vllm.layout import VllmLayout, read_layout, recommended_chunk_size, whole_blocks
 from hybridkv.vllm.metrics import (
+    SCHEDULER_COUNTERS,
     GroupAgreement,
     HybridKVPromMetrics,
     HybridKVStats,
     TransferMeter,
+    scheduler_counter_values,
     scheduler_counters,
     store_events_to_vllm,
 )
@@ -171,7 +174,7 @@ class HybridKVConnector(SchedulerRole, WorkerRole, KVConnectorBase_V1, SupportsH
         self._reported: tuple[JobResult, ...] = ()
         self._quorum = JobQuorum(self.world_size)
         self._last_stats: dict[str, int | float] = {}
-        self._last_mark: tuple[Any, ...] | None = None  # get_kv_connector_stats's fast path
+        self._last_mark: tuple[int, ...] | None = None  # get_kv_connector_stats's mark
         self._agreement = GroupAgreement()
         self._meter = TransferMeter(
             len(g.layer_names) * g.real_page_size_bytes for g in self.layout.groups
@@ -252,38 +255,51 @@ class HybridKVConnector(SchedulerRole, WorkerRole, KVConnectorBase_V1, SupportsH
         """This side's counter increments since the last call (hybridkv.vllm.metrics): the
         scheduler's from the core, a worker's from its transfer meter; None when nothing moved."""
         mark = self._stats_mark()
-        if mark is not None and mark == self._last_mark:
+        if mark is None:  # no mark: the counters are built and compared each call
+            now, last = self._counters(), self._last_stats
+            if now == last:
+                return None  # every increment is 0: no delta to build
+            delta = {k: v - last.get(k, 0) for k, v in now.items()}
+            self._last_stats = now
+            return HybridKVStats(delta) if any(delta.values()) else None
+        before = self._last_mark
+        if mark == before:
             return None  # nothing the counters are read from changed (most steps)
         self._last_mark = mark
-        now, last = self._counters(), self._last_stats
-        if now == last:
-            return None  # every increment is 0: no delta to build
-        delta = {k: v - last.get(k, 0) for k, v in now.items()}
-        self._last_stats = now
-        return HybridKVStats(delta) if any(delta.values()) else None
+        # The counters are linear in the mark (scheduler_counter_values), so the increments
+        # are the counters of the mark's difference: C-level passes, no dict per side.
+        moved = scheduler_counter_values(
+            tuple(map(sub, mark, before)) if before is not None else mark
+        )
+        if not any(moved):
+            return None  # only counts no counter reads moved (hashes, items)
+        return HybridKVStats(dict(zip(SCHEDULER_COUNTERS, moved, strict=True)))
 
-    def _stats_mark(self) -> tuple[Any, ...] | None:
-        """Everything the scheduler side's counters are computed from, or None (worker side,
-        remote tier: no mark, the counters are read each call). Equal marks give equal
-        counters (:meth:`_counters` is a function of them), so an unchanged mark means a zero
-        delta without building the counters (the core's ``counts()``: one C call)."""
-        if self.core is None or self.remote is not None:
+    def _stats_mark(self) -> tuple[int, ...] | None:
+        """Everything the scheduler side's counters are computed from, laid out as
+        :func:`~hybridkv.vllm.metrics.scheduler_mark` lays it out (built here in one frame: it
+        is read every step), or None (worker side, remote tier: no mark, the counters are
+        read each call). Equal marks give equal counters, so an unchanged mark means a zero
+        delta without building the counters."""
+        core = self.core
+        if core is None or self.remote is not None:
             return None
         guard = self._reclaim
+        deadlines = self.deadlines
         return (
-            self.core.counts(),
+            *core.counts(),
             guard.overridden,
             guard.deferred,
             guard.whole,
             self._agreement.count,
-            None if self.deadlines is None else self.deadlines.fired,
+            0 if deadlines is None else deadlines.fired,
             self._deadline_answers,
         )
 
     def _counters(self) -> dict[str, int | float]:
         if self.core is not None:
             fired = 0 if self.deadlines is None else self.deadlines.fired
-            found = dict(
+            found: dict[str, int | float] = dict(
                 scheduler_counters(
                     self.core,
                     self._agreement.count,
@@ -320,15 +336,18 @@ class HybridKVConnector(SchedulerRole, WorkerRole, KVConnectorBase_V1, SupportsH
         """The host store's events since the last call as vLLM KV cache events (medium CPU),
         when vLLM's KV events are on. Drained every call either way: nothing else takes them,
         and an undrained store would grow its event list for the server's life."""
-        events = self._core().store.take_events()
-        config = self._vllm_config.kv_events_config
-        if not events or config is None or not config.enable_kv_cache_events:
+        core = self.core
+        if core is None:
+            raise RuntimeError("scheduler-side call on the worker-side HybridKVConnector")
+        events = core.store.take_events()
+        # Events on <=> payloads kept (__init__ reads kv_events_config once for both).
+        if not events or self._payloads is None:
             return ()
-        store = self._core().store
+        store = core.store
         return list(
             store_events_to_vllm(
                 events,
-                self._core().geometry.units,
+                core.geometry.units,
                 self._payloads,
                 lambda key: store.status(key) is not LookupResult.MISS,
             )

@@ -27,6 +27,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
+from operator import itemgetter
 from typing import Any
 
 from vllm.distributed.kv_events import MEDIUM_CPU, BlockRemoved, BlockStored, KVCacheEvent
@@ -39,6 +40,7 @@ from vllm.v1.metrics.utils import create_metric_per_engine
 
 from hybridkv.connector import ConnectorCore, JobResult, RequestView, TransferJob, TransferKind
 from hybridkv.connector.claims import decide_claim
+from hybridkv.connector.counts import COUNTED
 from hybridkv.store import EventKind, LookupResult, StoreEvent
 from hybridkv.vllm.events import BlockPayloads
 from hybridkv.vllm.reclaim import ReclaimGuard
@@ -56,7 +58,9 @@ __all__ = [
     "HybridKVStats",
     "TransferMeter",
     "counters_non_negative",
+    "scheduler_counter_values",
     "scheduler_counters",
+    "scheduler_mark",
     "store_events_to_vllm",
 ]
 
@@ -160,6 +164,72 @@ class HybridKVStats(KVConnectorStats):
         return not any(self.data.values())
 
 
+# A scheduler-side mark (:func:`scheduler_mark`): the core's counts in ``COUNTED`` order, then
+# the facade's own six, at these positions.
+_CORE = {name: i for i, name in enumerate(COUNTED)}
+_FACADE = range(len(COUNTED), len(COUNTED) + 6)
+_OVERRIDDEN, _DEFERRED, _WHOLE, _DISAGREED, _FIRED, _ANSWERED = _FACADE
+# Each counter of SCHEDULER_COUNTERS, in order, as one position of the mark; ``lookups`` and
+# ``lookups_deferred`` also add facade positions (scheduler_counter_values).
+_PICK = itemgetter(
+    _CORE["lookups"],
+    _CORE["deferred"],
+    _CORE["claims"],
+    _CORE["claimed_tokens"],
+    _CORE["loaded_tokens"],
+    _CORE["load_jobs"],
+    _CORE["load_jobs_failed"],
+    _CORE["store_jobs"],
+    _CORE["store_jobs_failed"],
+    _CORE["stores_refused"],
+    _CORE["delayed_frees"],
+    _FIRED,
+    _DEFERRED,
+    _WHOLE,
+    _DISAGREED,
+)
+
+
+def scheduler_mark(
+    core: ConnectorCore,
+    disagreements: int,
+    guard: ReclaimGuard | None = None,
+    *,
+    deadlines_fired: int = 0,
+    deadline_answers: int = 0,
+) -> tuple[int, ...]:
+    """Every count the scheduler side's counters are computed from, as one flat tuple: the
+    core's :meth:`~hybridkv.connector.ConnectorCore.counts`, then ``guard``'s overridden,
+    deferred and whole answers, ``disagreements``, ``deadlines_fired`` and
+    ``deadline_answers``. Equal marks give equal counters; O(1), one C call for the core's."""
+    overridden, deferred, whole = (
+        (guard.overridden, guard.deferred, guard.whole) if guard is not None else (0, 0, 0)
+    )
+    return (
+        *core.counts(),
+        overridden,
+        deferred,
+        whole,
+        disagreements,
+        deadlines_fired,
+        deadline_answers,
+    )
+
+
+def scheduler_counter_values(mark: tuple[int, ...]) -> tuple[int, ...]:
+    """The values of :data:`SCHEDULER_COUNTERS`, in order, of a :func:`scheduler_mark`.
+
+    Each value is a sum of positions of the mark, so the function is linear: applied to the
+    difference of two marks (position by position) it gives the difference of their counters,
+    which is how the stats hook builds its increments without building either side's dict."""
+    values = _PICK(mark)
+    return (
+        values[0] + mark[_OVERRIDDEN] + mark[_ANSWERED],
+        values[1] + mark[_DEFERRED],
+        *values[2:],
+    )
+
+
 def scheduler_counters(
     core: ConnectorCore,
     disagreements: int,
@@ -172,27 +242,14 @@ def scheduler_counters(
     ``guard``'s answers replace the core's for restarted requests, and ``deadline_answers``
     (claims of 0 for requests whose load missed its deadline) for abandoned ones: both count as
     lookups the core never saw."""
-    s = core.stats()
-    overridden, deferred, whole = (
-        (guard.overridden, guard.deferred, guard.whole) if guard is not None else (0, 0, 0)
+    mark = scheduler_mark(
+        core,
+        disagreements,
+        guard,
+        deadlines_fired=deadlines_fired,
+        deadline_answers=deadline_answers,
     )
-    return {
-        "lookups": s.lookups + overridden + deadline_answers,
-        "lookups_deferred": s.deferred + deferred,
-        "claims": s.claims,
-        "claimed_tokens": s.claimed_tokens,
-        "hit_tokens": s.loaded_tokens,
-        "load_jobs": s.load_jobs,
-        "load_jobs_failed": s.load_jobs_failed,
-        "store_jobs": s.store_jobs,
-        "store_jobs_failed": s.store_jobs_failed,
-        "stores_refused": s.stores_refused,
-        "delayed_frees": s.delayed_frees,
-        "deadlines_fired": deadlines_fired,
-        "restarts_deferred": deferred,
-        "restarts_whole": whole,
-        "group_prefix_disagreements": disagreements,
-    }
+    return dict(zip(SCHEDULER_COUNTERS, scheduler_counter_values(mark), strict=True))
 
 
 class TransferMeter:

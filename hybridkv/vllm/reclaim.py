@@ -149,6 +149,8 @@ class ReclaimGuard:
         DEFER answer, FAILED if ``ran`` else WHOLE; after any other answer, unchanged if
         ``ran`` (one retry counted) else DEFER. The asked record is cleared.
         """
+        if not self._asked:
+            return  # no restarted request was asked (almost every step): nothing to move
         for rid in self._asked:
             state = self._state[rid]
             if state is Restart.DEFER:

@@ -19,6 +19,7 @@ from hybridkv.connector import (
     BlockTable,
     ConnectorCore,
     KVConnectorOutput,
+    RequestId,
     ScheduledRequest,
     StepView,
     TransferKind,
@@ -55,6 +56,12 @@ def _tables(block_ids: Any) -> BlockTable:
     return block_table(block_ids)
 
 
+_NO_IDS: frozenset[RequestId] = frozenset()
+_WORKER_SIDE = "scheduler-side call on the worker-side HybridKVConnector"
+# What request_finished_all_groups hands the core for the blocks it does not read.
+_UNREAD_TABLE: BlockTable = ()
+
+
 class SchedulerRole:
     """The scheduler-side hooks of :class:`~hybridkv.vllm.connector.HybridKVConnector` (module
     docstring); every attribute below is the connector's."""
@@ -76,7 +83,7 @@ class SchedulerRole:
 
     def _core(self) -> ConnectorCore:
         if self.core is None:
-            raise RuntimeError("scheduler-side call on the worker-side HybridKVConnector")
+            raise RuntimeError(_WORKER_SIDE)
         return self.core
 
     def bind_gpu_block_pool(self, gpu_block_pool: Any) -> None:
@@ -145,15 +152,19 @@ class SchedulerRole:
         )
 
     def build_connector_meta(self, scheduler_output: Any) -> KVConnectorMetadata:
-        core = self._core()
-        self._reclaim.schedule_ended(ran=bool(scheduler_output.num_scheduled_tokens))
+        core = self.core
+        if core is None:
+            raise RuntimeError(_WORKER_SIDE)
+        num_scheduled = scheduler_output.num_scheduled_tokens
+        self._reclaim.schedule_ended(ran=bool(num_scheduled))
         scheduled = []
         no_unit = []
         completes = core.geometry.completes_a_unit
         prompt_only = not self.hybridkv_config.offload_decode_state
         drafts = scheduler_output.scheduled_spec_decode_tokens
-        for rid, num in scheduler_output.num_scheduled_tokens.items():
-            request = self._requests[rid]
+        requests = self._requests
+        for rid, num in num_scheduled.items():
+            request = requests[rid]
             computed = int(request.num_computed_tokens)
             stored = int(num)
             if prompt_only:  # the prompt's units only
@@ -171,66 +182,72 @@ class SchedulerRole:
                 continue
             blocks = _tables(self._kv_cache_manager.get_block_ids(rid))
             scheduled.append(ScheduledRequest(self._views.view(request), blocks, computed, stored))
-        step = StepView(
-            step=0,
-            scheduled=tuple(scheduled),
-            # RequestId is a NewType of str: the ids are taken as they are.
-            finished_ids=frozenset(scheduler_output.finished_req_ids),
-            preempted_ids=frozenset(scheduler_output.preempted_req_ids or ()),
-            no_unit_ids=frozenset(no_unit),
-        )
-        meta = core.build_connector_meta(step)
-        if self._payloads is not None and meta.store_jobs:
-            self._payloads.record(meta.store_jobs, self._requests)
+        # The core reads neither the finished ids (request_finished_all_groups tells it) nor
+        # the preempted ones (a preempted request's next step is a restart it sees then), so
+        # vLLM's sets are not copied into the step's view.
+        if scheduled:
+            step = StepView(
+                0, tuple(scheduled), no_unit_ids=frozenset(no_unit) if no_unit else _NO_IDS
+            )
+            meta = core.build_connector_meta(step)
+        else:  # no request completes a unit (most decode steps): no view of the step
+            meta = core.build_unit_free_meta(no_unit)
+        load_jobs, store_jobs = meta.load_jobs, meta.store_jobs
         slots = {}
-        if meta.load_jobs or meta.store_jobs:  # most decode steps have no job: nothing to name
-            keys = [item.key for job in (*meta.load_jobs, *meta.store_jobs) for item in job.items]
+        if load_jobs or store_jobs:  # most decode steps have no job: nothing to name
+            if self._payloads is not None and store_jobs:
+                self._payloads.record(store_jobs, self._requests)
+            keys = [item.key for job in (*load_jobs, *store_jobs) for item in job.items]
             slots = dict(zip(keys, core.store.slots(keys), strict=True)) if keys else {}
-        late = () if self.deadlines is None else self.deadlines.step(meta.load_jobs)
+        late = () if self.deadlines is None else self.deadlines.step(load_jobs)
         orders = None
         if self.remote is not None:
             views = {str(s.request.request_id): s.request for s in scheduled}
-            self.remote.stores_emitted(meta.store_jobs, views)
+            self.remote.stores_emitted(store_jobs, views)
             orders = self.remote.orders()
-        return HybridKVMetadata(meta, slots, tuple(int(j) for j in late) if late else (), orders)
+        return HybridKVMetadata(meta, slots, tuple(map(int, late)) if late else (), orders)
 
     def update_connector_output(self, connector_output: Any) -> None:
-        self._delayed_frees.difference_update(connector_output.finished_sending or ())
+        sending = connector_output.finished_sending
+        if sending and self._delayed_frees:
+            self._delayed_frees.difference_update(sending)
         worker_meta = connector_output.kv_connector_worker_meta
-        reports = worker_meta.reports if isinstance(worker_meta, HybridKVWorkerMeta) else ()
-        if not reports and not connector_output.failed_recving:
+        ours = isinstance(worker_meta, HybridKVWorkerMeta)
+        reports = worker_meta.reports if ours else ()
+        failed = connector_output.failed_recving
+        if not reports and not failed:
             # No job result and no failed load: nothing below would change the core. The remote
             # tier still folds its fetch reports and ticks its promotion deadline every step,
             # or a promotion reported alone would keep its keys STORING and its claim DEFERred
             # for ever (a wedge, found by tools/bench_remote.py's two engines).
             if self.remote is not None:
-                fetched = worker_meta.fetches if isinstance(worker_meta, HybridKVWorkerMeta) else ()
-                self.remote.fold(fetched)
+                self.remote.fold(worker_meta.fetches if ours else ())
             return
+        core = self._core()
         # A job reaches the core once every rank reported it (ranks finish in different steps).
         jobs = self._quorum.fold(reports)
-        failed = connector_output.failed_recving or ()
-        self._reclaim.load_failed(rid for rid in failed if rid in self._requests)
+        if failed:
+            self._reclaim.load_failed([rid for rid in failed if rid in self._requests])
         if self.deadlines is not None:
             self.deadlines.reported(result.job_id for result in jobs)
         kinds = {}
         if self.remote is not None:
             # Which reported jobs are stores, read before the core forgets them.
-            kinds = {r.job_id: self._core().job_kind(r.job_id) for r in jobs}
-        self._core().update_connector_output(
+            kinds = {r.job_id: core.job_kind(r.job_id) for r in jobs}
+        recving = connector_output.finished_recving
+        core.update_connector_output(
             KVConnectorOutput(
-                finished_recving=frozenset(connector_output.finished_recving or ()),
-                failed_recving=frozenset(connector_output.failed_recving or ()),
-                finished_sending=frozenset(connector_output.finished_sending or ()),
-                completed_jobs=tuple(jobs),
+                finished_recving=frozenset(recving) if recving else _NO_IDS,
+                failed_recving=frozenset(failed) if failed else _NO_IDS,
+                finished_sending=frozenset(sending) if sending else _NO_IDS,
+                completed_jobs=jobs,
             )
         )
         if self.remote is not None:
             for result in jobs:
                 if kinds.get(result.job_id) is TransferKind.STORE:
                     self.remote.store_reported(int(result.job_id), result.success)
-            fetched = worker_meta.fetches if isinstance(worker_meta, HybridKVWorkerMeta) else ()
-            self.remote.fold(fetched)
+            self.remote.fold(worker_meta.fetches if ours else ())
 
     def request_finished(self, request: Any, block_ids: list[int]) -> tuple[bool, None]:
         return self.request_finished_all_groups(request, (block_ids,))
@@ -238,15 +255,20 @@ class SchedulerRole:
     def request_finished_all_groups(
         self, request: Any, block_ids: tuple[list[int], ...]
     ) -> tuple[bool, None]:
-        self._requests.pop(request.request_id, None)
-        self._agreement.forget(request.request_id)
-        self._reclaim.finished(request.request_id)
+        core = self.core
+        if core is None:
+            raise RuntimeError(_WORKER_SIDE)
+        rid = request.request_id
+        self._requests.pop(rid, None)
+        self._agreement.forget(rid)
+        self._reclaim.finished(rid)
         if self.deadlines is not None:
-            self.deadlines.finished(request.request_id)
+            self.deadlines.finished(rid)
         if self.remote is not None:
-            self.remote.finished(request.request_id)
-        view = self._views.pop(request)  # its last view: the core reads only the id here
-        delayed = self._core().request_finished_all_groups(view, _tables(block_ids))
+            self.remote.finished(rid)
+        # Its last view: the core's finish reads only the id and no block (its docstring), so
+        # vLLM's block lists are not copied into a table here.
+        delayed = core.request_finished_all_groups(self._views.pop(request), _UNREAD_TABLE)
         if delayed:
-            self._delayed_frees.add(request.request_id)
+            self._delayed_frees.add(rid)
         return delayed, None

@@ -52,10 +52,10 @@ def _report(core: ConnectorCore, meta: ConnectorMeta, rng: random.Random) -> Non
 def test_naming_unit_free_requests_by_id_answers_as_listing_them() -> None:
     """Two cores run the same steps: ``plain`` gets every scheduled request as a row, ``fast``
     names the rows that complete no unit in ``no_unit_ids`` (the adapter's fast path)."""
-    plain, fast = _core(), _core()
+    plain, fast, free = _core(), _core(), _core()
     rng = random.Random(11)
     computed = {f"r{i}": 0 for i in range(4)}
-    named = stored = 0
+    named = stored = unit_free = delayed = 0
     for step in range(1, 60):
         rows: list[ScheduledRequest] = []
         ids: list[RequestId] = []
@@ -78,20 +78,47 @@ def test_naming_unit_free_requests_by_id_answers_as_listing_them() -> None:
             )
         )
         assert full == short
+        # ``free`` takes build_unit_free_meta whenever no row completes a unit (the adapter's
+        # path without a view of the step).
+        if len(ids) == len(rows):
+            third = free.build_unit_free_meta(ids)
+            unit_free += 1
+        else:
+            third = free.build_connector_meta(
+                StepView(
+                    step,
+                    tuple(r for r in rows if r.request.request_id not in ids),
+                    no_unit_ids=frozenset(ids),
+                )
+            )
+        assert third == full
         stored += len(full.store_jobs)
+        delayed += len(full.delayed_free_ids)
+        if full.store_jobs and step % 3 == 0:
+            # Finish a request whose store is in flight: its free is delayed, and the next
+            # metadata (unit free or not) announces it.
+            rid = str(full.store_jobs[0].request_id)
+            done = computed.pop(rid)
+            for core in (plain, fast, free):
+                assert core.request_finished_all_groups(_view(rid, done), ())
         _report(plain, full, random.Random(step))
         _report(fast, short, random.Random(step))
-        assert plain.snapshot() == fast.snapshot()
-        assert plain.stats() == fast.stats()
+        _report(free, third, random.Random(step))
+        assert plain.snapshot() == fast.snapshot() == free.snapshot()
+        assert plain.stats() == fast.stats() == free.stats()
+        if not computed:
+            computed = {f"r{step}{i}": 0 for i in range(4)}
     assert named > 20
     assert stored > 10
+    assert unit_free > 5
+    assert delayed > 0
 
 
 def test_a_restarting_request_named_by_id_is_scheduled() -> None:
     """Salvage off: a request whose load failed is answered NONE until it is scheduled; a step
     that names it in ``no_unit_ids`` counts as scheduling it, as a row would."""
     answers = []
-    for by_id in (False, True):
+    for by_id in (False, True, "free"):
         core = _core()
         core._set_salvage(False)
         core.seed(_view("S", 65), 32)
@@ -104,13 +131,48 @@ def test_a_restarting_request_named_by_id_is_scheduled() -> None:
         results = tuple(JobResult(JobId(j.job_id), i != 2) for i, j in enumerate(meta.load_jobs))
         core.update_connector_output(KVConnectorOutput(completed_jobs=results))
         assert core.get_num_new_matched_tokens(b, 0).kind is ClaimKind.NONE  # restarting
-        if by_id:
-            step = StepView(2, (), no_unit_ids=frozenset({RequestId("B")}))
-        else:
-            step = StepView(2, (ScheduledRequest(b, _table(1), 0, 1),))
         assert not core.geometry.completes_a_unit(0, 1)
-        assert core.build_connector_meta(step).store_jobs == ()
+        if by_id == "free":
+            assert core.build_unit_free_meta([RequestId("B")]).store_jobs == ()
+        else:
+            if by_id:
+                step = StepView(2, (), no_unit_ids=frozenset({RequestId("B")}))
+            else:
+                step = StepView(2, (ScheduledRequest(b, _table(1), 0, 1),))
+            assert core.build_connector_meta(step).store_jobs == ()
         answers.append(core.get_num_new_matched_tokens(b, 0))
-    assert answers[0] == answers[1]
+    assert answers[0] == answers[1] == answers[2]
     assert answers[0].kind is ClaimKind.ASYNC
     assert answers[0].num_tokens == 8
+
+
+def test_a_unit_free_step_carries_the_loads_and_delayed_frees_once() -> None:
+    """build_unit_free_meta hands over the loads built since the last metadata and the delayed
+    frees not yet announced, once each, as build_connector_meta does."""
+    metas = []
+    for free in (False, True):
+        core = _core()
+        core.seed(_view("S", 65), 32)
+        b = _view("B", 33)
+        claim = core.get_num_new_matched_tokens(b, 0)
+        core.update_state_after_alloc(b, _table(1), claim.num_tokens)
+        # Other tokens than S's (whose units the host holds): A stores its first units, then
+        # finishes with the store in flight.
+        a = RequestView(RequestId("A"), tuple(range(100, 108)), 8)
+        stored = core.build_connector_meta(StepView(1, (ScheduledRequest(a, _table(5), 0, 8),)))
+        assert stored.store_jobs
+        assert core.request_finished_all_groups(a, ())
+        steps = []
+        for _ in range(2):
+            if free:
+                steps.append(core.build_unit_free_meta([RequestId("B")]))
+            else:
+                steps.append(
+                    core.build_connector_meta(StepView(2, (), no_unit_ids=frozenset({"B"})))
+                )
+        assert steps[1] == ConnectorMeta()
+        metas.append((stored, *steps, core.snapshot(), core.stats()))
+    assert metas[0] == metas[1]
+    first = metas[1][1]
+    assert first.load_jobs == ()  # taken by the store step's metadata already
+    assert first.delayed_free_ids == {RequestId("A")}

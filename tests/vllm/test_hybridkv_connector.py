@@ -41,8 +41,10 @@ from vllm.v1.request import Request, RequestStatus
 
 import hybridkv.vllm
 from hybridkv.canonical import build_canonical_caches
+from hybridkv.connector import RequestId, RequestView
 from hybridkv.errors import HybridKVConfigError
 from hybridkv.vllm.connector import HybridKVConnector
+from hybridkv.vllm.metrics import SCHEDULER_COUNTERS, scheduler_mark
 from hybridkv.vllm.versions import supported
 
 pytestmark = pytest.mark.vllm
@@ -212,6 +214,49 @@ def test_a_load_deadline_is_built_under_recompute_and_refused_under_fail(policy:
     assert scheduler._counters()["deadlines_fired"] == 0
     worker = KVConnectorFactory.create_connector(config, KVConnectorRole.WORKER, kv_cache_config)
     assert worker.deadlines is None  # the worker only stops what the metadata names
+
+
+def test_stats_carry_what_moved_since_the_last_call_and_nothing_when_no_counter_moved() -> None:
+    config = _vllm_config(_with_extra())
+    kv_cache_config, _, _ = plan_kv_caches(config, 1 << 30)
+    scheduler = KVConnectorFactory.create_connector(
+        config, KVConnectorRole.SCHEDULER, kv_cache_config
+    )
+    zero = dict.fromkeys(SCHEDULER_COUNTERS, 0)
+    assert scheduler.get_kv_connector_stats() is None  # nothing counted yet
+    guard = scheduler._reclaim
+    guard.deferred += 2  # two restarted requests answered DEFER in front of the core
+    guard.overridden += 2
+    stats = scheduler.get_kv_connector_stats()
+    assert stats is not None
+    assert stats.data == {**zero, "lookups": 2, "lookups_deferred": 2, "restarts_deferred": 2}
+    assert scheduler.get_kv_connector_stats() is None  # read once: the next call has nothing
+    # Hashing a request's chain moves a count of the core that no counter reads: no payload.
+    core = scheduler.core
+    unit = core.geometry.units[0]
+    view = RequestView(RequestId("r"), tuple(range(2 * unit)), 2 * unit)
+    assert core.chunk_members(view, unit)
+    assert core.stats().hashes_computed > 0
+    assert scheduler.get_kv_connector_stats() is None
+    guard.whole += 1
+    stats = scheduler.get_kv_connector_stats()
+    assert stats is not None
+    assert stats.data == {**zero, "restarts_whole": 1}
+    # The hook's mark is laid out as metrics.scheduler_mark lays it out.
+    scheduler._deadline_answers += 3  # three lookups answered 0 past a load deadline
+    assert scheduler._stats_mark() == scheduler_mark(
+        core, scheduler._agreement.count, guard, deadlines_fired=0, deadline_answers=3
+    )
+    stats = scheduler.get_kv_connector_stats()
+    assert stats is not None
+    assert stats.data == {**zero, "lookups": 3}
+    assert scheduler._counters() == {  # the totals: the increments above summed
+        **zero,
+        "lookups": 5,
+        "lookups_deferred": 2,
+        "restarts_deferred": 2,
+        "restarts_whole": 1,
+    }
 
 
 def test_a_hybrid_model_with_the_hybrid_manager_off_is_refused_at_construction() -> None:

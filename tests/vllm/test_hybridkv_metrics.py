@@ -45,6 +45,7 @@ from vllm.v1.metrics.cache_hit_source import CacheHitSource  # noqa: E402
 from vllm.v1.outputs import KVConnectorOutput, ModelRunnerOutput  # noqa: E402
 
 from hybridkv.connector import TransferKind  # noqa: E402
+from hybridkv.connector.counts import COUNTED  # noqa: E402
 from hybridkv.kinds import GroupKind  # noqa: E402
 from hybridkv.vllm.connector import HybridKVConnector  # noqa: E402
 from hybridkv.vllm.harness.chat import ChatTrace, run_trace  # noqa: E402
@@ -58,6 +59,7 @@ from hybridkv.vllm.metrics import (  # noqa: E402
     WORKER_COUNTERS,
     HybridKVStats,
     counters_non_negative,
+    scheduler_counter_values,
 )
 
 LABELS = ["model_name", "engine"]
@@ -416,3 +418,54 @@ def test_counter_schema_sides_and_the_non_negative_predicate() -> None:
     assert not counters_non_negative({"lookups": -1})
     assert not counters_non_negative({"lookups": True})
     assert not counters_non_negative({"lookups": "3"})
+
+
+# Where each scheduler counter reads the mark (metrics.scheduler_mark: the core's counts in
+# ``COUNTED`` order, then overridden, deferred, whole, disagreements, deadlines fired and
+# deadline answers), written out here apart from the module's table.
+_MARK_SOURCES = {
+    "lookups": ("lookups", "overridden", "deadline_answers"),
+    "lookups_deferred": ("deferred", "guard_deferred"),
+    "claims": ("claims",),
+    "claimed_tokens": ("claimed_tokens",),
+    "hit_tokens": ("loaded_tokens",),
+    "load_jobs": ("load_jobs",),
+    "load_jobs_failed": ("load_jobs_failed",),
+    "store_jobs": ("store_jobs",),
+    "store_jobs_failed": ("store_jobs_failed",),
+    "stores_refused": ("stores_refused",),
+    "delayed_frees": ("delayed_frees",),
+    "deadlines_fired": ("deadlines_fired",),
+    "restarts_deferred": ("guard_deferred",),
+    "restarts_whole": ("whole",),
+    "group_prefix_disagreements": ("disagreements",),
+}
+_MARK_NAMES = (
+    *COUNTED,
+    "overridden",
+    "guard_deferred",
+    "whole",
+    "disagreements",
+    "deadlines_fired",
+    "deadline_answers",
+)
+
+
+def test_each_scheduler_counter_sums_its_own_positions_of_the_mark() -> None:
+    # One distinct power of two per position: each counter's value names the positions it sums.
+    mark = tuple(1 << i for i in range(len(_MARK_NAMES)))
+    values = dict(zip(SCHEDULER_COUNTERS, scheduler_counter_values(mark), strict=True))
+    assert list(values) == list(_MARK_SOURCES)
+    for name, sources in _MARK_SOURCES.items():
+        assert values[name] == sum(1 << _MARK_NAMES.index(s) for s in sources), name
+
+
+def test_the_counters_of_a_marks_difference_are_the_difference_of_its_counters() -> None:
+    # What get_kv_connector_stats relies on to build increments from the marks alone.
+    rng = random.Random(18)
+    for _ in range(200):
+        low = tuple(rng.randrange(50) for _ in _MARK_NAMES)
+        high = tuple(v + rng.randrange(3) for v in low)
+        moved = scheduler_counter_values(tuple(h - v for h, v in zip(high, low, strict=True)))
+        now, then = scheduler_counter_values(high), scheduler_counter_values(low)
+        assert moved == tuple(a - b for a, b in zip(now, then, strict=True))

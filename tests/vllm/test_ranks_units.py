@@ -64,6 +64,31 @@ def test_a_quorum_releases_each_job_once_every_worker_reported_it_failed_if_one_
     assert JobQuorum(1).fold([RankReport(6, 1, False)]) == (JobResult(ConnectorJobId(6), False),)
 
 
+def test_one_worker_releases_reports_ascending_and_refuses_a_double_report_whole() -> None:
+    quorum = JobQuorum(1)
+    assert quorum.fold([RankReport(9, 1, True), RankReport(3, 1, False)]) == (
+        JobResult(ConnectorJobId(3), False),
+        JobResult(ConnectorJobId(9), True),
+    )
+    with pytest.raises(HybridKVConfigError, match="kv_connector_worker_meta"):
+        quorum.fold([RankReport(4, 2, True)])
+    assert quorum.pending() == 0
+    assert quorum.fold(()) == ()
+
+
+def test_one_worker_holds_a_report_of_no_worker_and_ands_it_with_the_next() -> None:
+    # A report naming no worker is held (0 of 1); the job's next report completes it, and a
+    # failure held first still fails it.
+    quorum = JobQuorum(1)
+    assert quorum.fold([RankReport(5, 0, False)]) == ()
+    assert quorum.pending() == 1
+    assert quorum.fold([RankReport(5, 1, True), RankReport(6, 1, True)]) == (
+        JobResult(ConnectorJobId(5), False),
+        JobResult(ConnectorJobId(6), True),
+    )
+    assert quorum.pending() == 0
+
+
 def test_a_job_reported_by_more_workers_than_exist_is_refused_whole() -> None:
     quorum = JobQuorum(2)
     assert quorum.fold([RankReport(7, 1, True)]) == ()

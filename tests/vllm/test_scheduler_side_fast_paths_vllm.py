@@ -2,7 +2,8 @@
 computation does.
 
 - ``build_connector_meta`` names the requests whose step completes no unit by id
-  (``StepView.no_unit_ids``) instead of building their views and asking vLLM for their block
+  (``StepView.no_unit_ids``, or ``ConnectorCore.build_unit_free_meta`` when no request of the
+  step completes one) instead of building their views and asking vLLM for their block
   tables. A twin engine on the same trace hands its core every scheduled request as a full row
   (view and table read from vLLM, as before the fast path): every step's metadata, the core's
   final state and counts, and the run's figures must be equal.
@@ -93,8 +94,13 @@ def _plain_rows(connector: Any, named: list[int]) -> None:
             named[0] += 1
         return build_core(replace(step, scheduled=tuple(rows), no_unit_ids=frozenset()))
 
+    def unit_free(scheduled_ids: Any) -> Any:
+        # A step where no request completes a unit: the same rows through the full path.
+        return inner(StepView(0, (), no_unit_ids=frozenset(scheduled_ids)))
+
     connector.build_connector_meta = outer
     core.build_connector_meta = inner
+    core.build_unit_free_meta = unit_free
 
 
 def _scheduler_part(engine: InProcessEngine) -> list[dict[str, Any]]:
@@ -112,6 +118,14 @@ def test_naming_unit_free_requests_by_id_changes_nothing_in_vllm() -> None:
     # One engine at a time: an engine sets vLLM's process-wide config when it is built.
     fast = _engine()
     fast_metas = _record_metas(fast.scheduler.connector)
+    unit_free = [0]
+    free_meta = fast.scheduler.connector.core.build_unit_free_meta
+
+    def counted(scheduled_ids: Any) -> Any:
+        unit_free[0] += 1
+        return free_meta(scheduled_ids)
+
+    fast.scheduler.connector.core.build_unit_free_meta = counted
     fast_report = run_trace(fast, TRACE)
     plain = _engine()
     named = [0]
@@ -131,6 +145,7 @@ def test_naming_unit_free_requests_by_id_changes_nothing_in_vllm() -> None:
     # Both paths were taken: most decode steps complete no 32-token unit; some do and store.
     stores = sum(len(m.meta.store_jobs) for m in fast_metas)
     assert named[0] > len(fast_metas) // 2, (named[0], len(fast_metas))
+    assert unit_free[0] > len(fast_metas) // 4, (unit_free[0], len(fast_metas))
     assert stores > 10
     fast.close()
     plain.close()
