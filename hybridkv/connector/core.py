@@ -231,6 +231,12 @@ class ConnectorCore(CoreQueries, OutsideWork):
         kind = ClaimKind.ASYNC if self.load_mode is LoadMode.ASYNC else ClaimKind.SYNC
         return Claim(kind, end - start)
 
+    def answers_by_rule(self, request_id: RequestId) -> bool:
+        """Whether a decided answer (a claim or NONE) for the request comes from the claim rule:
+        False only while salvage is off and the request restarts after a failed load (answered
+        NONE without a search, ``_set_salvage``). Frame: nothing changes."""
+        return request_id not in self._restarting
+
     def update_state_after_alloc(
         self, request: RequestView, block_ids: BlockTable, num_external_tokens: int
     ) -> None:
