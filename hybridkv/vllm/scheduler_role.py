@@ -36,6 +36,8 @@ from hybridkv.vllm.views import RequestViews, block_table
 
 __all__ = ["SchedulerRole"]
 
+_CORE = Answer.CORE
+
 
 class _PoolPins:
     """vLLM's ``BlockPool`` as the core's :class:`~hybridkv.connector.GpuBlockPool` (block ids
@@ -116,23 +118,21 @@ class SchedulerRole:
     ) -> tuple[int | None, bool]:
         rid = request.request_id
         self._requests[rid] = request
+        core = self._core()
         # A request restarted by a failed load that vLLM refused while nothing ran is deferred
         # or answered nothing, or vLLM 0.33 wedges (hybridkv.vllm.reclaim).
         answer = self._reclaim.answer(rid)
-        if answer is Answer.DEFER:
-            return None, False
-        if answer is Answer.NONE:
-            return 0, False
+        if answer is not _CORE:
+            return (None, False) if answer is Answer.DEFER else (0, False)
         if self.deadlines is not None and self.deadlines.recomputing(rid):
             self._deadline_answers += 1
             return 0, False  # its load missed the deadline: recomputed (LoadDeadlines)
         view = self._views.view(request)
         if self.remote is not None:
             self.remote.before_claim(view, num_computed_tokens)
-        claim = self._core().get_num_new_matched_tokens(view, num_computed_tokens)
-        vllm_answer = claim.as_vllm()
+        vllm_answer = core.get_num_new_matched_tokens(view, num_computed_tokens).as_vllm()
         if vllm_answer[0] is not None:
-            self._agreement.observe(self._core(), view, num_computed_tokens, vllm_answer[0])
+            self._agreement.observe(core, view, num_computed_tokens, vllm_answer[0])
         return vllm_answer
 
     def update_state_after_alloc(self, request: Any, blocks: Any, num_external_tokens: int) -> None:

@@ -67,7 +67,11 @@ class RequestViews:
                 )
                 self._views[rid] = (request, new)
                 return new
-        new = RequestView(RequestId(rid), tuple(tokens), prompt, request.cache_salt, tuple(hashes))
+        # tokens[:] is a list (vLLM's ConstantList slices its list), which tuple() copies in
+        # one pass; tuple(tokens) would go through the ConstantList's iterator item by item.
+        new = RequestView(
+            RequestId(rid), tuple(tokens[:]), prompt, request.cache_salt, tuple(hashes)
+        )
         self._views[rid] = (request, new)
         return new
 
