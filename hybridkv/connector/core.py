@@ -220,7 +220,20 @@ class ConnectorCore(CoreQueries, OutsideWork):
             return _DEFER
         if rid in self._restarting:
             return _NONE  # salvage off (``_set_salvage``)
-        claim = self._decide(request, start)
+        # The memo (_decide), its cheapest check here: a waiting request is asked every step.
+        # The load mode is a public attribute a test may switch: it picks the claim's kind.
+        memo_key = (
+            start,
+            len(request.token_ids),
+            request.cache_salt,
+            self._memory.epoch,
+            self.load_mode,
+        )
+        memo = self._claim_memo.get(rid)
+        if memo is not None and memo.key == memo_key and memo.counts == self.store.status_counts():
+            claim = memo.claim
+        else:
+            claim = self._decide(request, memo_key, memo)
         if claim.num_tokens:
             count["claims"] += 1
             count["claimed_tokens"] += claim.num_tokens
@@ -429,10 +442,11 @@ class ConnectorCore(CoreQueries, OutsideWork):
         self._count["hashes_computed"] += keys.sync(request)
         return keys
 
-    def _decide(self, request: RequestView, start: int) -> Claim:
-        """The claim rule's answer, remembered per request: a scheduler asks a waiting request
-        again every step, and the answer changes only with its tokens, its start, the failure
-        memory or the status of a key the search read.
+    def _decide(self, request: RequestView, memo_key: _MemoKey, memo: _ClaimMemo | None) -> Claim:
+        """The claim rule's answer at ``memo_key``'s start, remembered per request (``memo``,
+        the last one, which the caller found stale or keyed otherwise): a scheduler asks a
+        waiting request again every step, and the answer changes only with its tokens, its
+        start, the failure memory or the status of a key the search read.
 
         The search (:func:`~hybridkv.connector.claims.decide_claim`) is deterministic: which
         key it reads next depends only on what it read before, so while every key it read has
@@ -440,26 +454,18 @@ class ConnectorCore(CoreQueries, OutsideWork):
         keeps those keys and their statuses and compares them again (one C-level pass,
         :meth:`HostStore.entry_states`) instead of searching; it used to be dropped whenever any
         key of the store changed status, which on a busy host is every step. Before that pass,
-        the store's status counters (:meth:`HostStore.status_counts`, moved by every status
-        change of any key) are compared with those of the last check: unchanged, no key can
-        have moved, and nothing is read."""
-        # The load mode is a public attribute a test may switch: it picks the claim's kind.
-        memo_key = (
-            start,
-            len(request.token_ids),
-            request.cache_salt,
-            self._memory.epoch,
-            self.load_mode,
-        )
+        the caller compares the store's status counters (:meth:`HostStore.status_counts`, moved
+        by every status change of any key) with those of the memo's last check: unchanged, no
+        key can have moved, and nothing is read."""
         store = self.store
-        memo = self._claim_memo.get(request.request_id)
-        if memo is not None and memo.key == memo_key:
-            counts = store.status_counts()
-            if counts == memo.counts:
-                return memo.claim
-            if store.entry_states(memo.read) == memo.states:
-                memo.counts = counts
-                return memo.claim
+        if (
+            memo is not None
+            and memo.key == memo_key
+            and store.entry_states(memo.read) == memo.states
+        ):
+            memo.counts = store.status_counts()
+            return memo.claim
+        start = memo_key[0]
         read: list[bytes] = []
         end, defer = decide_claim(
             self.geometry,
@@ -620,6 +626,10 @@ class ConnectorCore(CoreQueries, OutsideWork):
 _FIX = "build it with hybridkv (planner, store) for this layout"
 
 
+_MemoKey = tuple[int, int, str | None, int, LoadMode]
+"""A claim memo's key: start, token count, salt, failure epoch, load mode."""
+
+
 class _ClaimMemo:
     """One waiting request's remembered answer (:meth:`ConnectorCore._decide`): valid for
     ``key`` (start, token count, salt, failure epoch, load mode) while the keys in ``read``
@@ -630,7 +640,7 @@ class _ClaimMemo:
 
     def __init__(
         self,
-        key: tuple[int, int, str | None, int, LoadMode],
+        key: _MemoKey,
         claim: Claim,
         read: list[bytes],
         states: tuple[EntryState | None, ...],
