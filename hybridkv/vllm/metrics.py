@@ -275,13 +275,18 @@ class GroupAgreement:
         if self._seen.get(view.request_id) == position:
             return
         self._seen[view.request_id] = position
+        geometry, end = core.geometry, start + claimed
+        if (end // geometry.align + 1) * geometry.align > geometry.claim_limit(position[1]):
+            # No candidate end lies past the answer: each group alone ends there too (or at
+            # the start, where every group ends when no candidate lies past it).
+            return
         if claimed or core.answers_by_rule(view.request_id):
             differ = some_group_passes(
-                core.geometry,
+                geometry,
                 core.request_keys(view).key,
                 position[1],
                 start,
-                start + claimed,
+                end,
                 status=core.store.status,
                 failed=core.failed_keys(),
             )
