@@ -178,9 +178,12 @@ class Claim:
             )
 
     def as_vllm(self) -> tuple[int | None, bool]:
-        """The ``(num_tokens | None, is_async)`` pair vLLM's scheduler expects."""
-        count = None if self.kind is ClaimKind.DEFER else self.num_tokens
-        return count, _CLAIM_FORMS[self.kind].is_async
+        """The ``(num_tokens | None, is_async)`` pair vLLM's scheduler expects (the table's
+        ``is_async`` is true for ASYNC only: compared by identity, asked every lookup)."""
+        kind = self.kind
+        if kind is ClaimKind.DEFER:
+            return None, False
+        return self.num_tokens, kind is ClaimKind.ASYNC
 
 
 # --- jobs -----------------------------------------------------------------------------------

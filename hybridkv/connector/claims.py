@@ -34,13 +34,16 @@ from hybridkv.connector.geometry import ConnectorGeometry
 from hybridkv.kinds import GroupKind
 from hybridkv.store import LookupResult
 
-__all__ = ["ClaimDecision", "decide_claim"]
+__all__ = ["ClaimDecision", "decide_claim", "some_group_passes"]
 
 KeyOf = Callable[[int, int], bytes]
 """``(group_idx, unit) -> offload key``."""
+Plan = tuple[tuple[int, int, GroupKind, int], ...]
+"""``(group, unit, kind, reach)`` per group scanned (:attr:`ConnectorGeometry.scan_plan`)."""
 
 _HIT = LookupResult.HIT
 _PENDING = LookupResult.HIT_PENDING
+_FULL, _MAMBA = GroupKind.FULL, GroupKind.MAMBA
 
 
 class ClaimDecision(NamedTuple):
@@ -50,122 +53,99 @@ class ClaimDecision(NamedTuple):
     defer: bool
 
 
-class _GroupScan:
-    """One group's look at the candidates: its hopeful interval and the STORING units seen."""
+class _Search:
+    """One search's reading of the keys and its memory of what it read, per group of the plan
+    (row ``i``): a FULL group's units ``[lo, lo_mark[i])`` are good and ``hi_mark[i]`` is its
+    lowest bad unit (-1: none found); a SLIDING group's units ``[lo_mark[i], hi_mark[i])`` are
+    known hopeful (empty when ``hi_mark[i] <= lo_mark[i]``). A MAMBA group needs no memory: it
+    needs one state per candidate and the candidates fall, so no state is asked twice."""
 
-    __slots__ = (
-        "_bad_at",
-        "_failed",
-        "_g",
-        "_good_to",
-        "_key_of",
-        "_mamba",
-        "_ok_hi",
-        "_ok_lo",
-        "_pending",
-        "_reach",
-        "_read",
-        "_status",
-    )
+    __slots__ = ("failed", "hi_mark", "key_of", "lo_mark", "pending", "record", "status")
 
     def __init__(
         self,
-        g: int,
-        geometry: ConnectorGeometry,
         key_of: KeyOf,
         status: Callable[[bytes], LookupResult],
         failed: Container[bytes],
-        *,
-        read: list[bytes],
+        record: Callable[[bytes], None],
+        rows: int,
     ) -> None:
-        self._g = g
-        # geometry.first_needed, decided once per scan instead of once per candidate.
-        kind = geometry.kinds[g]
-        self._mamba = kind is GroupKind.MAMBA
-        self._reach = geometry.reaches[g] if kind is GroupKind.SLIDING else None
-        self._key_of = key_of
-        self._status = status
-        self._failed = failed
-        self._read = read.append  # a C method: recording costs no Python call
-        self._ok_lo = self._ok_hi = 0  # units [ok_lo, ok_hi) are known hopeful
-        # lowest_bad's memory: units [lo, good_to) are good, bad_at the lowest bad (-1: none).
-        self._good_to = self._bad_at = -1
-        self._pending: list[int] = []
+        self.key_of = key_of
+        self.status = status
+        self.failed = failed
+        self.record = record
+        self.lo_mark = [0] * rows
+        self.hi_mark = [-1] * rows
+        self.pending: list[tuple[int, int]] = []  # (row, unit) of the STORING units seen
 
-    def highest_bad(self, lo: int, hi: int) -> int:
-        """The highest unit in ``[lo, hi)`` whose key is absent or failed; -1 if none."""
-        ok_lo, ok_hi = self._ok_lo, self._ok_hi
-        g, key_of, status, failed, read = (
-            self._g,
-            self._key_of,
-            self._status,
-            self._failed,
-            self._read,
-        )
+    def highest_bad(self, i: int, g: int, lo: int, hi: int) -> int:
+        """The highest unit in ``[lo, hi)`` of group ``g`` (row ``i``) whose key is absent or
+        failed; -1 if none."""
+        ok_lo, ok_hi = self.lo_mark[i], self.hi_mark[i]
+        key_of, status, failed, record = self.key_of, self.status, self.failed, self.record
         j = hi - 1
         while j >= lo:
             if ok_lo <= j < ok_hi:
                 j = ok_lo - 1
                 continue
             key = key_of(g, j)
-            read(key)
+            record(key)
             verdict = status(key)
             if (verdict is not _HIT and verdict is not _PENDING) or key in failed:
                 if ok_hi > j:  # later candidates only look below j
-                    self._ok_lo = self._ok_hi = 0
+                    self.lo_mark[i], self.hi_mark[i] = 0, -1
                 return j
             if verdict is _PENDING:
-                self._pending.append(j)
+                self.pending.append((i, j))
             j -= 1
         if ok_lo <= hi and ok_hi >= lo and ok_hi > ok_lo:
-            self._ok_lo, self._ok_hi = min(lo, ok_lo), max(hi, ok_hi)
+            self.lo_mark[i], self.hi_mark[i] = min(lo, ok_lo), max(hi, ok_hi)
         else:
-            self._ok_lo, self._ok_hi = lo, hi
+            self.lo_mark[i], self.hi_mark[i] = lo, hi
         return -1
 
-    def lowest_bad(self, lo: int, hi: int) -> int:
-        """The lowest unit in ``[lo, hi)`` whose key is absent or failed; -1 if none.
+    def lowest_bad(self, i: int, g: int, lo: int, hi: int) -> int:
+        """The lowest unit in ``[lo, hi)`` of group ``g`` (row ``i``) whose key is absent or
+        failed; -1 if none.
 
         For a group whose ranges all start at the same ``lo`` (full attention) and whose ``hi``
         never grows (the candidates fall): each unit is read at most once per search."""
-        bad = self._bad_at
+        bad = self.hi_mark[i]
         if 0 <= bad < hi:
             return bad
-        g, key_of, status, failed, read = (
-            self._g,
-            self._key_of,
-            self._status,
-            self._failed,
-            self._read,
-        )
-        j = max(lo, self._good_to)
+        key_of, status, failed, record = self.key_of, self.status, self.failed, self.record
+        j = max(lo, self.lo_mark[i])
         while j < hi:
             key = key_of(g, j)
-            read(key)
+            record(key)
             verdict = status(key)
             if (verdict is not _HIT and verdict is not _PENDING) or key in failed:
-                self._bad_at = self._good_to = j
+                self.lo_mark[i] = self.hi_mark[i] = j
                 return j
             if verdict is _PENDING:
-                self._pending.append(j)
+                self.pending.append((i, j))
             j += 1
-        self._good_to = j
+        self.lo_mark[i] = j
         return -1
 
-    def has_pending(self, lo: int, hi: int) -> bool:
-        """Whether a unit in ``[lo, hi)`` (already found hopeful) is STORING."""
-        return any(lo <= j < hi for j in self._pending)
+    def pending_at(self, plan: Plan, start: int, end: int) -> bool:
+        """Whether a unit a group needs for a claim ``[start, end)`` was seen STORING."""
+        for i, j in self.pending:
+            _, u, kind, reach = plan[i]
+            last = end // u
+            if kind is _MAMBA:
+                first = last - 1
+            elif kind is _FULL:
+                first = start // u
+            else:
+                first = max(start, end - reach) // u
+            if first <= j < last:
+                return True
+        return False
 
-    def needed(self, start: int, end: int, unit: int) -> tuple[int, int]:
-        """The unit range the group needs for a claim ``[start, end)``
-        (:meth:`ConnectorGeometry.first_needed` to ``end // unit``)."""
-        last = end // unit
-        if self._mamba:
-            return last - 1, last
-        reach = self._reach
-        if reach is not None:
-            return max(start, end - reach) // unit, last
-        return start // unit, last
+
+def _ignore(key: bytes) -> None:
+    """``read``'s stand-in when the caller keeps no record."""
 
 
 def decide_claim(
@@ -195,24 +175,120 @@ def decide_claim(
     align = geometry.align
     limit = geometry.claim_limit(num_tokens)
     lowest = (start // align + 1) * align
-    units = geometry.units
-    read = [] if read is None else read
-    kinds = geometry.kinds
-    scans = []
-    for g in geometry.scan_order if groups is None else groups:
-        scan = _GroupScan(g, geometry, key_of, status, failed, read=read)
-        first_bad = scan.lowest_bad if kinds[g] is GroupKind.FULL else scan.highest_bad
-        scans.append((units[g], scan, first_bad))
+    if limit < lowest:
+        return ClaimDecision(start, False)  # no candidate end past the start: nothing to read
+    plan = geometry.scan_plan if groups is None else geometry.plan_of(groups)
+    search = _Search(key_of, status, failed, _ignore if read is None else read.append, len(plan))
     t = limit
     while t >= lowest:
-        for u, scan, first_bad in scans:
-            lo, hi = scan.needed(start, t, u)
-            bad = first_bad(lo, hi)
+        for i, (g, u, kind, reach) in enumerate(plan):
+            hi = t // u
+            if kind is _MAMBA:  # the one state at t (geometry.first_needed), read here
+                bad = hi - 1
+                key = key_of(g, bad)
+                search.record(key)
+                verdict = status(key)
+                if (verdict is _HIT or verdict is _PENDING) and key not in failed:
+                    if verdict is _PENDING:
+                        search.pending.append((i, bad))
+                    continue
+            elif kind is _FULL:
+                bad = search.lowest_bad(i, g, start // u, hi)
+            else:
+                bad = search.highest_bad(i, g, max(start, t - reach) // u, hi)
             if bad >= 0:
                 t = bad * u // align * align  # every candidate above bad * u needs unit bad
                 break
         else:
-            if any(scan.has_pending(*scan.needed(start, t, u)) for u, scan, _ in scans):
+            if search.pending and search.pending_at(plan, start, t):
                 return ClaimDecision(start, True)
             return ClaimDecision(t, False)
     return ClaimDecision(start, False)
+
+
+def some_group_passes(
+    geometry: ConnectorGeometry,
+    key_of: KeyOf,
+    num_tokens: int,
+    start: int,
+    end: int,
+    *,
+    status: Callable[[bytes], LookupResult],
+    failed: Container[bytes],
+) -> bool:
+    """Whether some group alone could claim past ``end``: a candidate end ``t > end`` whose
+    needed keys of that one group are all READY (STORING counts as absent) and not failed.
+
+    The per-group prefix metric (:class:`hybridkv.vllm.metrics.GroupAgreement`) asks it after
+    the rule answered ``end``: each group alone reaches ``end`` (a claim is READY in every
+    group), and the groups cannot all reach one end past it (that end would be hopeful in every
+    group, so the rule would have claimed or deferred there), so the groups' own prefixes
+    differ exactly when one group passes ``end``.
+
+    Pre: ``end`` is ``start`` or a claim end the rule gives (every group's needed keys at
+    ``end`` READY and not failed: a full-attention group's units below ``end`` are not read
+    again); ``key_of`` reaches every unit of ``num_tokens`` tokens. Pure, as
+    :func:`decide_claim`.
+    """
+    align = geometry.align
+    limit = geometry.claim_limit(num_tokens)
+    first = (end // align + 1) * align  # the lowest candidate past end
+    if first > limit:
+        return False
+    ready = _Ready(key_of, status, failed)
+    for row in geometry.scan_plan:
+        g, u, kind, _ = row
+        if kind is _FULL:
+            # Every candidate needs the units from start // u up, so the group passes end iff
+            # it reaches the first candidate past it.
+            passes = ready.run(g, end // u, first // u) < end // u
+        elif kind is _MAMBA:
+            passes = any(ready.state(g, t // u - 1) for t in range(limit, first - 1, -align))
+        else:
+            passes = ready.window_passes(row, start, first, limit, align)
+        if passes:
+            return True
+    return False
+
+
+class _Ready:
+    """:func:`some_group_passes`'s reading: READY (not STORING) and not failed."""
+
+    __slots__ = ("failed", "key_of", "status")
+
+    def __init__(
+        self, key_of: KeyOf, status: Callable[[bytes], LookupResult], failed: Container[bytes]
+    ) -> None:
+        self.key_of, self.status, self.failed = key_of, status, failed
+
+    def run(self, g: int, lo: int, hi: int) -> int:
+        """The highest unit in ``[lo, hi)`` of group ``g`` not READY or failed, read from the
+        top; ``lo - 1`` when every one is."""
+        key_of, status, failed = self.key_of, self.status, self.failed
+        j = hi - 1
+        while j >= lo:
+            key = key_of(g, j)
+            if status(key) is not _HIT or key in failed:
+                return j
+            j -= 1
+        return j
+
+    def state(self, g: int, j: int) -> bool:
+        """Whether unit ``j`` of group ``g`` is READY and not failed."""
+        key = self.key_of(g, j)
+        return self.status(key) is _HIT and key not in self.failed
+
+    def window_passes(
+        self, row: tuple[int, int, GroupKind, int], start: int, first: int, limit: int, align: int
+    ) -> bool:
+        """Whether a sliding group's window is READY at some candidate in ``[first, limit]``,
+        from the top: a unit that is not rules out every candidate whose window holds it."""
+        g, u, _, reach = row
+        t = limit
+        while t >= first:
+            lo = max(start, t - reach) // u
+            j = self.run(g, lo, t // u)
+            if j < lo:
+                return True
+            t = j * u // align * align  # every candidate above j * u needs unit j
+        return False

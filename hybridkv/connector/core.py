@@ -44,7 +44,6 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from operator import attrgetter
-from typing import Any
 
 from hybridkv.connector.api import (
     BlockTable,
@@ -144,11 +143,9 @@ class ConnectorCore(CoreQueries, OutsideWork):
         self._unsent_loads: list[JobId] = []
         self._loads: dict[RequestId, LoadRecord] = {}
         self._memory = KeyMemory(store)
-        # Per request: (start, tokens, salt, failure epoch), end, defer, the keys the search
-        # read and their statuses then (_decide).
-        self._claim_memo: dict[
-            RequestId, tuple[tuple[Any, ...], int, bool, list[bytes], tuple[EntryState | None, ...]]
-        ] = {}
+        self._claim_memo: dict[RequestId, _ClaimMemo] = {}  # per waiting request (_decide)
+        # Claims are values: one per size and load mode serves every request.
+        self._claims: dict[tuple[LoadMode, int], Claim] = {}
         self._delayed: set[RequestId] = set()
         self._unsent_delayed: set[RequestId] = set()
         self._asked: dict[RequestId, int] = {}
@@ -214,26 +211,45 @@ class ConnectorCore(CoreQueries, OutsideWork):
         claim; else NONE or a claim of ``end - start`` tokens, SYNC or ASYNC by ``load_mode``.
         Frame: only the asked position (and the request's hash chain) is recorded.
         """
-        start = self._checked_start(num_computed_tokens)
+        start = num_computed_tokens
+        if type(start) is not int or start < 0 or start % self.geometry.scheduler_block:
+            start = self._checked_start(start)  # refused, or an int subclass taken as it is
         rid = request.request_id
         self._asked[rid] = start
-        self._count["lookups"] += 1
+        count = self._count
+        count["lookups"] += 1
         record = self._loads.get(rid)
         if record is not None and record.in_flight:
-            self._count["deferred"] += 1
+            count["deferred"] += 1
             return _DEFER
         if rid in self._restarting:
             return _NONE  # salvage off (``_set_salvage``)
-        end, defer = self._decide(request, start)
-        if defer:
-            self._count["deferred"] += 1
-            return _DEFER
-        if end == start:
-            return _NONE
-        self._count["claims"] += 1
-        self._count["claimed_tokens"] += end - start
-        kind = ClaimKind.ASYNC if self.load_mode is LoadMode.ASYNC else ClaimKind.SYNC
-        return Claim(kind, end - start)
+        # The memo (_decide), its cheapest check here: a waiting request is asked every step.
+        # The load mode is a public attribute a test may switch: it picks the claim's kind.
+        memo_key = (
+            start,
+            len(request.token_ids),
+            request.cache_salt,
+            self._memory.epoch,
+            self.load_mode,
+        )
+        memo = self._claim_memo.get(rid)
+        if memo is not None and memo.key == memo_key and memo.counts == self.store.status_counts():
+            claim = memo.claim
+        else:
+            claim = self._decide(request, memo_key, memo)
+        if claim.num_tokens:
+            count["claims"] += 1
+            count["claimed_tokens"] += claim.num_tokens
+        elif claim is _DEFER:
+            count["deferred"] += 1
+        return claim
+
+    def answers_by_rule(self, request_id: RequestId) -> bool:
+        """Whether a decided answer (a claim or NONE) for the request comes from the claim rule:
+        False only while salvage is off and the request restarts after a failed load (answered
+        NONE without a search, ``_set_salvage``). Frame: nothing changes."""
+        return request_id not in self._restarting
 
     def update_state_after_alloc(
         self, request: RequestView, block_ids: BlockTable, num_external_tokens: int
@@ -461,22 +477,30 @@ class ConnectorCore(CoreQueries, OutsideWork):
         self._count["hashes_computed"] += keys.sync(request)
         return keys
 
-    def _decide(self, request: RequestView, start: int) -> tuple[int, bool]:
-        """The claim rule's answer, remembered per request: a scheduler asks a waiting request
-        again every step, and the answer changes only with its tokens, its start, the failure
-        memory or the status of a key the search read.
+    def _decide(self, request: RequestView, memo_key: _MemoKey, memo: _ClaimMemo | None) -> Claim:
+        """The claim rule's answer at ``memo_key``'s start, remembered per request (``memo``,
+        the last one, which the caller found stale or keyed otherwise): a scheduler asks a
+        waiting request again every step, and the answer changes only with its tokens, its
+        start, the failure memory or the status of a key the search read.
 
         The search (:func:`~hybridkv.connector.claims.decide_claim`) is deterministic: which
         key it reads next depends only on what it read before, so while every key it read has
         its status, the same search reads the same keys and gives the same answer. The memo
         keeps those keys and their statuses and compares them again (one C-level pass,
         :meth:`HostStore.entry_states`) instead of searching; it used to be dropped whenever any
-        key of the store changed status, which on a busy host is every step."""
-        memo_key = (start, len(request.token_ids), request.cache_salt, self._memory.epoch)
+        key of the store changed status, which on a busy host is every step. Before that pass,
+        the caller compares the store's status counters (:meth:`HostStore.status_counts`, moved
+        by every status change of any key) with those of the memo's last check: unchanged, no
+        key can have moved, and nothing is read."""
         store = self.store
-        memo = self._claim_memo.get(request.request_id)
-        if memo is not None and memo[0] == memo_key and store.entry_states(memo[3]) == memo[4]:
-            return memo[1], memo[2]
+        if (
+            memo is not None
+            and memo.key == memo_key
+            and store.entry_states(memo.read) == memo.states
+        ):
+            memo.counts = store.status_counts()
+            return memo.claim
+        start = memo_key[0]
         read: list[bytes] = []
         end, defer = decide_claim(
             self.geometry,
@@ -487,14 +511,20 @@ class ConnectorCore(CoreQueries, OutsideWork):
             failed=self._memory.failed,
             read=read,
         )
-        self._claim_memo[request.request_id] = (
-            memo_key,
-            end,
-            defer,
-            read,
-            store.entry_states(read),
+        claim = _DEFER if defer else _NONE if end == start else self._claim(end - start)
+        self._claim_memo[request.request_id] = _ClaimMemo(
+            memo_key, claim, read, store.entry_states(read), store.status_counts()
         )
-        return end, defer
+        return claim
+
+    def _claim(self, num_tokens: int) -> Claim:
+        """The claim of ``num_tokens`` > 0 tokens, SYNC or ASYNC by ``load_mode``."""
+        mode = self.load_mode
+        claim = self._claims.get((mode, num_tokens))
+        if claim is None:
+            kind = ClaimKind.ASYNC if mode is LoadMode.ASYNC else ClaimKind.SYNC
+            claim = self._claims[mode, num_tokens] = Claim(kind, num_tokens)
+        return claim
 
     def _loadable(self, key: bytes) -> bool:
         """Whether a load may read ``key``: READY in the host, and no failed load of it is
@@ -622,6 +652,35 @@ class ConnectorCore(CoreQueries, OutsideWork):
 
 
 _FIX = "build it with hybridkv (planner, store) for this layout"
+
+
+_MemoKey = tuple[int, int, str | None, int, LoadMode]
+"""A claim memo's key: start, token count, salt, failure epoch, load mode."""
+
+
+class _ClaimMemo:
+    """One waiting request's remembered answer (:meth:`ConnectorCore._decide`): valid for
+    ``key`` (start, token count, salt, failure epoch, load mode) while the keys in ``read``
+    have the statuses ``states``; ``counts``: the store's status counters when that last
+    held."""
+
+    __slots__ = ("claim", "counts", "key", "read", "states")
+
+    def __init__(
+        self,
+        key: _MemoKey,
+        claim: Claim,
+        read: list[bytes],
+        states: tuple[EntryState | None, ...],
+        counts: tuple[int, int, int, int],
+    ) -> None:
+        self.key, self.claim, self.read, self.states, self.counts = (
+            key,
+            claim,
+            read,
+            states,
+            counts,
+        )
 
 
 def _without(part: Sequence[TransferItem], low: list[TransferItem]) -> list[TransferItem]:

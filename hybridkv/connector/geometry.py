@@ -53,6 +53,9 @@ class ConnectorGeometry:
             the cheapest, most selective groups first (a mamba group reads one state per
             candidate; a full-attention group is read from the bottom, once per search, and
             ends it at the first unit the host lacks: :mod:`hybridkv.connector.claims`).
+        scan_plan: per group of ``scan_order``, ``(group, unit, kind, reach)``: everything
+            the claim search reads of the geometry, in one row, so a search builds nothing
+            per group (:meth:`plan_of` for another choice of groups).
         distinct_units: the different unit sizes, ascending (a step completes a unit of some
             group exactly when it crosses a multiple of one of them).
     """
@@ -70,6 +73,7 @@ class ConnectorGeometry:
     scheduler_block: int
     align: int
     scan_order: tuple[int, ...]
+    scan_plan: tuple[tuple[int, int, GroupKind, int], ...]
     distinct_units: tuple[int, ...]
 
     @classmethod
@@ -102,6 +106,7 @@ class ConnectorGeometry:
         blocks = tuple(block for _, block in planner.groups)
         scheduler_block = math.lcm(*blocks)
         rank = {GroupKind.MAMBA: 0, GroupKind.FULL: 1, GroupKind.SLIDING: 2}
+        order = tuple(sorted(range(len(kinds)), key=lambda g: (rank[kinds[g]], g)))
         return cls(
             kinds=kinds,
             reaches=reaches,
@@ -113,7 +118,8 @@ class ConnectorGeometry:
             planner=planner,
             scheduler_block=scheduler_block,
             align=math.lcm(planner.claim_unit, scheduler_block),
-            scan_order=tuple(sorted(range(len(kinds)), key=lambda g: (rank[kinds[g]], g))),
+            scan_order=order,
+            scan_plan=tuple((g, planner.units[g], kinds[g], reaches[g]) for g in order),
             distinct_units=tuple(sorted(set(planner.units))),
         )
 
@@ -121,6 +127,13 @@ class ConnectorGeometry:
     def num_groups(self) -> int:
         """How many KV cache groups."""
         return len(self.kinds)
+
+    def plan_of(self, groups: Sequence[int]) -> tuple[tuple[int, int, GroupKind, int], ...]:
+        """The claim search's rows (:attr:`scan_plan`) for ``groups``, in that order.
+
+        Pre: each entry is a group index (IndexError otherwise)."""
+        units, kinds, reaches = self.units, self.kinds, self.reaches
+        return tuple((g, units[g], kinds[g], reaches[g]) for g in groups)
 
     def completes_a_unit(self, start: int, end: int) -> bool:
         """Whether computing ``[start, end)`` completes a unit of some group."""

@@ -39,7 +39,7 @@ from vllm.v1.core.kv_cache_utils import maybe_convert_block_hash
 from vllm.v1.metrics.utils import create_metric_per_engine
 
 from hybridkv.connector import ConnectorCore, JobResult, RequestView, TransferJob, TransferKind
-from hybridkv.connector.claims import decide_claim
+from hybridkv.connector.claims import decide_claim, some_group_passes
 from hybridkv.connector.counts import COUNTED
 from hybridkv.store import EventKind, LookupResult, StoreEvent
 from hybridkv.vllm.events import BlockPayloads
@@ -310,10 +310,15 @@ class GroupAgreement:
 
     A group's own prefix is the claim rule (:func:`hybridkv.connector.claims.decide_claim`)
     applied with every other group's keys taken as READY and this group's STORING keys as
-    absent: how far this group alone could serve. vLLM reconciles the groups' GPU hits to the
-    common boundary silently (``kv_cache_coordinator.py``); this counter makes the offload
-    tier's version visible. Counted once per request and asked position (a request waiting for
-    blocks is asked again each step with the same answer).
+    absent: how far this group alone could serve (:meth:`group_ends`). vLLM reconciles the
+    groups' GPU hits to the common boundary silently (``kv_cache_coordinator.py``); this counter
+    makes the offload tier's version visible. Counted once per request and asked position (a
+    request waiting for blocks is asked again each step with the same answer).
+
+    When the rule gave the answer, every group alone reaches its end and no end past it is
+    reached by all, so the prefixes differ exactly when one group alone passes it
+    (:func:`~hybridkv.connector.claims.some_group_passes`, which reads only past the answer);
+    only an answer the rule did not give is checked group by group.
     """
 
     def __init__(self) -> None:
@@ -322,21 +327,33 @@ class GroupAgreement:
 
     def observe(self, core: ConnectorCore, view: RequestView, start: int, claimed: int = 0) -> None:
         """After a decided lookup (not deferred) of ``view`` at ``start`` that claimed
-        ``claimed`` tokens."""
+        ``claimed`` tokens, the core's answer to it (nothing changed in between)."""
         position = (start, len(view.token_ids))
         if self._seen.get(view.request_id) == position:
             return
         self._seen[view.request_id] = position
-        if claimed and start + claimed == core.geometry.claim_limit(len(view.token_ids)):
-            # Every group's needed keys at the largest candidate end are READY and not failed
-            # (the core claimed it), so each group alone reaches that end too: they agree,
-            # and the per-group scans would only confirm it.
+        geometry, end = core.geometry, start + claimed
+        if (end // geometry.align + 1) * geometry.align > geometry.claim_limit(position[1]):
+            # No candidate end lies past the answer: each group alone ends there too (or at
+            # the start, where every group ends when no candidate lies past it).
             return
-        # The groups disagree as soon as one group's end differs from the first's: the scans
-        # of the groups after it could not make them agree again.
-        ends = self._ends(core, view, start)
-        first = next(ends)
-        if any(end != first for end in ends):
+        if claimed or core.answers_by_rule(view.request_id):
+            differ = some_group_passes(
+                geometry,
+                core.request_keys(view).key,
+                position[1],
+                start,
+                end,
+                status=core.store.status,
+                failed=core.failed_keys(),
+            )
+        else:
+            # The groups disagree as soon as one group's end differs from the first's: the
+            # scans of the groups after it could not make them agree again.
+            ends = self._ends(core, view, start)
+            first = next(ends)
+            differ = any(end != first for end in ends)
+        if differ:
             self.count += 1
 
     def forget(self, request_id: str) -> None:

@@ -17,6 +17,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorMetadat
 
 from hybridkv.connector import (
     BlockTable,
+    ClaimKind,
     ConnectorCore,
     KVConnectorOutput,
     RequestId,
@@ -36,6 +37,9 @@ from hybridkv.vllm.step_metadata import HybridKVMetadata, HybridKVWorkerMeta
 from hybridkv.vllm.views import RequestViews, block_table
 
 __all__ = ["SchedulerRole"]
+
+_CORE = Answer.CORE
+_DEFER, _ASYNC = ClaimKind.DEFER, ClaimKind.ASYNC
 
 
 class _PoolPins:
@@ -123,24 +127,27 @@ class SchedulerRole:
     ) -> tuple[int | None, bool]:
         rid = request.request_id
         self._requests[rid] = request
+        core = self.core
+        if core is None:
+            core = self._core()  # refused: the worker-side connector
         # A request restarted by a failed load that vLLM refused while nothing ran is deferred
         # or answered nothing, or vLLM 0.33 wedges (hybridkv.vllm.reclaim).
         answer = self._reclaim.answer(rid)
-        if answer is Answer.DEFER:
-            return None, False
-        if answer is Answer.NONE:
-            return 0, False
+        if answer is not _CORE:
+            return (None, False) if answer is Answer.DEFER else (0, False)
         if self.deadlines is not None and self.deadlines.recomputing(rid):
             self._deadline_answers += 1
             return 0, False  # its load missed the deadline: recomputed (LoadDeadlines)
         view = self._views.view(request)
         if self.remote is not None:
             self.remote.before_claim(view, num_computed_tokens)
-        claim = self._core().get_num_new_matched_tokens(view, num_computed_tokens)
-        vllm_answer = claim.as_vllm()
-        if vllm_answer[0] is not None:
-            self._agreement.observe(self._core(), view, num_computed_tokens, vllm_answer[0])
-        return vllm_answer
+        claim = core.get_num_new_matched_tokens(view, num_computed_tokens)
+        # Claim.as_vllm, inline (this hook runs for every waiting request at every step).
+        kind = claim.kind
+        if kind is _DEFER:
+            return None, False
+        self._agreement.observe(core, view, num_computed_tokens, claim.num_tokens)
+        return claim.num_tokens, kind is _ASYNC
 
     def update_state_after_alloc(self, request: Any, blocks: Any, num_external_tokens: int) -> None:
         # vLLM may call this again for one request; the core loads only for a positive count.

@@ -42,7 +42,9 @@ class RequestViews:
 
     def view(self, request: Any) -> RequestView:
         """The view of ``request`` now: equal to one built from scratch."""
-        rid = request.request_id
+        # vLLM's id is a str: taken as the RequestId it is (the NewType's call is a Python
+        # call per view, for nothing).
+        rid: RequestId = request.request_id
         tokens = request.all_token_ids
         hashes = request.block_hashes
         prompt = int(request.num_prompt_tokens)
@@ -59,7 +61,7 @@ class RequestViews:
                 ):
                     return old
                 new = RequestView(
-                    RequestId(rid),
+                    rid,
                     old.token_ids + tuple(tokens[seen:]),
                     prompt,
                     request.cache_salt,
@@ -67,7 +69,9 @@ class RequestViews:
                 )
                 self._views[rid] = (request, new)
                 return new
-        new = RequestView(RequestId(rid), tuple(tokens), prompt, request.cache_salt, tuple(hashes))
+        # tokens[:] is a list (vLLM's ConstantList slices its list), which tuple() copies in
+        # one pass; tuple(tokens) would go through the ConstantList's iterator item by item.
+        new = RequestView(rid, tuple(tokens[:]), prompt, request.cache_salt, tuple(hashes))
         self._views[rid] = (request, new)
         return new
 

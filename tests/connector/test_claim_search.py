@@ -21,7 +21,7 @@ from collections.abc import Callable
 import pytest
 
 from hybridkv.connector import ConnectorGeometry
-from hybridkv.connector.claims import ClaimDecision, decide_claim
+from hybridkv.connector.claims import ClaimDecision, decide_claim, some_group_passes
 from hybridkv.kinds import GroupKind
 from hybridkv.planner import HybridOffloadPlanner
 from hybridkv.store import LookupResult
@@ -252,3 +252,58 @@ def test_a_second_sliding_group_s_hole_sends_the_first_one_below_its_memory() ->
     assert {j for g, j in (k.decode().split(":") for k in asked) if g == "0"} == {
         str(j) for j in range(17, 24)
     }
+
+
+@pytest.mark.parametrize("name", sorted(LAYOUTS))
+def test_one_group_passes_the_rule_s_answer_exactly_when_the_groups_own_ends_differ(
+    name: str,
+) -> None:
+    # The per-group prefix metric: after the rule answered (not DEFER), its groups' own ends
+    # (the rule on one group, STORING counted as absent) differ exactly when one group alone
+    # passes the answer. The ends are computed here by the plain rule, group by group.
+    geometry = _geometry(name)
+    rng = random.Random(f"{name}/passes")
+    outcomes: Counter[tuple[bool, bool]] = Counter()
+    for _ in range(600):
+        store = _random_store(rng, geometry)
+        failed = {k for k in store if rng.random() < 0.04}
+        num_tokens = rng.randrange(0, MAX_LEN + 1)
+        start = rng.randrange(0, max(1, num_tokens)) // geometry.scheduler_block
+        start *= geometry.scheduler_block
+        status = functools.partial(_status_in, store)
+        answer = decide_claim(geometry, _key, num_tokens, start, status=status, failed=failed)
+        if answer.defer:
+            continue
+        ready = {key: HIT for key, value in store.items() if value is HIT}
+        ends = {
+            _plain(
+                geometry,
+                num_tokens,
+                start,
+                status=functools.partial(_status_in, ready),
+                failed=failed,
+                groups=(g,),
+            ).end
+            for g in range(len(geometry.kinds))
+        }
+        asked: list[bytes] = []
+
+        def reading(
+            key: bytes, asked: list[bytes] = asked, store: dict[bytes, LookupResult] = store
+        ) -> LookupResult:
+            asked.append(key)
+            return store.get(key, MISS)
+
+        passes = some_group_passes(
+            geometry, _key, num_tokens, start, answer.end, status=reading, failed=failed
+        )
+        assert passes == (len(ends) > 1)
+        # Only past the answer: a full-attention group's units below it are the claim's.
+        for key in asked:
+            g, j = map(int, key.decode().split(":"))
+            if geometry.kinds[g] is FULL:
+                assert j >= answer.end // geometry.units[g]
+        assert len(asked) == len(set(asked))  # no key read twice
+        outcomes[passes, answer.end > start] += 1
+    assert len(outcomes) == 4, outcomes
+    assert min(outcomes.values()) >= 5, outcomes

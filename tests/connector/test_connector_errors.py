@@ -166,6 +166,15 @@ def test_a_claim_of_an_unknown_kind_is_refused_by_name() -> None:
     _refused("kind", Claim, "defer", 0)
 
 
+def test_each_claim_kind_in_vllm_s_words() -> None:
+    # (num_tokens | None, is_async): None asks again next step, True parks the request in
+    # WAITING_FOR_REMOTE_KVS.
+    assert Claim(ClaimKind.DEFER).as_vllm() == (None, False)
+    assert Claim(ClaimKind.NONE).as_vllm() == (0, False)
+    assert Claim(ClaimKind.SYNC, 16).as_vllm() == (16, False)
+    assert Claim(ClaimKind.ASYNC, 32).as_vllm() == (32, True)
+
+
 def test_the_seed_refuses_a_store_too_small() -> None:
     core = ConnectorCore(_planner(), HostStore(2), (FULL, MAMBA), 2, 2)
     before = core.snapshot()

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from collections.abc import Sequence
 
 from hybridkv.connector import (
     ClaimKind,
@@ -26,7 +27,7 @@ from hybridkv.connector import (
 )
 from hybridkv.kinds import GroupKind
 from hybridkv.planner import HybridOffloadPlanner
-from hybridkv.store import HostStore, LookupResult
+from hybridkv.store import EntryState, HostStore, LookupResult
 
 FULL, SLIDING, MAMBA = GroupKind.FULL, GroupKind.SLIDING, GroupKind.MAMBA
 
@@ -35,10 +36,15 @@ class CountingStore(HostStore):
     """The optimized store, counting the per-key lookups the core makes."""
 
     lookups = 0
+    compared = 0  # keys whose states entry_states read (the claim memo's check)
 
     def status(self, key: bytes) -> LookupResult:
         self.lookups += 1
         return super().status(key)
+
+    def entry_states(self, keys: Sequence[bytes]) -> tuple[EntryState | None, ...]:
+        self.compared += len(keys)
+        return super().entry_states(keys)
 
 
 def _core(capacity: int = 4096) -> ConnectorCore:
@@ -128,6 +134,33 @@ def test_a_re_ask_is_searched_again_only_when_a_key_it_read_moved() -> None:
     core.seed(_view("S", tokens), 400)
     again = core.get_num_new_matched_tokens(_view("B", tokens), 0)
     assert store.lookups > before
+    assert (again.kind, again.num_tokens) == (ClaimKind.ASYNC, 400)
+
+
+def test_a_re_ask_while_no_key_of_the_host_moved_reads_no_key_at_all() -> None:
+    # The memo's check is the store's status counters first: unchanged, no key can have
+    # moved, so not even the keys the search read are compared; moved, they are.
+    core = _core()
+    tokens = tuple(range(1, 402))
+    core.seed(_view("S", tokens), 200)
+    store = core.store
+    assert isinstance(store, CountingStore)
+    first = core.get_num_new_matched_tokens(_view("B", tokens), 0)
+    lookups, compared = store.lookups, store.compared
+    for _ in range(3):
+        assert core.get_num_new_matched_tokens(_view("B", tokens), 0) is first
+    assert (store.lookups, store.compared) == (lookups, compared)
+    core.seed(_view("C", tuple(range(5001, 5402))), 400)  # other keys move: compared once
+    assert core.get_num_new_matched_tokens(_view("B", tokens), 0) is first
+    assert core.get_num_new_matched_tokens(_view("B", tokens), 0) is first
+    assert store.lookups == lookups
+    # The first ask compared the keys it read (kept with the answer); the first re-ask after
+    # the move compares them again, the second finds the counters as the first left them.
+    assert compared > 0
+    assert store.compared == 2 * compared
+    core.seed(_view("S", tokens), 400)  # a key B's search read moves: searched again
+    again = core.get_num_new_matched_tokens(_view("B", tokens), 0)
+    assert store.lookups > lookups
     assert (again.kind, again.num_tokens) == (ClaimKind.ASYNC, 400)
 
 

@@ -105,3 +105,17 @@ def test_salvage_switch_changes_nothing_else() -> None:
 def test_salvage_switch_takes_a_bool() -> None:
     with pytest.raises(HybridKVConfigError, match="enabled"):
         _core()._set_salvage(0)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("salvage", [True, False])
+def test_the_rule_answers_unless_salvage_off_holds_a_restarted_request(salvage: bool) -> None:
+    # answers_by_rule: False exactly while the core answers NONE without a search (the per-group
+    # metric then compares the groups' ends one by one, hybridkv.vllm.metrics.GroupAgreement).
+    core = _core()
+    core._set_salvage(salvage)
+    assert core.answers_by_rule(RequestId("B"))
+    _fail_a_load(core, failed_segment=2)
+    assert core.answers_by_rule(RequestId("B")) is salvage
+    assert core.answers_by_rule(RequestId("other"))
+    core.build_connector_meta(StepView(2, (ScheduledRequest(_view("B"), _table(1), 0, 8),)))
+    assert core.answers_by_rule(RequestId("B"))  # scheduled: no longer restarting
