@@ -164,6 +164,21 @@ def test_a_re_ask_while_no_key_of_the_host_moved_reads_no_key_at_all() -> None:
     assert (again.kind, again.num_tokens) == (ClaimKind.ASYNC, 400)
 
 
+def test_claims_of_one_size_are_one_value_for_every_request() -> None:
+    # A claim is a frozen value: the core builds one per size and load mode and hands it to
+    # every request that claims that many tokens (no value built per lookup).
+    core = _core()
+    tokens = tuple(range(1, 402))
+    core.seed(_view("S", tokens), 400)
+    b = core.get_num_new_matched_tokens(_view("B", tokens), 0)
+    c = core.get_num_new_matched_tokens(_view("C", tokens), 0)
+    assert (b.kind, b.num_tokens) == (ClaimKind.ASYNC, 400)
+    assert c is b
+    shorter = core.get_num_new_matched_tokens(_view("D", tokens[:250]), 0)
+    assert shorter.num_tokens == 248  # another size, another value
+    assert shorter is not b
+
+
 def test_a_claim_past_a_hole_jumps_instead_of_walking_every_end() -> None:
     core = _core()
     tokens = tuple(range(1, 2002))

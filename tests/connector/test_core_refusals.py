@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 from hybridkv.connector import (
+    ClaimKind,
     ConnectorCore,
     JobId,
     JobResult,
@@ -114,6 +115,18 @@ def test_an_ask_off_the_scheduler_grid_is_refused_whole(value: object) -> None:
     assert _whole(_core().get_num_new_matched_tokens, _view("A"), value) == _expected(
         "num_computed_tokens", value, "not a multiple of 2 >= 0", "align it"
     )
+
+
+class _Position(int):
+    """A caller's own integer type (an ``int`` subclass other than ``bool``)."""
+
+
+@pytest.mark.parametrize("value", [0, 4])
+def test_an_int_subclass_on_the_grid_is_asked_as_it_is(value: int) -> None:
+    # The hot path checks plain ints inline and sends every other value to the full check,
+    # which takes an int subclass on the grid (0 included) and refuses only what is off it.
+    claim = _core().get_num_new_matched_tokens(_view("A"), _Position(value))
+    assert claim.kind is ClaimKind.NONE  # asked, nothing stored: no claim, no refusal
 
 
 def test_calls_out_of_order_are_refused_whole() -> None:
