@@ -6,9 +6,10 @@ needed key of every group (:meth:`ConnectorGeometry.first_needed`); the largest 
 candidate (no needed key absent or failed) is claimed when all its keys are READY, deferred when
 one is STORING. The fast search jumps below an absent key and remembers the units it found
 hopeful per group; these tests check its jumps and its memory on layouts whose units, blocks and
-windows differ, including claim alignments larger than the claim unit. They run in well under a
-second, the fast check ``tools/mutants.py`` gives the module beside the differential machine
-(tests/differential/test_connector_agreement.py, which compares the whole core with the spec's).
+windows differ, including claim alignments larger than the claim unit and one of a single token.
+They run in well under a second, the fast check ``tools/mutants.py`` gives the module beside the
+differential machine (tests/differential/test_connector_agreement.py, which compares the whole
+core with the spec's).
 """
 
 from __future__ import annotations
