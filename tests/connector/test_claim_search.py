@@ -6,9 +6,10 @@ needed key of every group (:meth:`ConnectorGeometry.first_needed`); the largest 
 candidate (no needed key absent or failed) is claimed when all its keys are READY, deferred when
 one is STORING. The fast search jumps below an absent key and remembers the units it found
 hopeful per group; these tests check its jumps and its memory on layouts whose units, blocks and
-windows differ, including claim alignments larger than the claim unit. They run in well under a
-second, the fast check ``tools/mutants.py`` gives the module beside the differential machine
-(tests/differential/test_connector_agreement.py, which compares the whole core with the spec's).
+windows differ, including claim alignments larger than the claim unit and one of a single token.
+They run in well under a second, the fast check ``tools/mutants.py`` gives the module beside the
+differential machine (tests/differential/test_connector_agreement.py, which compares the whole
+core with the spec's).
 """
 
 from __future__ import annotations
@@ -42,6 +43,9 @@ LAYOUTS = {
     # block (16 or 8), so the claimable limit is rounded down to the alignment.
     "full16+mamba8-chunk4": (((FULL, 16), (MAMBA, 8)), 4, 4, ()),
     "full8+sliding8-chunk4": (((FULL, 8), (SLIDING, 8)), 4, 4, (0, 11)),
+    # Blocks and chunks of one token: every token is a candidate end (align 1), so the
+    # lowest candidate past an answer is the token right after it, not a block away.
+    "full1+mamba1-align1": (((FULL, 1), (MAMBA, 1)), 1, 1, ()),
 }
 MAX_LEN = 96
 
@@ -252,6 +256,38 @@ def test_a_second_sliding_group_s_hole_sends_the_first_one_below_its_memory() ->
     assert {j for g, j in (k.decode().split(":") for k in asked) if g == "0"} == {
         str(j) for j in range(17, 24)
     }
+
+
+def test_a_window_forgotten_after_a_hole_is_read_again_down_to_its_first_unit() -> None:
+    # sliding13+sliding9+full, units of 4, claims every 4, 25 tokens (limit 24). At 24 the
+    # first sliding group finds units 2..5 hopeful and the second finds unit 5 absent. At 20
+    # the first group knows 2..4 and reads unit 1: absent, below what it knew, so it forgets
+    # its memory (nothing it knew lies below 1). At 4 it needs unit 0, which it never read:
+    # absent, so no candidate is hopeful. A memory that still claimed unit 0 would claim 4.
+    geometry = _geometry("sliding13+sliding9+full")
+    store = {_key(2, j): HIT for j in range(6)}
+    store |= {_key(0, j): HIT for j in range(2, 6)} | {_key(1, j): HIT for j in range(5)}
+    asked: list[bytes] = []
+
+    def status(key: bytes) -> LookupResult:
+        asked.append(key)
+        return store.get(key, MISS)
+
+    decision = decide_claim(geometry, _key, 25, 0, status=status, failed=())
+    assert decision == ClaimDecision(0, False)
+    assert asked[-1] == _key(0, 0)  # the search ends on the first sliding group's unit 0
+    expected = _plain(
+        geometry,
+        25,
+        0,
+        status=functools.partial(_status_in, store),
+        failed=set(),
+        groups=geometry.scan_order,
+    )
+    assert decision == expected
+    # With unit 0 READY the same reads claim 4: the answer turns on that one unit.
+    store[_key(0, 0)] = HIT
+    assert decide_claim(geometry, _key, 25, 0, status=status, failed=()) == ClaimDecision(4, False)
 
 
 @pytest.mark.parametrize("name", sorted(LAYOUTS))
