@@ -44,6 +44,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from operator import attrgetter
+from typing import cast
 
 from hybridkv.connector.api import (
     BlockTable,
@@ -76,7 +77,6 @@ from hybridkv.planner import HybridOffloadPlanner
 from hybridkv.store import (
     EntryState,
     HostStore,
-    LookupResult,
     PrepareLoadOutput,
     PrepareStoreOutput,
     StorePriority,
@@ -91,6 +91,7 @@ _DEFER, _NONE = Claim(ClaimKind.DEFER), Claim(ClaimKind.NONE)
 _NO_IDS: frozenset[RequestId] = frozenset()
 _NO_JOBS = ConnectorMeta((), (), _NO_IDS)  # a step with no job and no delayed free
 _KEY = attrgetter("key")  # an item's key, read in C
+_READY = EntryState.READY
 
 
 class ConnectorCore(CoreQueries, OutsideWork):
@@ -287,12 +288,18 @@ class ConnectorCore(CoreQueries, OutsideWork):
                 )
             self.store.touch(item_keys)
         sync = self.load_mode is LoadMode.SYNC
-        jobs = []
-        for part in segments(items, self.geometry.align):
-            job = TransferJob(self._new_job_id(), _LOAD, rid, part, sync)
-            self._add_job(job, request.cache_salt)
-            self._unsent_loads.append(job.job_id)
-            jobs.append(job.job_id)
+        parts = segments(items, self.geometry.align)
+        # Ids count up in segment order (_new_job_id's numbering), taken at once: a load of a
+        # long prefix has one job per segment, so per-job calls were much of its cost.
+        first = self._next_job
+        self._next_job = first + len(parts)
+        jobs = cast("tuple[JobId, ...]", tuple(range(first, self._next_job)))
+        if parts:
+            table, salt = self._jobs, request.cache_salt
+            for job_id, part in zip(jobs, parts, strict=True):
+                table[job_id] = (TransferJob(job_id, _LOAD, rid, part, sync), salt)
+            self._jobs_of[rid] = self._jobs_of.get(rid, 0) + len(parts)
+            self._unsent_loads.extend(jobs)
         self._loads[rid] = LoadRecord(
             start=start,
             end=end,
@@ -300,7 +307,7 @@ class ConnectorCore(CoreQueries, OutsideWork):
             sync=sync,
             cache_salt=request.cache_salt,
             items=items,
-            jobs=tuple(jobs),
+            jobs=jobs,
         )
         count = self._count
         count["loaded_tokens"] += num_external_tokens
@@ -376,10 +383,17 @@ class ConnectorCore(CoreQueries, OutsideWork):
         dropped), unpins its blocks, and a success clears their failure memory; a delayed
         request whose last store reported is no longer delayed.
         """
-        jobs, spans, jobs_of = self._jobs, self._store_spans, self._jobs_of
+        jobs, spans, jobs_of, loads = self._jobs, self._store_spans, self._jobs_of, self._loads
+        # Successful loads of one record reported one after another are folded together (one
+        # unpin, one record update): a long load has a job per segment, usually all reported
+        # in the same step. The effects are those of folding them one by one (_load_reported):
+        # a success only unpins, evicts failed keys and records, in the same order.
+        run: list[TransferJob] = []
         for result in output.completed_jobs:
             entry = jobs.pop(result.job_id, None)
             if entry is None:
+                if run:
+                    self._loads_succeeded(run)
                 raise HybridKVConfigError(
                     "completed_jobs", result.job_id, "no such job", "report once"
                 )
@@ -391,11 +405,24 @@ class ConnectorCore(CoreQueries, OutsideWork):
                 jobs_of[rid] = left
             else:
                 del jobs_of[rid]
+            if job.kind is _LOAD and result.success:
+                record = loads.get(rid)
+                if record is not None and job.job_id in record.jobs:
+                    if run and run[0].request_id != rid:
+                        self._loads_succeeded(run)
+                        run = []
+                    run.append(job)
+                    continue
+            if run:
+                self._loads_succeeded(run)
+                run = []
             keys = tuple(map(_KEY, job.items))
             if job.kind is _LOAD:
                 self._load_reported(job, keys, result.success)
             else:
                 self._store_reported(job, keys, result.success)
+        if run:
+            self._loads_succeeded(run)
 
     def request_finished_all_groups(self, request: RequestView, block_ids: BlockTable) -> bool:
         """True (delay the free until ``finished_sending``) iff a store of it is in flight and
@@ -526,10 +553,17 @@ class ConnectorCore(CoreQueries, OutsideWork):
             claim = self._claims[mode, num_tokens] = Claim(kind, num_tokens)
         return claim
 
-    def _loadable(self, key: bytes) -> bool:
-        """Whether a load may read ``key``: READY in the host, and no failed load of it is
-        remembered."""
-        return key not in self._memory and self.store.status(key) is LookupResult.HIT
+    def _loadable(self, keys: list[bytes]) -> list[bool]:
+        """Per key of ``keys``, whether a load may read it: READY in the host, and no failed
+        load of it is remembered (the states in one C-level pass)."""
+        states = self.store.entry_states(keys)
+        failed = self._memory.failed
+        if failed:
+            return [
+                state is _READY and key not in failed
+                for key, state in zip(keys, states, strict=True)
+            ]
+        return [state is _READY for state in states]
 
     def _checked_start(self, value: int) -> int:
         """``num_computed_tokens`` as asked: an int >= 0 on the scheduler block's grid."""
@@ -612,6 +646,25 @@ class ConnectorCore(CoreQueries, OutsideWork):
             if rid in self._finished and not record.in_flight:
                 del self._loads[rid]
                 self._finished.discard(rid)
+
+    def _loads_succeeded(self, run: list[TransferJob]) -> None:
+        """:meth:`_load_reported` of each job of ``run``, successes of one request's current
+        load in report order, folded at once: one unpin of all their keys and one record
+        update (the evictions of failed keys stay one per job)."""
+        keys = [item.key for job in run for item in job.items]
+        self.store.complete_load(keys)
+        memory = self._memory
+        # As in _load_reported, job by job: each eviction is one event of the store's log (its
+        # grouping is observable), and nothing is evicted while nothing is remembered.
+        for job in run if memory else ():
+            failed = [item.key for item in job.items if item.key in memory]
+            memory.departed(self.store.evict(failed))
+        rid = run[0].request_id
+        record = self._loads[rid]
+        record.jobs_succeeded([job.job_id for job in run], keys)
+        if rid in self._finished and not record.in_flight:
+            del self._loads[rid]
+            self._finished.discard(rid)
 
     def _store_reported(self, job: TransferJob, keys: tuple[bytes, ...], success: bool) -> None:
         stale = job.job_id in self._stale_jobs

@@ -11,7 +11,7 @@ failure memory keeps only its keys.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from operator import attrgetter
 
 from hybridkv.connector.api import BlockTable, JobId, TransferItem
@@ -81,6 +81,12 @@ class LoadRecord:
             self.failed.add(job_id)
             self.bad_blocks.update(item.block_id for item in items)
 
+    def jobs_succeeded(self, job_ids: Sequence[JobId], keys: Iterable[bytes]) -> None:
+        """Record that the jobs ``job_ids``, whose items have ``keys``, all succeeded: the
+        same as :meth:`job_reported` of each with ``success``."""
+        self.reported.update(job_ids)
+        self.good_keys.update(keys)
+
 
 def load_items(
     geometry: ConnectorGeometry,
@@ -89,29 +95,40 @@ def load_items(
     start: int,
     end: int,
     *,
-    loadable: Callable[[bytes], bool],
+    loadable: Callable[[list[bytes]], Sequence[bool]],
 ) -> tuple[TransferItem, ...]:
     """Items restoring every group at ``end`` from ``start``, into the request's real blocks.
 
-    Agrees with ``spec.connector.loads.load_items`` (module docstring). Post: items sorted by
-    ``end_token`` then group.
+    Agrees with ``spec.connector.loads.load_items`` (module docstring). ``loadable`` answers for
+    a list of keys at once, one flag per key (one call per group: a load reads a run of units,
+    and a call per unit was most of its cost). Post: items sorted by ``end_token`` then group.
     """
     items: list[TransferItem] = []
-    key_of = keys.key
     for g, kind in enumerate(geometry.kinds):
         u = geometry.units[g]
         group_end = end - end % u
         if group_end <= start or (kind is GroupKind.MAMBA and group_end != end):
             continue
         table = block_ids[g] if g < len(block_ids) else ()
+        first, stop = geometry.first_needed(g, start, group_end), group_end // u
         per_block = geometry.blocks[g]
-        for j in range(geometry.first_needed(g, start, group_end), group_end // u):
-            index = j * u // per_block
-            if index >= len(table) or not table[index]:
-                continue
-            key = key_of(g, j)
-            if loadable(key):
-                items.append(TransferItem(g, table[index], key, (j + 1) * u))
+        # A unit is its group's block or a chunk dividing it (the planner's units).
+        if u == per_block:  # unit j is block j: a slice (a table shorter than stop: cut)
+            slots = list(table[first:stop])
+            stop = first + len(slots)
+        else:  # several units per block: each unit's block, 0 past the table
+            indices = [j * u // per_block for j in range(first, stop)]
+            slots = [table[i] if i < len(table) else 0 for i in indices]
+        unit_keys = keys.keys(g, first, stop)
+        ends = range((first + 1) * u, (stop + 1) * u, u)
+        # A null or missing slot (0) and an unloadable key leave their unit out.
+        items.extend(
+            TransferItem(g, block, key, unit_end)
+            for block, key, unit_end, ok in zip(
+                slots, unit_keys, ends, loadable(unit_keys), strict=True
+            )
+            if block and ok
+        )
     items.sort(key=_BY_END_THEN_GROUP)
     return tuple(items)
 
