@@ -88,6 +88,15 @@ MODULES: dict[str, tuple[str, ...]] = {
     # The policy base, its factory and the MIN oracle: the store's own tests reach them all.
     **{f"hybridkv/store/{name}.py": ("tests/store",) for name in ("policy", "policies", "belady")},
     "hybridkv/connector/core.py": _CORE_TESTS,
+    # The core's load path and its key lists: the core's tests, and the load path held to the
+    # reference's item for item on drawn layouts, claims and tables (well under a second).
+    **{
+        f"hybridkv/connector/{name}.py": (
+            *_CORE_TESTS,
+            "tests/differential/test_loads_agreement.py",
+        )
+        for name in ("loads", "requests")
+    },
     "hybridkv/connector/worker.py": (
         "tests/connector/test_worker_contract.py",
         "tests/connector/test_transfer_worker.py",

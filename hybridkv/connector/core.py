@@ -44,7 +44,6 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 from operator import attrgetter
-from typing import cast
 
 from hybridkv.connector.api import (
     BlockTable,
@@ -293,7 +292,7 @@ class ConnectorCore(CoreQueries, OutsideWork):
         # long prefix has one job per segment, so per-job calls were much of its cost.
         first = self._next_job
         self._next_job = first + len(parts)
-        jobs = cast("tuple[JobId, ...]", tuple(range(first, self._next_job)))
+        jobs = tuple(map(JobId, range(first, self._next_job)))
         if parts:
             table, salt = self._jobs, request.cache_salt
             for job_id, part in zip(jobs, parts, strict=True):
@@ -383,11 +382,11 @@ class ConnectorCore(CoreQueries, OutsideWork):
         dropped), unpins its blocks, and a success clears their failure memory; a delayed
         request whose last store reported is no longer delayed.
         """
-        jobs, spans, jobs_of, loads = self._jobs, self._store_spans, self._jobs_of, self._loads
-        # Successful loads of one record reported one after another are folded together (one
-        # unpin, one record update): a long load has a job per segment, usually all reported
-        # in the same step. The effects are those of folding them one by one (_load_reported):
-        # a success only unpins, evicts failed keys and records, in the same order.
+        jobs, spans, jobs_of = self._jobs, self._store_spans, self._jobs_of
+        # Successful loads of one request reported one after another are folded together (one
+        # unpin, one record update): a long load has a job per segment, usually all reported in
+        # the same step. Folding them one by one would change nothing else: a success only
+        # unpins, evicts remembered failed keys (still job by job) and records.
         run: list[TransferJob] = []
         for result in output.completed_jobs:
             entry = jobs.pop(result.job_id, None)
@@ -406,19 +405,17 @@ class ConnectorCore(CoreQueries, OutsideWork):
             else:
                 del jobs_of[rid]
             if job.kind is _LOAD and result.success:
-                record = loads.get(rid)
-                if record is not None and job.job_id in record.jobs:
-                    if run and run[0].request_id != rid:
-                        self._loads_succeeded(run)
-                        run = []
-                    run.append(job)
-                    continue
+                if run and run[0].request_id != rid:
+                    self._loads_succeeded(run)
+                    run = []
+                run.append(job)
+                continue
             if run:
                 self._loads_succeeded(run)
                 run = []
             keys = tuple(map(_KEY, job.items))
             if job.kind is _LOAD:
-                self._load_reported(job, keys, result.success)
+                self._load_failed(job, keys)
             else:
                 self._store_reported(job, keys, result.success)
         if run:
@@ -628,33 +625,34 @@ class ConnectorCore(CoreQueries, OutsideWork):
         self._count["store_items"] += len(taken)
         return job
 
-    def _load_reported(self, job: TransferJob, keys: tuple[bytes, ...], success: bool) -> None:
+    # A load job in flight always has its request's record, and the record lists it: a load is
+    # refused while another of the request is in flight, and a record is dropped only when no
+    # job of it is in flight (at the finish, or at the last report of a finished request).
+
+    def _load_failed(self, job: TransferJob, keys: tuple[bytes, ...]) -> None:
+        """Fold the failure of load job ``job`` (``keys``: its items' keys)."""
         self.store.complete_load(keys)
-        if not success:
-            self._count["load_jobs_failed"] += 1
-            self._memory.remember_failed(keys, self._next_job)
+        self._count["load_jobs_failed"] += 1
+        memory = self._memory
+        memory.remember_failed(keys, self._next_job)
         # Drop the failed entries no other load still pins: their data may be bad, and left in
         # place they would stay unclaimable while present (the reference's rule).
-        if self._memory:  # evict([]) changes nothing: skipped while nothing is remembered
-            self._memory.departed(self.store.evict([key for key in keys if key in self._memory]))
+        memory.departed(self.store.evict([key for key in keys if key in memory]))
         rid = job.request_id
-        record = self._loads.get(rid)
-        if not (success or self._salvage or rid in self._finished):
+        if not (self._salvage or rid in self._finished):
             self._restarting.add(rid)
-        if record is not None and job.job_id in record.jobs:
-            record.job_reported(job.job_id, job.items, success=success)
-            if rid in self._finished and not record.in_flight:
-                del self._loads[rid]
-                self._finished.discard(rid)
+        record = self._loads[rid]
+        record.job_failed(job.job_id, job.items)
+        self._forget_if_done(rid, record)
 
     def _loads_succeeded(self, run: list[TransferJob]) -> None:
-        """:meth:`_load_reported` of each job of ``run``, successes of one request's current
-        load in report order, folded at once: one unpin of all their keys and one record
-        update (the evictions of failed keys stay one per job)."""
+        """Fold the successes of the load jobs of ``run``, one request's, in report order, at
+        once: one unpin of all their keys and one record update (the evictions of remembered
+        failed keys stay one per job)."""
         keys = [item.key for job in run for item in job.items]
         self.store.complete_load(keys)
         memory = self._memory
-        # As in _load_reported, job by job: each eviction is one event of the store's log (its
+        # Job by job, as the reference: each eviction is one event of the store's log (its
         # grouping is observable), and nothing is evicted while nothing is remembered.
         for job in run if memory else ():
             failed = [item.key for item in job.items if item.key in memory]
@@ -662,6 +660,10 @@ class ConnectorCore(CoreQueries, OutsideWork):
         rid = run[0].request_id
         record = self._loads[rid]
         record.jobs_succeeded([job.job_id for job in run], keys)
+        self._forget_if_done(rid, record)
+
+    def _forget_if_done(self, rid: RequestId, record: LoadRecord) -> None:
+        """A finished request's load record goes with the last report of its load."""
         if rid in self._finished and not record.in_flight:
             del self._loads[rid]
             self._finished.discard(rid)

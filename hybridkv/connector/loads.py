@@ -72,18 +72,16 @@ class LoadRecord:
         """Whether some job of the load has not reported yet."""
         return len(self.reported) < len(self.jobs)
 
-    def job_reported(self, job_id: JobId, items: Sequence[TransferItem], *, success: bool) -> None:
-        """Record that job ``job_id`` (with ``items``) reported ``success``."""
+    def job_failed(self, job_id: JobId, items: Sequence[TransferItem]) -> None:
+        """Record that job ``job_id`` (with ``items``) failed: reported, failed, and its
+        destination blocks bad."""
         self.reported.add(job_id)
-        if success:
-            self.good_keys.update(item.key for item in items)
-        else:
-            self.failed.add(job_id)
-            self.bad_blocks.update(item.block_id for item in items)
+        self.failed.add(job_id)
+        self.bad_blocks.update(item.block_id for item in items)
 
     def jobs_succeeded(self, job_ids: Sequence[JobId], keys: Iterable[bytes]) -> None:
-        """Record that the jobs ``job_ids``, whose items have ``keys``, all succeeded: the
-        same as :meth:`job_reported` of each with ``success``."""
+        """Record that the jobs ``job_ids``, whose items have ``keys``, all succeeded: reported,
+        and their keys good."""
         self.reported.update(job_ids)
         self.good_keys.update(keys)
 

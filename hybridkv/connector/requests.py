@@ -30,7 +30,7 @@ class RequestKeys:
     __slots__ = ("_engine", "_geometry", "_given", "_hashes", "_keys", "_salt", "_seen")
 
     def __init__(
-        self, geometry: ConnectorGeometry, cache_salt: str | None, *, engine_hashes: bool = False
+        self, geometry: ConnectorGeometry, cache_salt: str | None, *, engine_hashes: bool
     ) -> None:
         """An empty chain for ``cache_salt`` (None or a non-empty str, else field
         ``cache_salt``); ``engine_hashes``: the views carry the engine's block hashes."""

@@ -11,7 +11,7 @@ after the results before it.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import pytest
 
@@ -22,6 +22,7 @@ from hybridkv.connector import (
     KVConnectorOutput,
     RequestId,
     RequestView,
+    ScheduledRequest,
     StepView,
     TransferJob,
 )
@@ -79,14 +80,18 @@ def _observed(core: ConnectorCore) -> tuple[object, ...]:
     return core.snapshot(), tuple(core.stats()), core.failed_keys(), resume
 
 
-def _results(jobs: list[TransferJob], failed: set[int]) -> list[JobResult]:
+def _results(jobs: list[TransferJob], failed: set[JobId]) -> list[JobResult]:
     return [JobResult(job.job_id, job.job_id not in failed) for job in jobs]
 
 
-# Report orders: by request, interleaved across requests, and a failure in mid-run.
-ORDERS = {
-    "by request": lambda jobs: jobs,
-    "interleaved": lambda jobs: [jobs[i] for k in range(10) for i in (k, 10 + k, 20 + k)],
+def _interleaved(jobs: list[TransferJob]) -> list[TransferJob]:
+    return [jobs[i] for k in range(10) for i in (k, 10 + k, 20 + k)]
+
+
+# Report orders: by request, interleaved across requests, reversed.
+ORDERS: dict[str, Callable[[list[TransferJob]], list[TransferJob]]] = {
+    "by request": list,
+    "interleaved": _interleaved,
     "reversed": lambda jobs: jobs[::-1],
 }
 
@@ -136,3 +141,54 @@ def test_a_bad_id_stops_the_fold_after_the_results_before_it() -> None:
     assert not core.has_transfers(RequestId("A"))
     assert core.has_transfers(RequestId("B"))
     assert core.has_transfers(RequestId("C"))
+
+
+def _full_core() -> ConnectorCore:
+    planner = HybridOffloadPlanner(((FULL, 4),), 2, 4, 1 << 14)
+    return ConnectorCore(planner, HostStore(64), (FULL,), 2, 4)
+
+
+def _asked_load(core: ConnectorCore, view: RequestView, accepted: int) -> list[TransferJob]:
+    core.get_num_new_matched_tokens(view, 0)
+    core.update_state_after_alloc(view, _table(10_000), accepted)
+    return list(core.build_connector_meta(StepView(0, ())).load_jobs)
+
+
+def test_an_allocation_past_the_claim_skips_a_failed_key_another_load_still_pins() -> None:
+    """A failed load's keys are remembered; one that another load still pins stays READY in the
+    host. vLLM may allocate past the claim, and the load must then leave that key out."""
+    core = _full_core()
+    core.seed(_view("seed"), 16)
+    pinning = _asked_load(core, _view("B"), 16)  # B's load pins units 0-3 until it reports
+    failing = _asked_load(core, _view("C"), 16)
+    core.update_connector_output(
+        KVConnectorOutput(completed_jobs=(JobResult(failing[2].job_id, False),))
+    )
+    failed_key = failing[2].items[0].key
+    assert core.failed_keys() == {failed_key}  # remembered, and still held: B pins it
+    assert pinning[2].items[0].key == failed_key
+    view = _view("D")
+    assert core.get_num_new_matched_tokens(view, 0).num_tokens == 8  # stops before it
+    core.update_state_after_alloc(view, _table(20_000), 16)  # 8 tokens past the claim
+    loads = core.build_connector_meta(StepView(1, ())).load_jobs
+    loaded = [item.key for job in loads for item in job.items]
+    assert len(loaded) == 3
+    assert failed_key not in loaded
+
+
+def test_a_requests_jobs_in_flight_count_its_stores_and_its_load() -> None:
+    """A request loads its stored prefix while a store of its later units is in flight: it has
+    transfers until the last of both reports."""
+    core = _full_core()
+    view = _view("A")
+    core.seed(view, 16)  # units 0-3 READY; 4 and 5 never stored
+    row = ScheduledRequest(view, _table(10_000), 24, 8)
+    (store,) = core.build_connector_meta(StepView(0, (row,))).store_jobs  # units 6 and 7
+    loads = _asked_load(core, view, 16)
+    assert len(loads) == 4
+    core.update_connector_output(
+        KVConnectorOutput(completed_jobs=tuple(JobResult(job.job_id, True) for job in loads))
+    )
+    assert core.has_transfers(view.request_id)  # its store is still in flight
+    core.update_connector_output(KVConnectorOutput(completed_jobs=(JobResult(store.job_id, True),)))
+    assert not core.has_transfers(view.request_id)
