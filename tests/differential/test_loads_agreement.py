@@ -163,3 +163,46 @@ def test_a_loadability_answer_of_the_wrong_length_is_refused() -> None:
     tables = ((1, 2, 3, 4, 5, 6, 7, 8), (1, 2, 3, 4, 5, 6, 7, 8))
     with pytest.raises(ValueError, match="zip"):
         core_load_items(core, keys, tables, 0, 16, loadable=lambda batch: [True])
+
+
+@pytest.mark.parametrize("name", sorted(LAYOUTS))
+@pytest.mark.parametrize("outcomes", range(16))
+def test_every_failure_pattern_of_a_four_segment_load_resumes_where_the_reference_does(
+    name: str, outcomes: int
+) -> None:
+    """Every success/failure pattern of a load's first four segments (bit k: segment k+1
+    succeeded), on every layout: the same resume point as the reference, including the first
+    aligned point above the claim start when only the first segment landed."""
+    reference, core = _sides(name)
+    num_tokens = MAX_LEN
+    hbs = LAYOUTS[name][1]
+    hashes = tuple(f"p{i}".encode().ljust(32, b".") for i in range(num_tokens // hbs))
+    view = RequestView(RequestId("r"), tuple(range(num_tokens)), num_tokens, None, hashes)
+    keys = RequestKeys.for_view(core, view)
+    keys.sync(view)
+    start, end = core.align, core.align * 5  # four segments past an aligned start
+    tables = tuple(tuple(range(1, num_tokens // block + 1)) for _, block in LAYOUTS[name][0])
+    core_items = core_load_items(
+        core, keys, tables, start, end, loadable=lambda batch: [True] * len(batch)
+    )
+    spec_items = spec_load_items(reference, hashes, tables, start, end, loadable=lambda key: True)
+    core_parts = core_segments(core_items, core.align)
+    spec_parts = spec_segments(spec_items, core.align)
+    ids = range(1, len(core_parts) + 1)
+    core_record = CoreRecord(
+        start=start, end=end, num_tokens=num_tokens, sync=False, cache_salt=None,
+        items=core_items, jobs=tuple(map(core_api.JobId, ids)),
+    )  # fmt: skip
+    spec_record = SpecRecord(
+        start, end, num_tokens, False, None, spec_items, tuple(map(spec_api.JobId, ids))
+    )
+    for job, core_part, spec_part in zip(ids, core_parts, spec_parts, strict=True):
+        landed = bool(outcomes >> (job - 1) & 1) if job <= 4 else True
+        if landed:
+            core_record.jobs_succeeded([core_api.JobId(job)], [item.key for item in core_part])
+        else:
+            core_record.job_failed(core_api.JobId(job), core_part)
+        spec_record = spec_record.with_result(spec_api.JobId(job), spec_part, success=landed)
+    assert core_resume_point(core, keys, core_record) == spec_resume_point(
+        reference, hashes, spec_record
+    )
