@@ -49,6 +49,10 @@ LAYOUTS = {
     "full16+mamba8-chunk4": (((FULL, 16), (MAMBA, 8)), 4, 4, ()),
     "full8+sliding8-chunk4": (((FULL, 8), (SLIDING, 8)), 4, 4, (0, 11)),
     "full2+sliding2-align2": (((FULL, 2), (SLIDING, 2)), 2, 2, (0, 3)),
+    # Loads that restore every group at each aligned point, not only at their end: full
+    # attention alone, and a window that reaches past the whole load.
+    "full4": (((FULL, 4),), 4, 4, ()),
+    "full4+sliding4-wide": (((FULL, 4), (SLIDING, 4)), 4, 4, (0, 99)),
 }
 
 
@@ -172,7 +176,8 @@ def test_every_failure_pattern_of_a_four_segment_load_resumes_where_the_referenc
 ) -> None:
     """Every success/failure pattern of a load's first four segments (bit k: segment k+1
     succeeded), on every layout: the same resume point as the reference, including the first
-    aligned point above the claim start when only the first segment landed."""
+    aligned point above the claim start when only the first segment landed (on the layouts
+    whose loads restore every group at each aligned point)."""
     reference, core = _sides(name)
     num_tokens = MAX_LEN
     hbs = LAYOUTS[name][1]
