@@ -98,35 +98,28 @@ def load_items(
     """Items restoring every group at ``end`` from ``start``, into the request's real blocks.
 
     Agrees with ``spec.connector.loads.load_items`` (module docstring). ``loadable`` answers for
-    a list of keys at once, one flag per key (one call per group: a load reads a run of units,
-    and a call per unit was most of its cost). Post: items sorted by ``end_token`` then group.
+    a list of keys at once, one flag per key: it is asked once per load, for every unit with a
+    real block (one pass over the store's states instead of a lookup per unit). Post: items
+    sorted by ``end_token`` then group.
     """
-    items: list[TransferItem] = []
+    found: list[TransferItem] = []
+    key_of = keys.key
     for g, kind in enumerate(geometry.kinds):
         u = geometry.units[g]
         group_end = end - end % u
         if group_end <= start or (kind is GroupKind.MAMBA and group_end != end):
             continue
         table = block_ids[g] if g < len(block_ids) else ()
-        first, stop = geometry.first_needed(g, start, group_end), group_end // u
         per_block = geometry.blocks[g]
-        # A unit is its group's block or a chunk dividing it (the planner's units).
-        if u == per_block:  # unit j is block j: a slice (a table shorter than stop: cut)
-            slots = list(table[first:stop])
-            stop = first + len(slots)
-        else:  # several units per block: each unit's block, 0 past the table
-            indices = [j * u // per_block for j in range(first, stop)]
-            slots = [table[i] if i < len(table) else 0 for i in indices]
-        unit_keys = keys.keys(g, first, stop)
-        ends = range((first + 1) * u, (stop + 1) * u, u)
-        # A null or missing slot (0) and an unloadable key leave their unit out.
-        items.extend(
-            TransferItem(g, block, key, unit_end)
-            for block, key, unit_end, ok in zip(
-                slots, unit_keys, ends, loadable(unit_keys), strict=True
-            )
-            if block and ok
-        )
+        for j in range(geometry.first_needed(g, start, group_end), group_end // u):
+            index = j * u // per_block
+            if index < len(table) and table[index]:  # a null or missing slot: left out
+                found.append(TransferItem(g, table[index], key_of(g, j), (j + 1) * u))
+    if not found:
+        return ()
+    flags = loadable([item.key for item in found])
+    # An unloadable key leaves its unit out (rare: the claim asked for READY keys).
+    items = [item for item, ok in zip(found, flags, strict=True) if ok]
     items.sort(key=_BY_END_THEN_GROUP)
     return tuple(items)
 

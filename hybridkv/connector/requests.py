@@ -90,20 +90,6 @@ class RequestKeys:
         """Block hashes this chain has computed in its life (each once)."""
         return 0 if self._hashes is None else self._hashes.hashes_computed
 
-    def keys(self, group_idx: int, first: int, stop: int) -> list[bytes]:
-        """The keys of units ``[first, stop)`` of group ``group_idx``, in order (empty when
-        ``stop <= first``): :meth:`key` of each, built and sliced at once (a load reads a run
-        of units, one Python call per unit was most of its cost).
-
-        Pre: ``first >= 0``; the chain has hashed past unit ``stop - 1`` (IndexError otherwise).
-        """
-        if stop <= first:
-            return []
-        built = self._keys[group_idx]
-        if len(built) < stop:
-            self.key(group_idx, stop - 1)  # builds every missing key up to it, or raises
-        return built[first:stop]
-
     def key(self, group_idx: int, unit: int) -> bytes:
         """The offload key of unit ``unit`` of group ``group_idx``.
 

@@ -70,14 +70,3 @@ def test_a_salted_chain_keeps_extending_itself() -> None:
     longer = RequestView(RequestId("r"), (*TOKENS, 99, 98, 97, 96), len(TOKENS) + 4, "tenant-a")
     assert keys.matches(longer)
     assert not keys.matches(RequestView(RequestId("r"), TOKENS, len(TOKENS), "tenant-b"))
-
-
-def test_a_run_of_keys_is_each_unit_key_and_an_empty_run_reads_nothing() -> None:
-    engine = tuple(bytes([i]) * 8 for i in range(len(TOKENS) // HBS))
-    keys = RequestKeys.for_view(GEOMETRY, _view(engine))
-    keys.sync(_view(engine))
-    assert keys.keys(0, 1, 4) == [keys.key(0, j) for j in range(1, 4)]
-    assert keys.keys(1, 0, 2) == [keys.key(1, 0), keys.key(1, 1)]
-    # Empty runs, also past the hashed tokens (4 units of 4 tokens here): nothing is built.
-    assert keys.keys(0, 9, 9) == []
-    assert keys.keys(0, 9, 3) == []

@@ -118,7 +118,7 @@ def test_load_items_segments_and_resume_points_agree(
     readable = {
         key: zlib.crc32(key) % 100 < share * 100
         for g in range(core.num_groups)
-        for key in keys.keys(g, 0, num_tokens // core.units[g])
+        for key in (keys.key(g, j) for j in range(num_tokens // core.units[g]))
     }
     core_items = core_load_items(
         core, keys, tables, start, end, loadable=lambda batch: [readable[k] for k in batch]
