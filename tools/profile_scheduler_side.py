@@ -10,10 +10,11 @@ bench gives it) through the same in-process engine and times exactly what the be
 the outermost scheduler-side connector hooks that
 :class:`hybridkv.vllm.harness.report.ConnectorClock` wraps. Prints per hook: calls, total µs and µs
 per engine step, and the CPU time of the cyclic garbage collector's passes that ran inside a
-hook (charged to whichever side triggered them); then cProfile's top functions by internal
-time, collected only inside those hooks, in the calling thread's CPU time
-(``time.thread_time``; the profiler's own overhead inflates them; the per-hook totals are
-taken with the profiler off, in a separate run).
+hook (charged to whichever side triggered them), and for hybridkv its work per engine step
+(claim lookups, load and store jobs and their items, from the core's counters); then
+cProfile's top functions by internal time, collected only inside those hooks, in the calling
+thread's CPU time (``time.thread_time``; the profiler's own overhead inflates them; the
+per-hook totals are taken with the profiler off, in a separate run).
 
 Usage: ``python tools/profile_scheduler_side.py [--layout sliding+full] [--delay 1]
 [--policy lru] [--host 2] [--answers 4] [--trace chat|traffic] [--top 25]``; needs vLLM 0.33 (as
@@ -61,6 +62,7 @@ class _HookTimes:
         # CPU time (a collection walks the young objects of the whole process, a full one every
         # tracked object), whichever connector's allocation triggered it.
         self.gc_cpu = 0.0
+        self.work: dict[str, int] = {}  # a hybridkv run's work counters (_run)
         self.gc_runs = [0, 0, 0]  # per generation
         self._inside = False
         self._gc_start = 0.0
@@ -112,9 +114,15 @@ class _HookTimes:
         harness_report.ConnectorClock._wrap = _wrap
 
 
+# The hybridkv core's counters that count one piece of scheduler-side work each: a claim
+# lookup, a load or store job built, an item (one group's unit) put in one.
+WORK = ("lookups", "load_jobs", "load_items", "store_jobs", "store_items")
+
+
 def _run(setup: tuple[Any, Any, Any, Any, int], variant: Any, times: _HookTimes) -> Any:
     """One run of ``variant`` with ``times`` on the clock; ``setup``: bench, the harness's report
-    module (its clock), case, trace, chunk bytes."""
+    module (its clock), case, trace, chunk bytes. A hybridkv run leaves its core's counters of
+    :data:`WORK` in ``times.work``."""
     bench, harness_report, case, trace, chunk_bytes = setup
     original = harness_report.ConnectorClock._wrap
     times.install(harness_report)
@@ -122,6 +130,10 @@ def _run(setup: tuple[Any, Any, Any, Any, int], variant: Any, times: _HookTimes)
     try:
         engine, _ = bench._engine(case, variant, chunk_bytes)
         report, _ = bench._play(engine, trace)
+        core = getattr(engine.scheduler.connector, "core", None)
+        if core is not None:
+            counts = core.stats()
+            times.work = {name: getattr(counts, name) for name in WORK}
         engine.close()
     finally:
         harness_report.ConnectorClock._wrap = original
@@ -162,6 +174,10 @@ def _print_kind(
         f"   of which the cyclic GC inside hooks: {gc_us:.1f} us/step (thread CPU, median; "
         f"collections by generation in the first run: {gens[0]}, {gens[1]}, {gens[2]})"
     )
+    work = found[0][1].work
+    if work:  # equal in every repeat (the bench checks its counters agree)
+        per_step = ", ".join(f"{name} {work[name] / steps:.2f}" for name in WORK)
+        print(f"   work per step: {per_step}; in all {sum(work.values()) / steps:.2f}")
     names = found[0][1].seconds
     for name in sorted(names, key=lambda n: -statistics.median(t.cpu[n] for _, t in found)):
         calls = found[0][1].calls[name]
