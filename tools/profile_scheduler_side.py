@@ -175,9 +175,13 @@ def _print_kind(
         f"collections by generation in the first run: {gens[0]}, {gens[1]}, {gens[2]})"
     )
     work = found[0][1].work
-    if work:  # equal in every repeat (the bench checks its counters agree)
+    if work:
         per_step = ", ".join(f"{name} {work[name] / steps:.2f}" for name in WORK)
         print(f"   work per step: {per_step}; in all {sum(work.values()) / steps:.2f}")
+        # The engine is deterministic, so every repeat should do the same work: say so if not.
+        differing = [t.work for _, t in found[1:] if t.work != work]
+        if differing:
+            print(f"   work differs between repeats: first run {work}, others {differing}")
     names = found[0][1].seconds
     for name in sorted(names, key=lambda n: -statistics.median(t.cpu[n] for _, t in found)):
         calls = found[0][1].calls[name]
