@@ -14,9 +14,11 @@ same with nothing installed, for a GPU machine without a registry.
 
 from __future__ import annotations
 
+import functools
 import os
 import shutil
 import sys
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import nox
@@ -46,6 +48,51 @@ VLLM_CPU_ENV = {
     "TRANSFORMERS_OFFLINE": "1",
     "VLLM_LOGGING_LEVEL": "WARNING",
 }
+
+
+def _discard_venv(session: nox.Session) -> None:
+    """Remove the session's virtualenv once the session ends, pass or fail.
+
+    A default `nox` builds seven environments, three of them with vLLM: 11 GB if all stay on
+    disk, which a CI machine once lacked (pip stopped with "No space left on device" in the
+    fifth). Removed as each session ends, the most on disk at once is the largest one (about
+    2.6 GB) plus pip's cache. They are rebuilt on every run anyway
+    (``reuse_existing_virtualenvs = False``); ``nox -r`` (reuse) or HYBRIDKV_KEEP_NOX_VENVS=1
+    keeps them, to look inside one or rerun a session without reinstalling; ``--install-only``
+    keeps the environment it was asked to make.
+    """
+    venv = session.virtualenv
+    location = getattr(venv, "location", None)
+    if not location or getattr(venv, "reuse_existing", False):
+        return
+    # `nox -s vllm --install-only` makes an environment to use afterwards
+    # (docs/howto/gpu-offline.md packs from it).
+    # nox keeps its options on the runner; nothing public says --install-only.
+    options = getattr(getattr(session, "_runner", None), "global_config", None)
+    if getattr(options, "install_only", False):
+        return
+    if os.environ.get("HYBRIDKV_KEEP_NOX_VENVS") == "1":
+        return
+    shutil.rmtree(location, ignore_errors=True)
+    session.log(f"removed {location} (nox -r or HYBRIDKV_KEEP_NOX_VENVS=1 keeps it)")
+
+
+def venv_session(
+    *, venv_params: Sequence[str] = ()
+) -> Callable[[Callable[[nox.Session], None]], object]:
+    """``nox.session`` whose virtualenv is removed when the session ends (``_discard_venv``)."""
+
+    def register(func: Callable[[nox.Session], None]) -> object:
+        @functools.wraps(func)
+        def run(session: nox.Session) -> None:
+            try:
+                func(session)
+            finally:
+                _discard_venv(session)
+
+        return nox.session(venv_params=venv_params)(run)
+
+    return register
 
 
 def _install_torch(session: nox.Session) -> None:
@@ -92,7 +139,7 @@ def _cov_args(*, append: bool = False) -> list[str]:
     return ["--cov", "--cov-report=", "--cov-fail-under=0", *(["--cov-append"] if append else [])]
 
 
-@nox.session
+@venv_session()
 def lint(session: nox.Session) -> None:
     """ruff check and ruff format --check over the whole tree, then the architecture contracts
     of pyproject.toml ([tool.importlinter]) with import-linter.
@@ -108,7 +155,7 @@ def lint(session: nox.Session) -> None:
     session.run("lint-imports")
 
 
-@nox.session
+@venv_session()
 def typecheck(session: nox.Session) -> None:
     """mypy --strict on spec/ and hybridkv/ (configured in pyproject.toml)."""
     _install_torch(session)
@@ -119,7 +166,7 @@ def typecheck(session: nox.Session) -> None:
     session.run("mypy")
 
 
-@nox.session
+@venv_session()
 def tests(session: nox.Session) -> None:
     """The test suite (minus vllm and gpu tests) against a NON-editable install.
 
@@ -147,7 +194,7 @@ def tests(session: nox.Session) -> None:
     )
 
 
-@nox.session
+@venv_session()
 def docs(session: nox.Session) -> None:
     """Sphinx with -W: every warning is an error."""
     _install_torch(session)
@@ -156,7 +203,7 @@ def docs(session: nox.Session) -> None:
     session.run("sphinx-build", "-W", "--keep-going", "-b", "html", "docs", "docs/_build/html")
 
 
-@nox.session
+@venv_session()
 def vllm(session: nox.Session) -> None:
     """Differential tests against vLLM 0.33.0's own code, installed without CUDA.
 
@@ -189,7 +236,7 @@ def vllm(session: nox.Session) -> None:
     )
 
 
-@nox.session
+@venv_session()
 def e2e(session: nox.Session) -> None:
     """HybridKVConnector inside vLLM's real model runner on tiny random-weight models.
 
@@ -249,7 +296,7 @@ def _ensure_redis_server(session: nox.Session) -> None:
         session.error(f"apt-get installed redis-server but it is not on PATH: {how}")
 
 
-@nox.session
+@venv_session()
 def remote(session: nox.Session) -> None:
     """The remote tier on a real Redis server: tests/remote (the library tier) and the tests of
     tests/vllm marked ``remote`` (two vLLM 0.33 engines sharing one server through
@@ -292,7 +339,7 @@ def remote(session: nox.Session) -> None:
     )
 
 
-@nox.session
+@venv_session()
 def mutants(session: nox.Session) -> None:
     """Mutation testing over whole modules (``tools/mutants.py``): mutmut mutates one module at a
     time and runs that module's tests; a module passes at 90% of its non-equivalent mutants
@@ -305,7 +352,7 @@ def mutants(session: nox.Session) -> None:
     session.run("python", "tools/mutants.py", *session.posargs, env=VLLM_CPU_ENV)
 
 
-@nox.session
+@venv_session()
 def soak(session: nox.Session) -> None:
     """Not a default session: 10,000 seeded random fault traces (tools/soak.py) inside vLLM
     0.33's real scheduler, split evenly over mamba align + full, sliding + full, two windows +
@@ -325,7 +372,7 @@ def soak(session: nox.Session) -> None:
     session.run("python", "tools/soak.py", *session.posargs, env=env)
 
 
-@nox.session
+@venv_session()
 def coverage(session: nox.Session) -> None:
     """One coverage figure over what users run, and the floor on it.
 
@@ -354,7 +401,7 @@ def coverage(session: nox.Session) -> None:
 GPU_CHECKS = "tools/gpu_checks.py"
 
 
-@nox.session(venv_params=["--system-site-packages"])
+@venv_session(venv_params=["--system-site-packages"])
 def gpu(session: nox.Session) -> None:
     """CUDA tests and GPU benchmarks, with the CUDA torch of the interpreter nox runs under.
 
@@ -395,7 +442,7 @@ def gpu_offline(session: nox.Session) -> None:
     session.run(sys.executable, GPU_CHECKS, *session.posargs, external=True)
 
 
-@nox.session
+@venv_session()
 def bench(session: nox.Session) -> None:
     """CPU benchmarks: each prints ratios measured side by side in one run.
 

@@ -61,7 +61,8 @@ def test_the_floor_is_checked_once_every_measured_session_ran() -> None:
     source = NOXFILE.read_text()
     assert '"--cov-fail-under=0"' in source
     for name in measured:
-        body = source.split(f"def {name}(session: nox.Session)", 1)[1].split("\n@nox.session", 1)[0]
+        after = source.split(f"def {name}(session: nox.Session)", 1)[1]
+        body = after.split("\n@venv_session", 1)[0]
         assert "_cov_args(" in body, name
         assert "_coverage_file(session)" in body, name
     floor = _coverage_config()["report"]["fail_under"]
