@@ -1,6 +1,6 @@
 """The in-process engine's settings (:class:`EngineSettings`) and the ``VllmConfig`` built from
 them, as ``vllm serve`` would build it from the same flags: prefix caching, chunked prefill,
-sync scheduling, the hybrid KV cache manager on (a connector that turns it off is refused), and
+async scheduling (or sync, :attr:`EngineSettings.async_scheduling`), the hybrid KV cache manager on (a connector that turns it off is refused), and
 optionally tensor parallel, LoRA, KV events and the scheduler side of speculative decoding.
 
 The model is a directory holding only the config.json (:func:`_config_dir`): no weights, no
@@ -16,7 +16,7 @@ import hashlib
 import json
 import os
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +24,19 @@ import torch
 
 from hybridkv.vllm.harness.planning import init_distributed
 
-__all__ = ["EngineSettings", "WedgedError"]
+__all__ = ["ENGINE_LOOP_ENV", "EngineSettings", "WedgedError", "default_async_scheduling"]
+
+ENGINE_LOOP_ENV = "HYBRIDKV_ENGINE_LOOP"
+"""Names the engine loop a run gets when its settings do not: ``async`` (the default, vLLM's
+default on a GPU) or ``sync``; ``nox -s vllm`` runs the vLLM-driven tests under each."""
+
+
+def default_async_scheduling() -> bool:
+    """Async scheduling unless :data:`ENGINE_LOOP_ENV` says ``sync``."""
+    value = os.environ.get(ENGINE_LOOP_ENV, "async").strip().lower()
+    if value not in ("async", "sync"):
+        raise ValueError(f"{ENGINE_LOOP_ENV}={value!r}: use 'async' or 'sync'")
+    return value == "async"
 
 
 class WedgedError(RuntimeError):
@@ -61,6 +73,11 @@ class EngineSettings:
             request's real tokens only.
         prefix_match_unit: ``--prefix-match-unit`` (the hash block, below the block size: vLLM's
             partial hash hits and its ``cache_hit_alignment_tokens``).
+        async_scheduling: vLLM's ``--async-scheduling`` (on by default, as vLLM 0.33 turns it
+            on wherever the executor supports it: every GPU server): the ``AsyncScheduler`` and
+            vLLM's ``step_with_batch_queue`` loop (:mod:`hybridkv.vllm.harness.engine_loop`);
+            off: the ``Scheduler`` and ``EngineCore.step``. The default comes from
+            :data:`ENGINE_LOOP_ENV`.
         speculative_hooks: follow the runner's hook order under speculative decoding (the
             engine's docstring): the model's last attention layer stands in for the drafter's layer
             (an EAGLE head shares its group's block table); the target forward writes every
@@ -84,6 +101,7 @@ class EngineSettings:
     speculative: dict[str, Any] | None = None
     prefix_match_unit: int | None = None
     speculative_hooks: bool = False
+    async_scheduling: bool = field(default_factory=default_async_scheduling)
 
 
 @functools.cache
@@ -143,7 +161,7 @@ def _vllm_config(config_json: dict[str, Any], settings: EngineSettings, kv_trans
             max_num_seqs=settings.max_num_seqs,
             enable_chunked_prefill=True,
             is_encoder_decoder=False,
-            async_scheduling=False,
+            async_scheduling=settings.async_scheduling,
         ),
         parallel_config=parallel_config,
         speculative_config=_speculative_config(settings.speculative, model_config, parallel_config),
@@ -151,6 +169,9 @@ def _vllm_config(config_json: dict[str, Any], settings: EngineSettings, kv_trans
         lora_config=_lora_config(settings.max_loras),
         kv_events_config=_kv_events_config(settings.kv_events),
     )
+    # vLLM's CPU platform turns async scheduling off (platforms/cpu.py:348); a GPU server keeps
+    # it on, and that is the loop this engine stands in for.
+    vllm_config.scheduler_config.async_scheduling = settings.async_scheduling
     if vllm_config.scheduler_config.disable_hybrid_kv_cache_manager:
         raise ValueError(
             f"kv_transfer_config={kv_transfer!r}: vLLM switched the hybrid KV cache manager off "

@@ -41,6 +41,7 @@ class StandInForward:
     tally: Tally
     _hashes: dict[str, list[int]]
     _state_idx: dict[str, int]
+    _runner_tokens: dict[str, list[int]]
     _layers: list[tuple[int, LayerTags, Any]]
     _draft_layer: str | None
     _draft_spans: list[tuple[str, int, int]]
@@ -53,12 +54,27 @@ class StandInForward:
             c1 = self.requests[rid].num_computed_tokens
             yield rid, c1 - n, c1
 
+    def _tokens(self, request: Any) -> list[int]:
+        """The request's tokens as the runner holds them: the scheduler's, plus the tokens the
+        runner sampled that the scheduler has not applied yet (async scheduling). Sampling is a
+        function of the prefix, so a token vLLM drops as stale is sampled again the same."""
+        known = request.all_token_ids
+        own = self._runner_tokens.get(request.request_id)
+        if own is None or len(known) >= len(own):
+            own = self._runner_tokens[request.request_id] = list(known)
+        return own
+
     def _forward(self, output: Any) -> list[list[int]]:
+        for rid in output.finished_req_ids:
+            self._runner_tokens.pop(rid, None)
         spans = list(self._spans(output))
         tables = {}
+        lengths = {}
         for rid, c0, c1 in spans:
             request = self.requests[rid]
-            prefix_tags(request.all_token_ids, self._hashes[rid])
+            tokens = self._tokens(request)
+            lengths[rid] = len(tokens)
+            prefix_tags(tokens, self._hashes[rid])
             tables[rid] = self.scheduler.kv_cache_manager.get_block_ids(rid)
             prompt = request.num_prompt_tokens
             self.tally.prefill_computed += max(0, min(c1, prompt) - c0)
@@ -85,9 +101,12 @@ class StandInForward:
                     w.save_kv_layer(tags.name, rank.kv_caches[tags.name], None)
         sampled = []
         for rid, _c0, c1 in spans:
-            request = self.requests[rid]
-            done = c1 >= request.num_tokens
-            sampled.append([3 + (self._hashes[rid][c1 - 1] % 997)] if done else [])
+            if c1 >= lengths[rid]:
+                token = 3 + (self._hashes[rid][c1 - 1] % 997)
+                self._runner_tokens[rid].append(token)
+                sampled.append([token])
+            else:
+                sampled.append([])
         return sampled
 
     def _draft(self) -> None:

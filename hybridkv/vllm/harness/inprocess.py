@@ -5,7 +5,7 @@ checks every KV slot and mamba state it reads against the content the request's 
 Built (:class:`InProcessEngine`) from a config.json, :class:`~.engine_config.EngineSettings` and a
 ``KVTransferConfig`` (or none):
 
-1. ``VllmConfig`` with prefix caching, chunked prefill, sync scheduling; vLLM's own planning
+1. ``VllmConfig`` with prefix caching, chunked prefill, async or sync scheduling; vLLM's own planning
    (:func:`hybridkv.vllm.harness.planning.plan_kv_caches`) derives the KV-cache config and block
    sizes; HMA must stay on.
 2. The adapter's ``configure`` (e.g. the host tier size) before ``Scheduler(...)``, which builds
@@ -31,8 +31,10 @@ the TP size (what vLLM's planner computes when every layer is MLA,
 ``kv_cache_groups_tp_replicas``) and every rank writes the same tags, as replicas hold the same
 KV.
 
-Each step (:meth:`InProcessEngine.step`) mirrors ``EngineCore.step``: ``schedule()``; the
-stand-in runner (``handle_preemptions``, ``bind_connector_metadata``, ``start_load_kv`` before the
+Each step (:meth:`InProcessEngine.step`) is one turn of vLLM's own engine loop
+(:mod:`hybridkv.vllm.harness.engine_loop`): ``EngineCore.step`` under sync scheduling,
+``EngineCore.step_with_batch_queue`` under async scheduling (step N+1 scheduled and run before
+step N's output is applied). Each scheduled step runs ``schedule()``; the stand-in runner (``handle_preemptions``, ``bind_connector_metadata``, ``start_load_kv`` before the
 forward for sync loads, the forward with ``wait_for_layer_load``/``save_kv_layer`` around each
 attention layer only, ``start_load_kv`` after it otherwise, ``wait_for_save``,
 ``get_transfer_results``, ``get_block_ids_with_load_errors``, stats, events, worker meta,
@@ -69,6 +71,7 @@ from hybridkv.vllm.harness.engine_config import (
     _process_setup,
     _vllm_config,
 )
+from hybridkv.vllm.harness.engine_loop import EngineLoop, StandInExecutor, build_engine_core
 from hybridkv.vllm.harness.forward import StandInForward
 from hybridkv.vllm.harness.planning import plan_kv_caches, plan_tensor_parallel
 from hybridkv.vllm.harness.report import ConnectorClock, InProcessReport, Tally
@@ -152,7 +155,6 @@ class InProcessEngine(StandInForward):
     ) -> None:
         """``adapter``: one per rank under tensor parallel (a sequence), else one."""
         from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorRole
-        from vllm.v1.core.sched.scheduler import Scheduler
         from vllm.v1.structured_output import StructuredOutputManager
         from vllm.v1.worker.utils import allocate_kv_cache
 
@@ -181,7 +183,8 @@ class InProcessEngine(StandInForward):
         self.adapter: WorkerAdapter = adapters[0]
         if kv_transfer_config is not None:
             self.adapter.configure(self.vllm_config, kv_cache_config)
-        self.scheduler = Scheduler(
+        scheduler_cls = self.vllm_config.scheduler_config.get_scheduler_cls()
+        self.scheduler = scheduler_cls(
             vllm_config=self.vllm_config,
             kv_cache_config=copy.deepcopy(kv_cache_config),
             structured_output_manager=StructuredOutputManager(self.vllm_config),
@@ -231,6 +234,13 @@ class InProcessEngine(StandInForward):
         self._state_idx: dict[str, int] = {}
         self.tally = Tally()
         self.connector_stats: list[dict[str, Any]] = []
+        # The tokens the runner sampled, per request, until the scheduler applies them (under
+        # async scheduling the next step computes one before it is applied).
+        self._runner_tokens: dict[str, list[int]] = {}
+        self._timed_scheduler()
+        self.loop = EngineLoop(
+            build_engine_core(self.vllm_config, self.scheduler, StandInExecutor(self._execute))
+        )
 
     # ------------------------------------------------------------ set-up helpers
     def _rank_config(self, rank: int) -> Any:
@@ -310,6 +320,7 @@ class InProcessEngine(StandInForward):
 
         aborted = self.scheduler.finish_requests(request_id, RequestStatus.FINISHED_ABORTED)
         self._state_idx.pop(request_id, None)
+        self._runner_tokens.pop(request_id, None)
         return bool(aborted)
 
     def status(self, request_id: str) -> str:
@@ -317,49 +328,65 @@ class InProcessEngine(StandInForward):
         return str(self.requests[request_id].status.name)
 
     def busy(self) -> bool:
-        """vLLM's ``has_requests()`` (includes the connector's pending push work)."""
-        return bool(self.scheduler.has_requests())
+        """vLLM's ``has_requests()`` (includes the connector's pending push work), or a step
+        in the batch queue whose output is not applied yet."""
+        return self.loop.busy()
 
-    def step(self) -> list[Any]:
-        """One engine step; returns the request outputs ``update_from_output`` produced."""
+    def _timed_scheduler(self) -> None:
+        """Time ``schedule`` and ``update_from_output`` where vLLM's loop calls them (the
+        scheduler's own methods, wrapped on this instance only), and count preemptions."""
+        scheduler, tally = self.scheduler, self.tally
+        schedule, update = scheduler.schedule, scheduler.update_from_output
+
+        def timed_schedule(*args: Any, **kwargs: Any) -> Any:
+            start, start_cpu = time.perf_counter(), time.thread_time()
+            output = schedule(*args, **kwargs)
+            tally.schedule_s += time.perf_counter() - start
+            tally.schedule_cpu_s += time.thread_time() - start_cpu
+            tally.preemptions += len(output.preempted_req_ids or ())
+            return output
+
+        def timed_update(*args: Any, **kwargs: Any) -> Any:
+            start, start_cpu = time.perf_counter(), time.thread_time()
+            outputs = update(*args, **kwargs)
+            tally.schedule_s += time.perf_counter() - start
+            tally.schedule_cpu_s += time.thread_time() - start_cpu
+            return outputs
+
+        scheduler.schedule = timed_schedule
+        scheduler.update_from_output = timed_update
+
+    def _execute(self, output: Any) -> Any:
+        """The stand-in executor's step: the runner over ``output``, as a ``ModelRunnerOutput``."""
         from vllm.v1.outputs import ModelRunnerOutput
 
+        connector_output, sampled = self._run_model(output)
+        if output.total_num_scheduled_tokens == 0:
+            return ModelRunnerOutput.with_kv_conn_output_only(connector_output)
+        req_ids = list(output.num_scheduled_tokens)
+        return ModelRunnerOutput(
+            req_ids=req_ids,
+            req_id_to_index={rid: i for i, rid in enumerate(req_ids)},
+            sampled_token_ids=sampled,
+            kv_connector_output=connector_output,
+        )
+
+    def step(self) -> list[Any]:
+        """One turn of vLLM's engine loop; returns the request outputs it produced (none for a
+        turn of the batch queue that only scheduled)."""
         clock_before = self.clock.seconds if self.clock else 0.0
         cpu_before = self.clock.cpu_seconds if self.clock else 0.0
-        start = time.perf_counter()
-        start_cpu = time.thread_time()
-        output = self.scheduler.schedule()
-        scheduled_cpu = time.thread_time()
-        scheduled = time.perf_counter()
-        connector_output, sampled = self._run_model(output)
-        req_ids = list(output.num_scheduled_tokens)
-        if output.total_num_scheduled_tokens == 0:
-            runner_output = ModelRunnerOutput.with_kv_conn_output_only(connector_output)
-        else:
-            runner_output = ModelRunnerOutput(
-                req_ids=req_ids,
-                req_id_to_index={rid: i for i, rid in enumerate(req_ids)},
-                sampled_token_ids=sampled,
-                kv_connector_output=connector_output,
-            )
-        ran = time.perf_counter()
-        ran_cpu = time.thread_time()
-        outputs = self.scheduler.update_from_output(output, runner_output)
-        done_cpu = time.thread_time()
-        done = time.perf_counter()
+        engine_outputs, _ran = self.loop.step()
         t = self.tally
         t.steps += 1
-        t.schedule_s += (scheduled - start) + (done - ran)
         t.connector_s += (self.clock.seconds - clock_before) if self.clock else 0.0
-        t.schedule_cpu_s += (scheduled_cpu - start_cpu) + (done_cpu - ran_cpu)
         t.connector_cpu_s += (self.clock.cpu_seconds - cpu_before) if self.clock else 0.0
-        t.preemptions += len(output.preempted_req_ids or ())
         found = []
-        for engine_outputs in outputs.values():
-            stats_out = engine_outputs.scheduler_stats
+        for outputs in engine_outputs:
+            stats_out = outputs.scheduler_stats
             if stats_out is not None and stats_out.kv_connector_stats:
                 self.connector_stats.append(stats_out.kv_connector_stats)
-            for out in engine_outputs.outputs:
+            for out in outputs.outputs:
                 stats = out.prefill_stats
                 if stats is not None:
                     t.gpu_hits += stats.num_local_cached_tokens
