@@ -167,13 +167,17 @@ class ScheduledRequest:
     """A request scheduled in a step, as the connector sees it in the scheduler output.
 
     ``num_computed_tokens`` is the count before this step; after the forward the request has
-    KV for ``num_computed_tokens + num_scheduled_tokens`` tokens.
+    KV for ``num_computed_tokens + num_scheduled_tokens`` tokens. ``store_limit``: no unit ending
+    past it is stored (``None``: no limit). The step's range still says where its mamba states
+    sit (MB-8): a limit never moves the step's end, which would key a state by a position it
+    does not hold (a recompute of prompt and output with only the prompt stored).
     """
 
     request: RequestView
     block_ids: BlockTable
     num_computed_tokens: int
     num_scheduled_tokens: int
+    store_limit: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

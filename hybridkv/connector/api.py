@@ -110,13 +110,17 @@ class ScheduledRequest:
     """One row of a step: the request, its block table, and the token range this step computes.
 
     KV exists for the first ``num_computed_tokens`` tokens before the forward and for
-    ``num_computed_tokens + num_scheduled_tokens`` after it.
+    ``num_computed_tokens + num_scheduled_tokens`` after it. ``store_limit``: no unit ending
+    past it is stored (``None``: none). It never stands in for the step's end, which places the
+    step's mamba states (MB-8): the step that recomputes a preempted request's prompt and
+    output leaves its states where its whole range puts them, prompt-only storage or not.
     """
 
     request: RequestView
     block_ids: BlockTable
     num_computed_tokens: int
     num_scheduled_tokens: int
+    store_limit: int | None = None
 
 
 # --- the claim ------------------------------------------------------------------------------

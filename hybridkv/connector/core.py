@@ -334,6 +334,7 @@ class ConnectorCore(CoreQueries, OutsideWork):
                 scheduled.block_ids,
                 start,
                 start + scheduled.num_scheduled_tokens,
+                scheduled.store_limit,
             )
             if job is not None:
                 stores.append(job)
@@ -577,7 +578,12 @@ class ConnectorCore(CoreQueries, OutsideWork):
         )
 
     def _store_job(
-        self, request: RequestView, block_ids: BlockTable, start: int, end: int
+        self,
+        request: RequestView,
+        block_ids: BlockTable,
+        start: int,
+        end: int,
+        limit: int | None = None,
     ) -> TransferJob | None:
         """One store job of the units ``(start, end]`` completes (agrees with the reference's
         ``_store_job``: same ``prepare_store`` calls, so the same policy order and events)."""
@@ -588,7 +594,10 @@ class ConnectorCore(CoreQueries, OutsideWork):
         taken: list[TransferItem] = []
         store = self.store
         prompt = request.num_prompt_tokens
-        for part in items_by_end(store_items(geometry, keys, block_ids, start, end)):
+        found = store_items(geometry, keys, block_ids, start, end)
+        if limit is not None and found and found[-1].end_token > limit:  # sorted by end
+            found = [item for item in found if item.end_token <= limit]
+        for part in items_by_end(found):
             # Admission (hybridkv.connector.stores.low_priority): the part's NORMAL units, then
             # its LOW ones, which take free slots only. A refusal that leaves a hole in
             # a claimable prefix (a NORMAL unit or a continuation) ends the job.

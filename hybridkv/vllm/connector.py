@@ -193,6 +193,11 @@ class HybridKVConnector(SchedulerRole, WorkerRole, KVConnectorBase_V1, SupportsH
         self.deadlines: LoadDeadlines | None = None
         # Lookups answered 0 in front of the core for requests whose load missed its deadline.
         self._deadline_answers = 0
+        # Async scheduling: steps whose stores wait for their block hashes, and how many were
+        # replayed or dropped (SchedulerRole._replays).
+        self._deferred_stores: dict[str, tuple[int, int, int | None]] = {}
+        self._deferred_replayed = 0
+        self._deferred_dropped = 0
         # The remote tier's two sides (hybridkv.vllm.remote); None without remote_url.
         self.remote: SchedulerRemote | None = None
         self.worker_remote: WorkerRemote | None = None

@@ -83,6 +83,9 @@ class SchedulerRole:
     _delayed_frees: set[str]
     _payloads: BlockPayloads | None
     _deadline_answers: int
+    _deferred_stores: dict[str, tuple[int, int, int | None]]
+    _deferred_replayed: int
+    _deferred_dropped: int
     _kv_cache_manager: Any  # vLLM's, set by bind_kv_cache_manager
 
     def _core(self) -> ConnectorCore:
@@ -170,12 +173,25 @@ class SchedulerRole:
         prompt_only = not self.hybridkv_config.offload_decode_state
         drafts = scheduler_output.scheduled_spec_decode_tokens
         requests = self._requests
+        hash_block = core.geometry.planner.hash_block_size
+        deferred = self._deferred_stores
+        if deferred:
+            scheduled.extend(self._replays(scheduler_output, hash_block))
         for rid, num in num_scheduled.items():
             request = requests[rid]
             computed = int(request.num_computed_tokens)
             stored = int(num)
+            limit = None
             if prompt_only:  # the prompt's units only
-                stored = min(stored, max(0, request.num_prompt_tokens - computed))
+                prompt = request.num_prompt_tokens
+                stored = min(stored, max(0, prompt - computed))
+                if stored < num:
+                    # The step's whole range stays in the row: it places the step's mamba
+                    # states (MB-8). A preempted request recomputing prompt and output in one
+                    # chunk leaves its running state and checkpoint where [computed,
+                    # computed + num) puts them; keyed off the clipped end, the checkpoint slot
+                    # would be stored as the prompt's end (issue 28).
+                    limit = prompt
             if drafts and drafts.get(rid):
                 # A step with draft tokens (MTP/EAGLE) stores nothing of its request: a unit
                 # ending on a draft has no block hash yet and may be rejected, and a mamba
@@ -187,8 +203,20 @@ class SchedulerRole:
                 # (StepView.no_unit_ids); its view catches up when a unit completes.
                 no_unit.append(rid)
                 continue
+            if limit is not None:
+                stored = int(num)
+            if (computed + stored) // hash_block > len(request.block_hashes):
+                # Async scheduling: a unit ends (every unit end is a hash-block boundary) past
+                # the request's block hashes. The step computes a token the request does not
+                # hold yet (the previous step's sampled token, still an output placeholder), so
+                # the unit ending at it has no block hash and no key. The step is stored when
+                # the hash exists: replayed, as this step, at the next metadata (_replays).
+                deferred[rid] = (computed, stored, limit)
+                no_unit.append(rid)
+                continue
             blocks = _tables(self._kv_cache_manager.get_block_ids(rid))
-            scheduled.append(ScheduledRequest(self._views.view(request), blocks, computed, stored))
+            view = self._views.view(request)
+            scheduled.append(ScheduledRequest(view, blocks, computed, stored, limit))
         # The core reads neither the finished ids (request_finished_all_groups tells it) nor
         # the preempted ones (a preempted request's next step is a restart it sees then), so
         # vLLM's sets are not copied into the step's view.
@@ -213,6 +241,38 @@ class SchedulerRole:
             self.remote.stores_emitted(store_jobs, views)
             orders = self.remote.orders()
         return HybridKVMetadata(meta, slots, tuple(map(int, late)) if late else (), orders)
+
+    def _replays(self, scheduler_output: Any, hash_block: int) -> list[ScheduledRequest]:
+        """The steps whose stores waited for a block hash (``build_connector_meta``), each as
+        the step it was, with the request's table now; every waiting step is replayed or
+        dropped here, at the metadata after its own.
+
+        Why one metadata later is right: under vLLM's batch queue the step N+1 that computed the
+        placeholder token is followed by step N+2's ``schedule()`` after step N's output was
+        applied, so the token and its block hash exist. What the replay reads is still in place:
+        the attention blocks of a running request stay in its table, and vLLM's align-mode
+        mamba manager frees the slot of step N+1's running state only two steps after it
+        allocated it (``MambaManager.remove_skipped_blocks``), and a store pins what it reads.
+        A request preempted or finished since holds no blocks: its waiting step is dropped
+        (counted in ``deferred_stores_dropped``), as is one whose hash is still missing.
+        """
+        deferred = self._deferred_stores
+        preempted = scheduler_output.preempted_req_ids or ()
+        replays = []
+        for rid, (start, num, limit) in deferred.items():
+            request = self._requests.get(rid)
+            if (
+                request is None
+                or rid in preempted
+                or (start + num) // hash_block > len(request.block_hashes)
+            ):
+                self._deferred_dropped += 1
+                continue
+            blocks = _tables(self._kv_cache_manager.get_block_ids(rid))
+            replays.append(ScheduledRequest(self._views.view(request), blocks, start, num, limit))
+        deferred.clear()
+        self._deferred_replayed += len(replays)
+        return replays
 
     def update_connector_output(self, connector_output: Any) -> None:
         sending = connector_output.finished_sending

@@ -289,6 +289,7 @@ class ReferenceConnector:
                 scheduled.block_ids,
                 scheduled.num_computed_tokens,
                 scheduled.num_computed_tokens + scheduled.num_scheduled_tokens,
+                limit=scheduled.store_limit,
             )
             if job is not None:
                 stores.append(job)
@@ -540,12 +541,21 @@ class ReferenceConnector:
         return key not in failed and self.store.status(key) is LookupResult.HIT
 
     def _store_job(
-        self, request: RequestView, block_ids: BlockTable, start: int, end: int
+        self,
+        request: RequestView,
+        block_ids: BlockTable,
+        start: int,
+        end: int,
+        *,
+        limit: int | None = None,
     ) -> TransferJob | None:
         hashes = self._hashes(request)
         taken: list[TransferItem] = []
         prompt = request.num_prompt_tokens
-        for part in items_by_end(self._store_items(hashes, block_ids, start, end)):
+        items = self._store_items(hashes, block_ids, start, end)
+        if limit is not None:  # ScheduledRequest.store_limit: the step's range stays as is
+            items = tuple(item for item in items if item.end_token <= limit)
+        for part in items_by_end(items):
             # Admission (spec.connector.stores.stored_low): NORMAL units of the part are
             # offered first, then its LOW ones. Refused NORMAL units or refused continuation
             # units would leave a hole in the stored prefix: the job stops there. Refused far

@@ -70,11 +70,23 @@ class StandInForward:
         spans = list(self._spans(output))
         tables = {}
         lengths = {}
+        drafts = output.scheduled_spec_decode_tokens or {}
+        proposed: dict[str, list[int]] = {}
         for rid, c0, c1 in spans:
             request = self.requests[rid]
             tokens = self._tokens(request)
+            hashes = prefix_tags(tokens, self._hashes[rid])
+            if drafts.get(rid):
+                # Draft positions the scheduler scheduled (under async scheduling it schedules
+                # placeholders and the worker's drafter fills them): this drafter proposes
+                # what the sampler will pick, so every draft is accepted and the KV of the
+                # draft positions is the request's own.
+                proposed[rid] = []
+                while len(tokens) < c1:
+                    tokens.append(3 + hashes[len(tokens) - 1] % 997)
+                    proposed[rid].append(tokens[-1])
+                    prefix_tags(tokens, hashes)
             lengths[rid] = len(tokens)
-            prefix_tags(tokens, self._hashes[rid])
             tables[rid] = self.scheduler.kv_cache_manager.get_block_ids(rid)
             prompt = request.num_prompt_tokens
             self.tally.prefill_computed += max(0, min(c1, prompt) - c0)
@@ -104,7 +116,7 @@ class StandInForward:
             if c1 >= lengths[rid]:
                 token = 3 + (self._hashes[rid][c1 - 1] % 997)
                 self._runner_tokens[rid].append(token)
-                sampled.append([token])
+                sampled.append([*proposed.get(rid, ()), token])
             else:
                 sampled.append([])
         return sampled
