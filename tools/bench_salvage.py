@@ -245,9 +245,9 @@ class SalvageWatch:
             self._results(set(out.finished_recving), set(out.failed_recving))
             return out
 
-        def observed_schedule() -> Any:
+        def observed_schedule(*args: Any, **kwargs: Any) -> Any:
             self._admitted = {}
-            output = schedule()
+            output = schedule(*args, **kwargs)
             self._scheduled(output)
             return output
 

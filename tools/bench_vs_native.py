@@ -396,8 +396,8 @@ class Ledger:
         scheduler = engine.scheduler
         schedule, step = scheduler.schedule, engine.step
 
-        def scheduled() -> Any:
-            output = schedule()
+        def scheduled(*args: Any, **kwargs: Any) -> Any:
+            output = schedule(*args, **kwargs)
             for rid, n in output.num_scheduled_tokens.items():
                 request = engine.requests[rid]
                 c1 = request.num_computed_tokens

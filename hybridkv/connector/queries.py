@@ -54,6 +54,11 @@ class CoreQueries:
             for item in job.items
         )
 
+    def has_jobs_in_flight(self) -> bool:
+        """Whether any load or store job is in flight (or built, not yet sent). Frame:
+        nothing changes."""
+        return bool(self._jobs)
+
     def has_transfers(self, request_id: RequestId) -> bool:
         """Whether a load or store job of the request is in flight (or built, not yet sent)."""
         return bool(self._jobs_of.get(request_id))

@@ -44,6 +44,8 @@ the start-up refusals, and the metrics and events.
 
 from __future__ import annotations
 
+import os
+
 from collections.abc import Iterable
 from operator import sub
 from typing import Any
@@ -88,6 +90,7 @@ from hybridkv.vllm.remote import (
     WorkerRemote,
     model_identity,
     refuse_tensor_parallel,
+    refuse_unshared_hashes,
     remote_config,
 )
 from hybridkv.vllm.scheduler_role import SchedulerRole
@@ -204,6 +207,7 @@ class HybridKVConnector(SchedulerRole, WorkerRole, KVConnectorBase_V1, SupportsH
         self._fetched: tuple[FetchReport, ...] = ()
         if self.hybridkv_config.remote is not None:
             refuse_tensor_parallel(self.world_size)
+            refuse_unshared_hashes(vllm_config.cache_config.prefix_caching_hash_algo, os.environ)
         if role == KVConnectorRole.SCHEDULER:
             deadline = self.hybridkv_config.load_deadline_steps
             self.deadlines = None if deadline is None else LoadDeadlines(deadline)

@@ -65,7 +65,7 @@ from __future__ import annotations
 
 import threading
 from collections import OrderedDict
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -100,6 +100,8 @@ __all__ = [
     "SchedulerRemote",
     "WorkerRemote",
     "model_identity",
+    "refuse_tensor_parallel",
+    "refuse_unshared_hashes",
     "remote_config",
 ]
 
@@ -525,3 +527,25 @@ def refuse_tensor_parallel(world_size: int) -> None:
             "own shard of every chunk)",
             "drop remote_url, or serve with --tensor-parallel-size 1",
         )
+
+
+# vLLM's non-cryptographic block hashes (``_NON_CRYPTO_HASH_FUNCTIONS``,
+# ``v1/core/kv_cache_utils.py:111``): without PYTHONHASHSEED their seed is fresh random bytes per
+# process (``resolve_none_hash_seed``, 117-130), so no two engines, nor one engine after a
+# restart, ever compute the same block hash.
+_PER_PROCESS_SEEDED = frozenset({"xxhash", "xxhash_cbor"})
+
+
+def refuse_unshared_hashes(hash_algo: str, environ: Mapping[str, str]) -> None:
+    """A remote tier is keyed by vLLM's block hashes: refuse a hash whose seed is random per
+    process (it would never hit across engines or restarts, and nothing would say so)."""
+    if hash_algo in _PER_PROCESS_SEEDED and environ.get("PYTHONHASHSEED") is None:
+        raise HybridKVConfigError(
+            "kv_connector_extra_config.remote_url",
+            f"--prefix-caching-hash-algo {hash_algo} without PYTHONHASHSEED",
+            f"{hash_algo} block hashes are seeded with random bytes per process, so the shared "
+            "tier would never hit across engines or restarts",
+            "set PYTHONHASHSEED to the same value on every engine, or use "
+            "--prefix-caching-hash-algo sha256 (the default), or drop remote_url",
+        )
+

@@ -122,6 +122,15 @@ class SchedulerRole:
             pins[block] = pins.get(block, 0) + 1
         return any(pool.blocks[b].ref_cnt <= n for b, n in pins.items())
 
+    def has_pending_push_work(self) -> bool:
+        """Whether vLLM's engine loop must keep stepping for this connector: a job is in
+        flight. vLLM asks before each ``schedule()`` (``Scheduler.has_requests``,
+        ``scheduler.py:3167-3182``) and with no request left the loop idles, so without this a
+        store still reading a finished or aborted request's blocks would report, and unpin
+        its sources, only when the next request arrives."""
+        core = self.core
+        return core is not None and core.has_jobs_in_flight()
+
     def on_new_request(self, request: Any) -> None:
         self._requests[request.request_id] = request
 

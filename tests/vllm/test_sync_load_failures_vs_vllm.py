@@ -260,8 +260,8 @@ def test_failed_sync_loads_are_read_as_if_loaded(layout: Layout, failing: bool) 
     core.load_mode = LoadMode.SYNC
     schedule, sync_steps = engine.scheduler.schedule, []
 
-    def counted() -> object:
-        output = schedule()
+    def counted(*args: object, **kwargs: object) -> object:
+        output = schedule(*args, **kwargs)
         sync_steps.append(output.has_sync_kv_loads)
         return output
 

@@ -73,6 +73,8 @@ class EngineSettings:
             request's real tokens only.
         prefix_match_unit: ``--prefix-match-unit`` (the hash block, below the block size: vLLM's
             partial hash hits and its ``cache_hit_alignment_tokens``).
+        hash_algo: ``--prefix-caching-hash-algo`` (``sha256``, ``sha256_cbor``, ``xxhash``,
+            ``xxhash_cbor``).
         async_scheduling: vLLM's ``--async-scheduling`` (on by default, as vLLM 0.33 turns it
             on wherever the executor supports it: every GPU server): the ``AsyncScheduler`` and
             vLLM's ``step_with_batch_queue`` loop (:mod:`hybridkv.vllm.harness.engine_loop`);
@@ -101,6 +103,7 @@ class EngineSettings:
     speculative: dict[str, Any] | None = None
     prefix_match_unit: int | None = None
     speculative_hooks: bool = False
+    hash_algo: str = "sha256"
     async_scheduling: bool = field(default_factory=default_async_scheduling)
 
 
@@ -138,6 +141,7 @@ def _vllm_config(config_json: dict[str, Any], settings: EngineSettings, kv_trans
     cache: dict[str, Any] = {
         "enable_prefix_caching": True,
         "num_gpu_blocks_override": settings.num_gpu_blocks,
+        "prefix_caching_hash_algo": settings.hash_algo,
     }
     if settings.block_size is not None:
         cache["block_size"] = settings.block_size

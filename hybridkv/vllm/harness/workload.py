@@ -269,8 +269,8 @@ def _observe(engine: InProcessEngine, ledger: _Ledger, failed: set[str]) -> None
     schedule, update = scheduler.schedule, scheduler.update_from_output
     jobs = _Jobs(engine, ledger)
 
-    def scheduled() -> Any:
-        output = schedule()
+    def scheduled(*args: Any, **kwargs: Any) -> Any:
+        output = schedule(*args, **kwargs)
         for rid in output.preempted_req_ids or ():
             ledger.preempted(rid)
         for rid, n in output.num_scheduled_tokens.items():
