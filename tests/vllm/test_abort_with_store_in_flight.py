@@ -10,15 +10,17 @@ engine crash. So the connector must never report ``finished_sending`` for such a
 answers False while the request's load is in flight, and the stores' sources stay pinned in
 vLLM's block pool until each store reports.
 
-How the state is reached, with vLLM's own scheduling on sliding window + full attention (block
-32, one unit a step): Q decodes; R prefills 200 tokens, its stores of the units ending at 32
-and 64 succeed, the one ending at 96 fails (the job hook), the one ending at 128 is held
-unreported (``_held_reports``); Q's next block preempts R (vLLM preempts the last running
-request); Q's decode then evicts R's cached GPU blocks; when Q finishes R is admitted again
-with no local hit, and the host tier serves it the 64 tokens before the failed unit: an async
-load, so R waits in WAITING_FOR_REMOTE_KVS with its own store (ending at 128) still in flight.
-Its load is held too, and R is aborted (``Scheduler.finish_requests``, ``FINISHED_ABORTED``).
-The held reports are then released in each order.
+How the state is reached, with vLLM's own scheduling on sliding window + full attention (block 32,
+one unit a step, 19 GPU blocks): Q (60 prompt tokens) decodes; R prefills 200 tokens, its stores of
+the units ending at 32 and 64 succeed, the one ending at 96 fails (the job hook), the one ending at
+128 is held unreported (``_held_reports``); Q's next block preempts R (vLLM preempts the last
+running request); Q's decode then evicts R's cached GPU blocks; when Q finishes R is admitted again
+with no local hit, and the host tier serves it the 64 tokens before the failed unit: an async load,
+so R waits in WAITING_FOR_REMOTE_KVS with its own store (ending at 128) still in flight. Its load is
+held too, and R is aborted (``Scheduler.finish_requests``, ``FINISHED_ABORTED``). The held reports
+are then released in each order. The pool and Q's prompt are a point where this holds under both
+engine loops (vLLM refuses the 16-block pool this test once used under async scheduling: its
+sliding-window group must hold two in-flight steps' tokens).
 """
 
 from __future__ import annotations
@@ -66,7 +68,7 @@ def _engine() -> tuple[InProcessEngine, HoldingAdapter]:
         kv_connector_extra_config={"host_memory_bytes": 64 << 20, "chunk_size": UNIT},
     )
     settings = EngineSettings(
-        num_gpu_blocks=16,
+        num_gpu_blocks=19,
         max_model_len=256,
         block_size=UNIT,
         max_num_seqs=2,
@@ -79,7 +81,7 @@ def _engine() -> tuple[InProcessEngine, HoldingAdapter]:
 
 def _reach_the_state(engine: InProcessEngine) -> None:
     rng = random.Random(1)
-    engine.add("Q", [rng.randint(3, 999) for _ in range(25)], 256 - 25 - 2)
+    engine.add("Q", [rng.randint(3, 999) for _ in range(60)], 256 - 60 - 2)
     engine.step()
     engine.add("R", [rng.randint(3, 999) for _ in range(200)], 4)
     preempted = False
