@@ -58,13 +58,21 @@ def _run(layout: Layout, native: bool, adapter: NativeOffloadOnCPU | None = None
     return engine, run_trace(engine, trace)
 
 
-def _accounted(report: InProcessReport) -> None:
+def _accounted(report: InProcessReport, *, may_preempt: bool = False) -> None:
+    """Every request finished, no block leaked, and every prompt token computed or hit. The
+    identity is exact without preemption; a preempted request may compute part of its prompt
+    again (or find it in vLLM's prefix cache), so with preemptions the left side can only
+    grow."""
     assert report.finished == report.requests > 0
     assert report.leaked_blocks == 0
     assert report.slots_checked > 0
-    assert report.preemptions == 0  # the identity below holds without recompute
     total = report.prefill_computed + report.gpu_prefix_hits + report.external_hits
-    assert total == report.prompt_tokens
+    if not may_preempt:
+        assert report.preemptions == 0
+    if report.preemptions:
+        assert total >= report.prompt_tokens
+    else:
+        assert total == report.prompt_tokens
 
 
 @pytest.mark.parametrize("layout", list(CASES), ids=lambda lay: lay.value)
@@ -72,8 +80,11 @@ def test_native_offloading_hits_the_host_tier_with_correct_content(layout: Layou
     _, plain = _run(layout, native=False)
     engine, native = _run(layout, native=True)
     print(f"\n{layout.value} no connector: {plain}\n{layout.value} native: {native}")
+    # Without a connector the mamba + full pool preempts under async scheduling (a finished
+    # request's blocks are freed a step later, while the next prefill is in flight).
+    _accounted(plain, may_preempt=True)
+    _accounted(native)
     for report in (plain, native):
-        _accounted(report)
         assert report.wrong_reads == 0
     assert plain.connector == ""
     assert plain.external_loaded == 0
