@@ -45,7 +45,6 @@ the start-up refusals, and the metrics and events.
 from __future__ import annotations
 
 import os
-
 from collections.abc import Iterable
 from operator import sub
 from typing import Any
@@ -69,6 +68,7 @@ from hybridkv.hostmem import HostMemory
 from hybridkv.store import HostStore, LookupResult
 from hybridkv.vllm.checkpoints import read_checkpoint_rules
 from hybridkv.vllm.config import HybridKVConfig, check_failure_policy, parse_extra_config
+from hybridkv.vllm.deferred import DeferredStores
 from hybridkv.vllm.events import BlockPayloads
 from hybridkv.vllm.layout import VllmLayout, read_layout, recommended_chunk_size, whole_blocks
 from hybridkv.vllm.metrics import (
@@ -196,11 +196,7 @@ class HybridKVConnector(SchedulerRole, WorkerRole, KVConnectorBase_V1, SupportsH
         self.deadlines: LoadDeadlines | None = None
         # Lookups answered 0 in front of the core for requests whose load missed its deadline.
         self._deadline_answers = 0
-        # Async scheduling: steps whose stores wait for their block hashes, and how many were
-        # replayed or dropped (SchedulerRole._replays).
-        self._deferred_stores: dict[str, tuple[int, int, int | None]] = {}
-        self._deferred_replayed = 0
-        self._deferred_dropped = 0
+        self._deferred = DeferredStores()  # async scheduling: stores waiting for hashes
         # The remote tier's two sides (hybridkv.vllm.remote); None without remote_url.
         self.remote: SchedulerRemote | None = None
         self.worker_remote: WorkerRemote | None = None

@@ -548,4 +548,3 @@ def refuse_unshared_hashes(hash_algo: str, environ: Mapping[str, str]) -> None:
             "set PYTHONHASHSEED to the same value on every engine, or use "
             "--prefix-caching-hash-algo sha256 (the default), or drop remote_url",
         )
-

@@ -27,6 +27,7 @@ from hybridkv.connector import (
 )
 from hybridkv.connector.deadlines import LoadDeadlines
 from hybridkv.vllm.config import HybridKVConfig
+from hybridkv.vllm.deferred import DeferredStores, WaitingStep, keyable
 from hybridkv.vllm.events import BlockPayloads
 from hybridkv.vllm.metrics import GroupAgreement
 from hybridkv.vllm.ranks import JobQuorum
@@ -83,9 +84,7 @@ class SchedulerRole:
     _delayed_frees: set[str]
     _payloads: BlockPayloads | None
     _deadline_answers: int
-    _deferred_stores: dict[str, tuple[int, int, int | None]]
-    _deferred_replayed: int
-    _deferred_dropped: int
+    _deferred: DeferredStores
     _kv_cache_manager: Any  # vLLM's, set by bind_kv_cache_manager
 
     def _core(self) -> ConnectorCore:
@@ -104,6 +103,7 @@ class SchedulerRole:
     def reset_cache(self) -> bool:
         """vLLM's ``reset_prefix_cache(reset_connector=True)``: nothing stored before it is
         served after it, host or remote (hybridkv.vllm.reset)."""
+        self._deferred.clear()  # KV computed before a reset is not stored after it
         return reset_connector_cache(self._core(), self.remote)
 
     def has_pending_block_frees(self) -> bool:
@@ -183,24 +183,17 @@ class SchedulerRole:
         drafts = scheduler_output.scheduled_spec_decode_tokens
         requests = self._requests
         hash_block = core.geometry.planner.hash_block_size
-        deferred = self._deferred_stores
-        if deferred:
-            scheduled.extend(self._replays(scheduler_output, hash_block))
+        deferred = self._deferred
+        if deferred:  # async scheduling: steps that waited one metadata for their hashes
+            preempted = scheduler_output.preempted_req_ids or ()
+            for request, held in deferred.due(requests, preempted, hash_block):
+                scheduled.append(self._row(request, held.start, held.num_tokens, held.store_limit))
         for rid, num in num_scheduled.items():
             request = requests[rid]
             computed = int(request.num_computed_tokens)
-            stored = int(num)
-            limit = None
+            stored, limit = int(num), None
             if prompt_only:  # the prompt's units only
-                prompt = request.num_prompt_tokens
-                stored = min(stored, max(0, prompt - computed))
-                if stored < num:
-                    # The step's whole range stays in the row: it places the step's mamba
-                    # states (MB-8). A preempted request recomputing prompt and output in one
-                    # chunk leaves its running state and checkpoint where [computed,
-                    # computed + num) puts them; keyed off the clipped end, the checkpoint slot
-                    # would be stored as the prompt's end (issue 28).
-                    limit = prompt
+                stored = min(stored, max(0, request.num_prompt_tokens - computed))
             if drafts and drafts.get(rid):
                 # A step with draft tokens (MTP/EAGLE) stores nothing of its request: a unit
                 # ending on a draft has no block hash yet and may be rejected, and a mamba
@@ -212,20 +205,21 @@ class SchedulerRole:
                 # (StepView.no_unit_ids); its view catches up when a unit completes.
                 no_unit.append(rid)
                 continue
-            if limit is not None:
-                stored = int(num)
-            if (computed + stored) // hash_block > len(request.block_hashes):
-                # Async scheduling: a unit ends (every unit end is a hash-block boundary) past
-                # the request's block hashes. The step computes a token the request does not
-                # hold yet (the previous step's sampled token, still an output placeholder), so
-                # the unit ending at it has no block hash and no key. The step is stored when
-                # the hash exists: replayed, as this step, at the next metadata (_replays).
-                deferred[rid] = (computed, stored, limit)
+            if stored < num:
+                # offload_decode_state false, a step past the prompt: the row keeps the step's
+                # whole range, which places its mamba states (MB-8), and limits what is stored.
+                # A preempted request recomputing prompt and output in one chunk leaves its
+                # checkpoint where [computed, computed + num) puts it; keyed off a clipped end,
+                # that slot was stored as the prompt's end (issue 28).
+                stored, limit = int(num), request.num_prompt_tokens
+            if not keyable(computed + stored, hash_block, len(request.block_hashes)):
+                # Async scheduling: a unit ends on a token the request does not hold yet (the
+                # previous step's sampled token): stored at the next metadata
+                # (hybridkv.vllm.deferred).
+                deferred.hold(rid, WaitingStep(computed, stored, limit))
                 no_unit.append(rid)
                 continue
-            blocks = _tables(self._kv_cache_manager.get_block_ids(rid))
-            view = self._views.view(request)
-            scheduled.append(ScheduledRequest(view, blocks, computed, stored, limit))
+            scheduled.append(self._row(request, computed, stored, limit))
         # The core reads neither the finished ids (request_finished_all_groups tells it) nor
         # the preempted ones (a preempted request's next step is a restart it sees then), so
         # vLLM's sets are not copied into the step's view.
@@ -236,6 +230,13 @@ class SchedulerRole:
             meta = core.build_connector_meta(step)
         else:  # no request completes a unit (most decode steps): no view of the step
             meta = core.build_unit_free_meta(no_unit)
+        return self._metadata(core, meta, scheduled)
+
+    def _metadata(
+        self, core: ConnectorCore, meta: Any, scheduled: list[ScheduledRequest]
+    ) -> HybridKVMetadata:
+        """The step's metadata for the workers: the core's jobs, their host slots, the loads
+        past their deadline and the remote tier's orders."""
         load_jobs, store_jobs = meta.load_jobs, meta.store_jobs
         slots = {}
         if load_jobs or store_jobs:  # most decode steps have no job: nothing to name
@@ -251,37 +252,10 @@ class SchedulerRole:
             orders = self.remote.orders()
         return HybridKVMetadata(meta, slots, tuple(map(int, late)) if late else (), orders)
 
-    def _replays(self, scheduler_output: Any, hash_block: int) -> list[ScheduledRequest]:
-        """The steps whose stores waited for a block hash (``build_connector_meta``), each as
-        the step it was, with the request's table now; every waiting step is replayed or
-        dropped here, at the metadata after its own.
-
-        Why one metadata later is right: under vLLM's batch queue the step N+1 that computed the
-        placeholder token is followed by step N+2's ``schedule()`` after step N's output was
-        applied, so the token and its block hash exist. What the replay reads is still in place:
-        the attention blocks of a running request stay in its table, and vLLM's align-mode
-        mamba manager frees the slot of step N+1's running state only two steps after it
-        allocated it (``MambaManager.remove_skipped_blocks``), and a store pins what it reads.
-        A request preempted or finished since holds no blocks: its waiting step is dropped
-        (counted in ``deferred_stores_dropped``), as is one whose hash is still missing.
-        """
-        deferred = self._deferred_stores
-        preempted = scheduler_output.preempted_req_ids or ()
-        replays = []
-        for rid, (start, num, limit) in deferred.items():
-            request = self._requests.get(rid)
-            if (
-                request is None
-                or rid in preempted
-                or (start + num) // hash_block > len(request.block_hashes)
-            ):
-                self._deferred_dropped += 1
-                continue
-            blocks = _tables(self._kv_cache_manager.get_block_ids(rid))
-            replays.append(ScheduledRequest(self._views.view(request), blocks, start, num, limit))
-        deferred.clear()
-        self._deferred_replayed += len(replays)
-        return replays
+    def _row(self, request: Any, start: int, num: int, limit: int | None) -> ScheduledRequest:
+        """The core's row of a step of ``request`` computing ``[start, start + num)``."""
+        blocks = _tables(self._kv_cache_manager.get_block_ids(request.request_id))
+        return ScheduledRequest(self._views.view(request), blocks, start, num, limit)
 
     def update_connector_output(self, connector_output: Any) -> None:
         sending = connector_output.finished_sending

@@ -43,8 +43,9 @@ def _engine(hash_algo: str, remote: bool) -> InProcessEngine:
     settings = EngineSettings(
         num_gpu_blocks=40, max_model_len=512, block_size=32, hash_algo=hash_algo
     )
-    return InProcessEngine(RECIPES[Layout.SLIDING_FULL].config_json(), settings, transfer,
-                           HybridKVOnCPU())
+    return InProcessEngine(
+        RECIPES[Layout.SLIDING_FULL].config_json(), settings, transfer, HybridKVOnCPU()
+    )
 
 
 @pytest.mark.parametrize("algo", ["xxhash", "xxhash_cbor"])

@@ -55,7 +55,11 @@ from hybridkv.errors import HybridKVConfigError  # noqa: E402
 from hybridkv.vllm.connector import HybridKVConnector  # noqa: E402
 from hybridkv.vllm.harness.chat import ChatTrace, run_trace  # noqa: E402
 from hybridkv.vllm.harness.cpu_worker import FaultPlan, HybridKVOnCPU  # noqa: E402
-from hybridkv.vllm.harness.engine_config import EngineSettings, WedgedError  # noqa: E402
+from hybridkv.vllm.harness.engine_config import (  # noqa: E402
+    EngineSettings,
+    WedgedError,
+    default_async_scheduling,
+)
 from hybridkv.vllm.harness.inprocess import InProcessEngine  # noqa: E402
 from hybridkv.vllm.harness.multi_cpu import MultiOnCPU  # noqa: E402
 from hybridkv.vllm.harness.native_cpu import NativeOffloadOnCPU  # noqa: E402
@@ -254,7 +258,10 @@ def test_a_child_without_hma_is_taken_on_a_one_group_model(tmp_path: Path) -> No
 
 def test_preemptions_reach_both_children() -> None:
     tight = EngineSettings(
-        num_gpu_blocks=20,
+        # vLLM's minimum: one step's budget per batch in flight (2 under async scheduling).
+        num_gpu_blocks=RECIPES[LAYOUT].min_blocks(
+            128 * (2 if default_async_scheduling() else 1), 320
+        ),
         max_model_len=320,
         block_size=32,
         max_num_seqs=3,
@@ -287,7 +294,9 @@ def test_preemptions_reach_both_children() -> None:
     _clean(engine, report)
     assert report.preemptions > 0
     assert preempted["host"] == preempted["native"] != set()
-    assert len(worker_meta["host"]) == len(worker_meta["native"]) == report.steps
+    # Every scheduled step's metadata reached both workers (under async scheduling the loop's
+    # last turn only applies an output: a turn is not a step).
+    assert len(worker_meta["host"]) == len(worker_meta["native"]) == engine.tally.schedules
     assert set(worker_meta["host"]) == {"HybridKVMetadata"}
     assert set(worker_meta["native"]) == {"OffloadingConnectorMetadata"}
 
@@ -497,8 +506,10 @@ WEIGHTS = (0.0, 0.5, 1.0, 2.0)
 def _random_engine(rng: random.Random, seed: int) -> InProcessEngine:
     recipe = RECIPES[LAYOUT]
     budget = 128
+    # vLLM's minimum counts one step's budget per batch in flight (2 under async scheduling).
+    batches = 2 if default_async_scheduling() else 1
     settings_ = EngineSettings(
-        num_gpu_blocks=recipe.min_blocks(budget) + rng.choice((0, 1, 3, 8)),
+        num_gpu_blocks=recipe.min_blocks(budget * batches) + rng.choice((0, 1, 3, 8)),
         max_model_len=recipe.max_model_len,
         block_size=recipe.block_size,
         max_num_seqs=3,

@@ -1,7 +1,8 @@
 """The in-process engine's settings (:class:`EngineSettings`) and the ``VllmConfig`` built from
 them, as ``vllm serve`` would build it from the same flags: prefix caching, chunked prefill,
-async scheduling (or sync, :attr:`EngineSettings.async_scheduling`), the hybrid KV cache manager on (a connector that turns it off is refused), and
-optionally tensor parallel, LoRA, KV events and the scheduler side of speculative decoding.
+async scheduling (or sync: :attr:`EngineSettings.async_scheduling`), the hybrid KV cache
+manager on (a connector that turns it off is refused), and optionally tensor parallel, LoRA,
+KV events and the scheduler side of speculative decoding.
 
 The model is a directory holding only the config.json (:func:`_config_dir`): no weights, no
 tokenizer; vLLM's own planning (:mod:`hybridkv.vllm.harness.planning`) derives the KV-cache config

@@ -64,36 +64,21 @@ class StandInForward:
             own = self._runner_tokens[request.request_id] = list(known)
         return own
 
+    def _propose(self, rid: str, tokens: list[int], end: int) -> list[int]:
+        """The drafter's tokens for the draft positions a step schedules up to ``end`` (under
+        async scheduling the scheduler schedules placeholders and the worker's drafter fills
+        them): this drafter proposes what the sampler will pick, so every draft is accepted
+        and the KV of a draft position is the request's own. ``tokens`` grows by them."""
+        hashes = self._hashes[rid]
+        proposed = []
+        while len(tokens) < end:
+            tokens.append(3 + hashes[len(tokens) - 1] % 997)
+            proposed.append(tokens[-1])
+            prefix_tags(tokens, hashes)
+        return proposed
+
     def _forward(self, output: Any) -> list[list[int]]:
-        for rid in output.finished_req_ids:
-            self._runner_tokens.pop(rid, None)
-        spans = list(self._spans(output))
-        tables = {}
-        lengths = {}
-        drafts = output.scheduled_spec_decode_tokens or {}
-        proposed: dict[str, list[int]] = {}
-        for rid, c0, c1 in spans:
-            request = self.requests[rid]
-            tokens = self._tokens(request)
-            hashes = prefix_tags(tokens, self._hashes[rid])
-            if drafts.get(rid):
-                # Draft positions the scheduler scheduled (under async scheduling it schedules
-                # placeholders and the worker's drafter fills them): this drafter proposes
-                # what the sampler will pick, so every draft is accepted and the KV of the
-                # draft positions is the request's own.
-                proposed[rid] = []
-                while len(tokens) < c1:
-                    tokens.append(3 + hashes[len(tokens) - 1] % 997)
-                    proposed[rid].append(tokens[-1])
-                    prefix_tags(tokens, hashes)
-            lengths[rid] = len(tokens)
-            tables[rid] = self.scheduler.kv_cache_manager.get_block_ids(rid)
-            prompt = request.num_prompt_tokens
-            self.tally.prefill_computed += max(0, min(c1, prompt) - c0)
-        for rid in output.finished_req_ids:
-            self._state_idx.pop(rid, None)
-        for rid in output.preempted_req_ids or ():
-            self._state_idx.pop(rid, None)
+        spans, tables, lengths, proposed = self._prepare(output)
         self._mamba_precopy(spans, tables)
         self._draft_spans, self._draft_tables = spans, tables
         for rank in self.ranks:
@@ -120,6 +105,31 @@ class StandInForward:
             else:
                 sampled.append([])
         return sampled
+
+    def _prepare(
+        self, output: Any
+    ) -> tuple[list[tuple[str, int, int]], dict[str, Any], dict[str, int], dict[str, list[int]]]:
+        """The step's spans, block tables, each request's token count as the runner holds it
+        (drafts included) and the drafts proposed; forgets finished and preempted requests."""
+        for rid in output.finished_req_ids:
+            self._runner_tokens.pop(rid, None)
+            self._state_idx.pop(rid, None)
+        for rid in output.preempted_req_ids or ():
+            self._state_idx.pop(rid, None)
+        spans = list(self._spans(output))
+        tables, lengths, proposed = {}, {}, {}
+        drafts = output.scheduled_spec_decode_tokens or {}
+        for rid, c0, c1 in spans:
+            request = self.requests[rid]
+            tokens = self._tokens(request)
+            prefix_tags(tokens, self._hashes[rid])
+            if drafts.get(rid):
+                proposed[rid] = self._propose(rid, tokens, c1)
+            lengths[rid] = len(tokens)
+            tables[rid] = self.scheduler.kv_cache_manager.get_block_ids(rid)
+            prompt = request.num_prompt_tokens
+            self.tally.prefill_computed += max(0, min(c1, prompt) - c0)
+        return spans, tables, lengths, proposed
 
     def _draft(self) -> None:
         """The stand-in drafter (``EngineSettings.speculative_hooks``): writes and checks its

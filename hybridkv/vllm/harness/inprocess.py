@@ -5,9 +5,9 @@ checks every KV slot and mamba state it reads against the content the request's 
 Built (:class:`InProcessEngine`) from a config.json, :class:`~.engine_config.EngineSettings` and a
 ``KVTransferConfig`` (or none):
 
-1. ``VllmConfig`` with prefix caching, chunked prefill, async or sync scheduling; vLLM's own planning
-   (:func:`hybridkv.vllm.harness.planning.plan_kv_caches`) derives the KV-cache config and block
-   sizes; HMA must stay on.
+1. ``VllmConfig`` with prefix caching, chunked prefill, async or sync scheduling; vLLM's own
+   planning (:func:`hybridkv.vllm.harness.planning.plan_kv_caches`) derives the KV-cache config
+   and block sizes; HMA must stay on.
 2. The adapter's ``configure`` (e.g. the host tier size) before ``Scheduler(...)``, which builds
    the connector's scheduler role as the engine core does.
 3. The worker role: the same class built with ``KVConnectorRole.WORKER``; the CPU caches come from
@@ -34,8 +34,9 @@ KV.
 Each step (:meth:`InProcessEngine.step`) is one turn of vLLM's own engine loop
 (:mod:`hybridkv.vllm.harness.engine_loop`): ``EngineCore.step`` under sync scheduling,
 ``EngineCore.step_with_batch_queue`` under async scheduling (step N+1 scheduled and run before
-step N's output is applied). Each scheduled step runs ``schedule()``; the stand-in runner (``handle_preemptions``, ``bind_connector_metadata``, ``start_load_kv`` before the
-forward for sync loads, the forward with ``wait_for_layer_load``/``save_kv_layer`` around each
+step N's output is applied). Each scheduled step runs ``schedule()``; the stand-in runner
+(``handle_preemptions``, ``bind_connector_metadata``, ``start_load_kv`` before the forward
+for sync loads, the forward with ``wait_for_layer_load``/``save_kv_layer`` around each
 attention layer only, ``start_load_kv`` after it otherwise, ``wait_for_save``,
 ``get_transfer_results``, ``get_block_ids_with_load_errors``, stats, events, worker meta,
 ``clear_connector_metadata``); ``update_from_output()`` with the sampled tokens and that
@@ -225,8 +226,7 @@ class InProcessEngine(StandInForward):
         # The stand-in drafter's layer (EngineSettings.speculative_hooks): the last attention layer.
         attention = [tags.name for _, tags, _ in self._layers if not tags.is_mamba]
         self._draft_layer = attention[-1] if settings.speculative_hooks and attention else None
-        self._draft_spans: list[tuple[str, int, int]] = []
-        self._draft_tables: dict[str, Any] = {}
+        self._draft_spans, self._draft_tables = [], {}  # declared on StandInForward
         self._hasher = self._block_hasher()
         self.free_at_start = self.scheduler.kv_cache_manager.block_pool.get_num_free_blocks()
         self.requests: dict[str, Any] = {}
@@ -234,13 +234,7 @@ class InProcessEngine(StandInForward):
         self._state_idx: dict[str, int] = {}
         self.tally = Tally()
         self.connector_stats: list[dict[str, Any]] = []
-        # The tokens the runner sampled, per request, until the scheduler applies them (under
-        # async scheduling the next step computes one before it is applied).
-        self._runner_tokens: dict[str, list[int]] = {}
-        self._timed_scheduler()
-        self.loop = EngineLoop(
-            build_engine_core(self.vllm_config, self.scheduler, StandInExecutor(self._execute))
-        )
+        self.loop = self._engine_loop()
 
     # ------------------------------------------------------------ set-up helpers
     def _rank_config(self, rank: int) -> Any:
@@ -332,6 +326,15 @@ class InProcessEngine(StandInForward):
         in the batch queue whose output is not applied yet."""
         return self.loop.busy()
 
+    def _engine_loop(self) -> EngineLoop:
+        """vLLM's engine loop over this engine's scheduler (timed) and stand-in runner."""
+        # The tokens the runner sampled, per request, until the scheduler applies them (under
+        # async scheduling the next step computes one before it is applied).
+        self._runner_tokens: dict[str, list[int]] = {}
+        self._timed_scheduler()
+        core = build_engine_core(self.vllm_config, self.scheduler, StandInExecutor(self._execute))
+        return EngineLoop(core)
+
     def _timed_scheduler(self) -> None:
         """Time ``schedule`` and ``update_from_output`` where vLLM's loop calls them (the
         scheduler's own methods, wrapped on this instance only), and count preemptions."""
@@ -344,6 +347,7 @@ class InProcessEngine(StandInForward):
             tally.schedule_s += time.perf_counter() - start
             tally.schedule_cpu_s += time.thread_time() - start_cpu
             tally.preemptions += len(output.preempted_req_ids or ())
+            tally.schedules += 1
             return output
 
         def timed_update(*args: Any, **kwargs: Any) -> Any:

@@ -127,7 +127,8 @@ class ConnectorClock:
 
 @dataclass(slots=True)
 class Tally:
-    steps: int = 0
+    steps: int = 0  # turns of vLLM's engine loop
+    schedules: int = 0  # schedule() calls: under async a turn may only apply a step's output
     prompt_tokens: int = 0
     prefill_computed: int = 0
     gpu_hits: int = 0
