@@ -123,6 +123,8 @@ COVERAGE = "coverage==7.17.5"
 # The sessions whose tests are measured, each into its own data file (.coverage.<session>); the
 # `coverage` session combines them into the one figure the floor applies to.
 MEASURED_SESSIONS = ("tests", "vllm", "remote", "e2e")
+# Which of vLLM's engine loops the in-process harness runs (hybridkv.vllm.harness.engine_config).
+ENGINE_LOOP_ENV = "HYBRIDKV_ENGINE_LOOP"
 
 
 def _coverage_file(session: nox.Session) -> Path:
@@ -223,17 +225,21 @@ def vllm(session: nox.Session) -> None:
         "COVERAGE_FILE": str(_coverage_file(session)),
     }
     # The two-engine remote-tier tests need a redis-server: `nox -s remote` runs them.
-    session.run(
-        "pytest",
-        "tests/vllm",
-        "-m",
-        "vllm and not remote",
-        *_cov_args(),
-        "-p",
-        "no:cacheprovider",
-        *session.posargs,
-        env=env,
-    )
+    # Twice: under vLLM's async-scheduling loop (its default on a GPU server, and the harness's
+    # default) and under the synchronous one (hybridkv.vllm.harness.engine_loop).
+    for loop, append in (("async", False), ("sync", True)):
+        session.log(f"engine loop: {loop} ({ENGINE_LOOP_ENV}={loop})")
+        session.run(
+            "pytest",
+            "tests/vllm",
+            "-m",
+            "vllm and not remote",
+            *_cov_args(append=append),
+            "-p",
+            "no:cacheprovider",
+            *session.posargs,
+            env={**env, ENGINE_LOOP_ENV: loop},
+        )
 
 
 @venv_session()
