@@ -7,6 +7,8 @@ Each predicate reads the plain mapping :meth:`spec.managers.KVCacheCoordinator.s
 ``reserved`` and ``taken`` counts and its ``tables``: ``(request_id, processed_tokens,
 (block ids...))``. An optional ``held_outside``
 (block ids, one entry per reference) lists references held by something other than a table.
+An optional ``concurrent_batches`` (vLLM's ``VllmConfig.max_concurrent_batches``: 1 for the
+synchronous engine loop, the default; 2 under async scheduling) sets the mamba bound of GR-5.
 """
 
 from __future__ import annotations
@@ -95,21 +97,38 @@ def sliding_window_only(snapshot: Snapshot) -> list[str]:
 
 @invariant("kv_cache_groups")
 def mamba_holds_latest_state_only(snapshot: Snapshot) -> list[str]:
-    """GR-5: a mamba table holds no real block before its latest state, at most 2 + spec real.
+    """GR-5: a mamba table holds no real block before its latest state, at most 2 (async: 3) + spec.
 
-    Plus vLLM's prefill checkpoint blocks: the block a final chunk exports its checkpoint into
-    stays beside the running state and the previous one until the next step frees it, as
-    ``MambaSpec.max_memory_usage_bytes`` counts (``2 + num_speculative_blocks +
-    num_prefill_checkpoint_blocks``).
+    The bound is ``1 + concurrent_batches`` states, ``concurrent_batches`` being the snapshot's
+    (the engine loop's: vLLM's ``VllmConfig.max_concurrent_batches``, 1 when absent): 1 under
+    ``EngineCore.step``, 2 under async scheduling's ``step_with_batch_queue``. vLLM frees mamba
+    blocks on the processed-token basis only: ``allocate_slots`` trims at ``num_computed_tokens
+    - num_in_flight_tokens`` (``v1/core/kv_cache_manager.py:564-568``), keeping the block of
+    the last processed token (``MambaManager.get_num_skipped_tokens``), and it trims before
+    allocating the new step's state while ``concurrent_batches - 1`` steps are still in flight.
+    So the table holds the processed prefix's state, each in-flight step's and the new one.
+    Under sync: the previous state and the running one. Under async the state of the step
+    before the previous one stays too, until the next allocation trims at the then-processed
+    prefix; the checks after a loop turn see it (a chunked prefill of 640-token blocks:
+    states at 640, 1280 and 1609 after the step computing 1280-1609 was scheduled while the one
+    computing 640-1280 was in flight).
+
+    Plus vLLM's speculative blocks and prefill checkpoint blocks: the block a final chunk
+    exports its checkpoint into stays beside the running state and the previous one until the
+    next step frees it, as ``MambaSpec.max_memory_usage_bytes`` counts (``2 +
+    num_speculative_blocks + num_prefill_checkpoint_blocks``, whatever the engine loop: unlike
+    a sliding window's, vLLM's start-up reservation for mamba does not grow with the batches
+    in flight).
     """
     messages = []
+    states = 1 + snapshot.get("concurrent_batches", 1)
     for group, request_id, processed, blocks in _tables(snapshot, "mamba"):
         state = _cdiv(processed, group["block_size"]) - 1
         early = [i for i in range(min(max(state, 0), len(blocks))) if blocks[i] != NULL]
         if early:
             messages.append(f"{request_id}: real blocks at {early} before the state at {state}")
         real = sum(1 for b in blocks if b != NULL)
-        bound = 2 + group["num_speculative_blocks"] + group["num_prefill_checkpoint_blocks"]
+        bound = states + group["num_speculative_blocks"] + group["num_prefill_checkpoint_blocks"]
         if real > bound:
             messages.append(f"{request_id}: {real} real blocks, at most {bound}")
     return messages

@@ -10,8 +10,10 @@ What is observed, and which snapshot it feeds:
 
 - vLLM's ``BlockPool`` (reference counts, the free queue, the cached-block hash map) ->
   ``block_pool`` (BP-*);
-- that pool with every KV cache group's ``req_to_blocks`` and the references held outside any
-  table (the connector core's store pins, vLLM's deferred frees) -> ``kv_cache_groups`` (GR-*);
+- that pool with every KV cache group's ``req_to_blocks``, the references held outside any
+  table (the connector core's store pins, vLLM's deferred frees) and the engine loop's
+  concurrent batches (GR-5's mamba bound: 2 states under sync, 3 under async scheduling) ->
+  ``kv_cache_groups`` (GR-*);
 - the connector core's :meth:`~hybridkv.connector.ConnectorCore.snapshot` -> ``connector``
   (MB-*, SEC-1), and its host store's snapshot -> ``store`` (ST-*);
 - the pool, the tables and the core's jobs in flight -> ``system`` (TR-1);
@@ -156,7 +158,8 @@ def _deferred(engine: Any) -> list[int]:
 
 def groups_snapshot(engine: Any, pool: dict[str, Any], processed: Mapping[str, int]) -> dict:
     """The ``kv_cache_groups`` schema (:meth:`spec.managers.KVCacheCoordinator.snapshot`) without
-    the reservation counts vLLM does not keep (GR-6, GR-7 are not evaluated)."""
+    the reservation counts vLLM does not keep (GR-6, GR-7 are not evaluated), with the engine
+    loop's ``concurrent_batches`` (GR-5)."""
     core = engine.scheduler.connector.core
     groups = []
     tables = _tables(engine)
@@ -180,7 +183,16 @@ def groups_snapshot(engine: Any, pool: dict[str, Any], processed: Mapping[str, i
         "block_pool": pool,
         "groups": tuple(groups),
         "held_outside": (*core.held_blocks(), *_deferred(engine)),
+        "concurrent_batches": _concurrent_batches(engine),
     }
+
+
+def _concurrent_batches(engine: Any) -> int:
+    """The steps the engine loop in use keeps scheduled at once (GR-5's bound): 1 under
+    ``EngineCore.step``, the batch queue's size (vLLM's ``max_concurrent_batches``, 2) under
+    async scheduling's ``step_with_batch_queue``."""
+    core = engine.loop.core
+    return 1 if core.batch_queue is None else int(core.batch_queue_size)
 
 
 # ------------------------------------------------------------------ the whole system
