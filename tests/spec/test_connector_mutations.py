@@ -194,8 +194,10 @@ def test_a_failed_entry_is_evicted_once_no_load_pins_it() -> None:
 class StoresOverPresentKeys(ReferenceConnector):
     """Writes every completed unit, even those the host already holds (skipped by prepare)."""
 
-    def _store_job(self, request, block_ids, start, end):  # type: ignore[no-untyped-def]
+    def _store_job(self, request, block_ids, start, end, *, limit=None):  # type: ignore[no-untyped-def]
         items = self._store_items(self._hashes(request), block_ids, start, end)
+        if limit is not None:  # ScheduledRequest.store_limit, as the model applies it
+            items = tuple(item for item in items if item.end_token <= limit)
         prepared = self.store.prepare_store([i.key for i in items])
         if not isinstance(prepared, PrepareStoreOutput) or not items:
             return None
