@@ -30,9 +30,14 @@ from diffharness.layouts import RECIPES, Layout
 from vllm.config import KVTransferConfig
 
 from hybridkv.vllm.harness.cpu_worker import FaultPlan, HybridKVOnCPU
-from hybridkv.vllm.harness.engine_config import EngineSettings, WedgedError
+from hybridkv.vllm.harness.engine_config import (
+    EngineSettings,
+    WedgedError,
+    default_async_scheduling,
+)
 from hybridkv.vllm.harness.inprocess import InProcessEngine
 from hybridkv.vllm.harness.report import InProcessReport
+from spec.kinds import GroupKind
 
 __all__ = [
     "HOST_BYTES",
@@ -43,6 +48,8 @@ __all__ = [
     "play",
     "random_trace",
     "residue",
+    "smallest_pool",
+    "step_budget",
     "transfer",
 ]
 
@@ -90,7 +97,8 @@ def residue(engine: InProcessEngine) -> Counter[str]:
 class Shape:
     """One layout's random-trace geometry: the budget, the chunk, prompt and output lengths
     (sliding windows free blocks as a prompt advances, so only decoding past the pool
-    preempts there: longer outputs)."""
+    preempts there: longer outputs). ``budget`` is the tokens in flight; a step's is
+    :func:`step_budget`."""
 
     layout: Layout
     budget: int
@@ -108,6 +116,33 @@ SHAPES = {
         Shape(Layout.THREE_GROUPS, 128, 32, 400, 3, 24),
     )
 }
+
+
+def _batches() -> int:
+    """The steps the engine loop in use keeps in flight (``HYBRIDKV_ENGINE_LOOP``): vLLM's
+    ``max_concurrent_batches``, 2 under async scheduling."""
+    return 2 if default_async_scheduling() else 1
+
+
+def step_budget(shape: Shape) -> int:
+    """``max_num_batched_tokens`` for ``shape`` under the engine loop in use.
+
+    A sliding window's smallest pool reserves its admission cap over the tokens in flight, one
+    step's budget per concurrent batch (``VllmConfig.max_in_flight_tokens``), so under async
+    scheduling the layouts with a window schedule ``budget / 2`` a step: the tokens in flight,
+    and the tight pools that make them preempt, stay those of the sync loop (with the whole
+    budget, vLLM's minimum grows by four blocks and preemptions with a store in flight all but
+    vanish). The mamba + full pool does not depend on the budget: it keeps the whole of it.
+    """
+    windowed = any(g.kind is GroupKind.SLIDING for g in RECIPES[shape.layout].spec_groups())
+    return shape.budget // _batches() if windowed else shape.budget
+
+
+def smallest_pool(shape: Shape) -> int:
+    """The smallest GPU pool vLLM's start-up check accepts for ``shape`` under the engine loop
+    in use: ``LayoutRecipe.min_blocks`` of the tokens in flight (:func:`step_budget` per
+    batch), since a sliding window reserves for every batch in flight."""
+    return RECIPES[shape.layout].min_blocks(step_budget(shape) * _batches())
 
 
 @dataclass(frozen=True, slots=True)
@@ -168,11 +203,11 @@ class Outcome:
 def _engine(shape: Shape, rng: random.Random, seed: int) -> InProcessEngine:
     recipe = RECIPES[shape.layout]
     settings_ = EngineSettings(
-        num_gpu_blocks=recipe.min_blocks(shape.budget) + rng.choice((0, 1, 3, 8)),
+        num_gpu_blocks=smallest_pool(shape) + rng.choice((0, 1, 3, 8)),
         max_model_len=recipe.max_model_len,
         block_size=recipe.block_size,
         max_num_seqs=shape.max_seqs,
-        max_num_batched_tokens=shape.budget,
+        max_num_batched_tokens=step_budget(shape),
         max_steps=600,
     )
     plan = FaultPlan(seed, load_rate=rng.choice((0.0, 0.3, 0.6)), store_rate=rng.choice((0.0, 0.3)))
