@@ -20,7 +20,7 @@ from hybridkv.remote.codec import (
     redis_key,
 )
 from hybridkv.remote.config import RemoteConfig
-from hybridkv.remote.identity import ModelIdentity, scoped_namespace
+from hybridkv.remote.identity import EPOCH_BYTES, ModelIdentity, scoped_namespace
 from hybridkv.remote.slots import SlotBuffer
 from hybridkv.remote.tier import RemoteTier
 from hybridkv.remote.two_tier import Promotion, TwoTierStore
@@ -37,6 +37,7 @@ from hybridkv.remote.values import (
 )
 
 __all__ = [
+    "EPOCH_BYTES",
     "FORMAT_VERSION",
     "MAGIC",
     "REMOTE_COUNTER_NAMES",

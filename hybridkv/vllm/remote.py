@@ -17,14 +17,16 @@ end there). Each variant is still written and read whole. The chunk key is the
 contract's chunk key over those host keys (:func:`hybridkv.remote.chunk_key`) under
 ``remote_namespace`` scoped by the model identity and the weights version
 (:func:`hybridkv.remote.scoped_namespace`, :func:`model_identity`): model name or path,
-revision, dtypes, a fingerprint of the KV cache layout, TP size and rank, and the count of
-connector resets. Member keys come from vLLM's block hashes, which know nothing of the model,
-so without the scope two deployments of different models with equal geometry would read each
-other's KV; with it they never share a key, and nothing written before a reset is asked for
-after it (:meth:`SchedulerRemote.reset`). The cache salt and vLLM's extra keys, already chained
-into the host keys, separate tenants by content addressing alone (TT-6). Each member travels
-as its whole host slot (``slot_bytes``, the largest group's block), so every group's layout in
-the slot is carried as is.
+revision, dtypes, a fingerprint of the KV cache layout, TP size and rank, a digest of vLLM's
+own config hashes and the model's config, and after a connector reset the engine's own epoch.
+Member keys come from vLLM's block hashes, which know nothing of the model, so without the
+scope two deployments of different models with equal geometry would read each other's KV; with
+it they never share a key. A reset may or may not come with new weights (a sleep, a training
+step), so after one the engine reads and writes a namespace no other engine uses, failing
+closed (:meth:`SchedulerRemote.reset`, :mod:`hybridkv.remote.identity`). The cache salt and
+vLLM's extra keys, already chained into the host keys, separate tenants by content addressing
+alone (TT-6). Each member travels as its whole host slot (``slot_bytes``, the largest group's
+block), so every group's layout in the slot is carried as is.
 
 Write-behind (:class:`SchedulerRemote.store_reported`): when a store job reports success, each
 chunk it touched whose members are all READY in the host becomes a write order. Orders are
@@ -63,6 +65,8 @@ its own shard of every chunk), and writes on host eviction (writes happen on sto
 
 from __future__ import annotations
 
+import hashlib
+import os
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping
@@ -75,6 +79,7 @@ from hybridkv.connector import ConnectorCore, RequestView
 from hybridkv.errors import HybridKVConfigError
 from hybridkv.hostmem import HostMemory
 from hybridkv.remote import (
+    EPOCH_BYTES,
     Admission,
     Chunk,
     ClientFault,
@@ -99,6 +104,7 @@ __all__ = [
     "RemoteOrders",
     "SchedulerRemote",
     "WorkerRemote",
+    "config_digest",
     "model_identity",
     "refuse_tensor_parallel",
     "refuse_unshared_hashes",
@@ -189,11 +195,13 @@ class SchedulerRemote:
     ) -> None:
         """Lookups go through ``client`` (default: a :class:`RedisClient` on ``config``'s
         server; this side only asks EXISTS); every chunk key is scoped by ``identity`` and the
-        weights version, 0 until the first :meth:`reset`."""
+        weights version, 0 until the first :meth:`reset`, after which the engine's own epoch
+        (random, drawn at the first reset) scopes it too."""
         self.core = core
         self.config = config
         self.identity = identity
         self.weights_version = 0
+        self.epoch = b""  # shared with every engine of this identity until a reset
         self.namespace = scoped_namespace(config.namespace, identity, 0)
         self._client = client if client is not None else RedisClient(config)
         self._step = 0
@@ -352,17 +360,23 @@ class SchedulerRemote:
             self._resolve(key, self._promotions.pop(key), PromoteOutcome.TIMEOUT)
 
     def reset(self) -> None:
-        """The weights changed (vLLM's connector reset): from now on every chunk is asked and
-        written under the next weights version, so nothing written before is read after.
+        """The weights may have changed (vLLM's connector reset: a weight update, a sleep, an
+        operator's reset; the connector cannot tell which): from now on every chunk is asked
+        and written under the next weights version in this engine's own epoch, so nothing
+        written before is read after, and no other engine, whatever its resets, ever reads
+        what this one writes (another replica's version 2 may be other weights).
 
-        Post: the version grew by 1; pending write orders, the chunks of stores in flight
+        Post: the version grew by 1, the epoch is this engine's (drawn at the first reset);
+        pending write orders, the chunks of stores in flight
         (the core drops those stores), the failure memory and the per-request lookup records
         are forgotten. Frame: promotions in flight stay and resolve as usual (the core drops
         their keys); the server keeps the old chunks until their TTL or its eviction.
         """
         self.weights_version += 1
+        if not self.epoch:
+            self.epoch = os.urandom(EPOCH_BYTES)
         self.namespace = scoped_namespace(
-            self.config.namespace, self.identity, self.weights_version
+            self.config.namespace, self.identity, self.weights_version, self.epoch
         )
         self._writes = {}
         self._job_chunks = {}
@@ -514,7 +528,31 @@ def model_identity(vllm_config: Any, layout: Any, tp_rank: int = 0) -> ModelIden
         layout=f"hash={layout.hash_block_size};{groups}",
         tp_size=int(vllm_config.parallel_config.tensor_parallel_size),
         tp_rank=tp_rank,
+        config=config_digest(vllm_config),
     )
+
+
+def config_digest(vllm_config: Any) -> str:
+    """SHA-256 over what the engine's configuration says about its KV bytes beyond the named
+    fields, read from vLLM rather than picked by hand: vLLM's version, its model config hash
+    (``ModelConfig.compute_hash``, ``config/model.py:457-526``: quantization, dtype, revision,
+    max length, ...), its cache config hash (``CacheConfig.compute_hash``, ``config/cache.py``:
+    KV-cache and mamba dtypes, block size, ...), and the model's config as vLLM loaded it, which
+    carries ``hf_overrides`` (vLLM's own hash leaves them out, ``config/model.py:488``). Two
+    engines whose digests differ might hold different KV for the same tokens: they never share.
+    """
+    from vllm import __version__
+
+    model = vllm_config.model_config
+    hf_config = model.hf_config
+    to_json = getattr(hf_config, "to_json_string", None)
+    hf_text = to_json(use_diff=False) if callable(to_json) else repr(hf_config)
+    parts = (__version__, model.compute_hash(), vllm_config.cache_config.compute_hash(), hf_text)
+    digest = hashlib.sha256()
+    for part in parts:  # length-prefixed: no part runs into the next
+        data = str(part).encode()
+        digest.update(len(data).to_bytes(8, "big") + data)
+    return digest.hexdigest()
 
 
 def refuse_tensor_parallel(world_size: int) -> None:

@@ -19,6 +19,7 @@ OTHERS = {
     "dtype": "torch.float16/auto",
     "layout": "hash=16;full:32",
     "tp_size": 2,
+    "config": "0" * 64,
 }
 
 
@@ -46,6 +47,17 @@ def test_the_rank_and_the_weights_version_change_the_chunk_key() -> None:
     assert len(keys) == 4
 
 
+def test_an_engines_epoch_gives_it_a_namespace_of_its_own() -> None:
+    """After a reset each engine writes under its own epoch: equal versions of two engines
+    never share (one may have slept, the other trained), and no epoch is the shared one."""
+    shared = scoped_namespace(b"prod", BASE, 1)
+    mine = scoped_namespace(b"prod", BASE, 1, b"a" * 16)
+    theirs = scoped_namespace(b"prod", BASE, 1, b"b" * 16)
+    assert len({shared, mine, theirs}) == 3
+    assert scoped_namespace(b"prod", BASE, 1, b"a" * 16) == mine
+    assert scoped_namespace(b"prod", BASE, 0, b"") == scoped_namespace(b"prod", BASE, 0)
+
+
 def test_fields_are_length_prefixed_so_they_cannot_run_together() -> None:
     a = dataclasses.replace(BASE, model="ab", revision="c")
     b = dataclasses.replace(BASE, model="a", revision="bc")
@@ -60,6 +72,8 @@ def test_fields_are_length_prefixed_so_they_cannot_run_together() -> None:
         (lambda: dataclasses.replace(BASE, model=None), "model"),
         (lambda: scoped_namespace("prod", BASE, 0), "namespace"),  # type: ignore[arg-type]
         (lambda: scoped_namespace(b"prod", BASE, -1), "weights_version"),
+        (lambda: scoped_namespace(b"prod", BASE, 1, "e"), "epoch"),  # type: ignore[arg-type]
+        (lambda: dataclasses.replace(BASE, config=None), "config"),
     ],
 )
 def test_bad_values_are_refused_naming_the_field(make: object, field: str) -> None:
