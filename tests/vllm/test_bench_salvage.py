@@ -1,21 +1,22 @@
 """tools/bench_salvage.py's figures, asserted where every term is non-zero.
 
-The tool plays chat traces on vLLM 0.33's real Scheduler (in-process, CPU tensors) with load
-jobs failing by a keyed draw, once with HybridKVConnector's re-claim after a failed load
-(salvage) and once with it switched off (vLLM's whole-request recompute), and counts from the
-scheduler's own outputs and the worker's ``failed_recving``. Asserted here, on sliding + full
-(seeds 1-3: a restarted request finds a local prefix hit in one, the re-claim loads in two) and
-on mamba + full (seed 1: the re-claim loads one 640-token unit; a mamba request has no local
-hit after its restart, so that term is 0 there):
+The tool plays chat traces on vLLM 0.33's real Scheduler (in-process, CPU tensors) with load jobs
+failing by a keyed draw, once with HybridKVConnector's re-claim after a failed load (salvage) and
+once with it switched off (vLLM's whole-request recompute), and counts from the scheduler's own
+outputs and the worker's ``failed_recving``. Asserted here, on sliding + full (seeds 1-4: under
+either engine loop, restarted requests find a local prefix hit in some and the re-claim loads in
+others) and on mamba + full (seed 1: the re-claim loads one 640-token unit; a mamba request has no
+local hit after its restart, so that term is 0 there):
 
 - per run, the identity of every recovered failure: the failed loads' ends == local hit +
   reloaded + recomputed (no preemption hit a recovery, so the last restart is the only one);
 - salvage reloads tokens and the whole-request run reloads none (the switch is observed);
 - fewer tokens recomputed with salvage, and 0 wrong reads, 0 leaked blocks in both runs.
 
-Then the facade's restart guard (hybridkv.vllm.reclaim). Two vLLM 0.33 wedges after a failed
-load are pinned with the guard switched off and avoided with it on. On tight pools the guard is
-on: 0 wedges, and salvage still recomputes less.
+Then the facade's restart guard (hybridkv.vllm.reclaim). Two vLLM 0.33 wedges after a failed load
+are pinned with the guard switched off and avoided with it on. On tight pools (from the smallest
+that vLLM accepts under the engine loop in use) the guard is on: 0 wedges, and salvage still
+recomputes less.
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ def _case(name: str) -> object:
 
 @pytest.mark.parametrize(
     ("name", "seeds", "local"),
-    [("sliding+full", range(1, 4), True), ("mamba+full", range(1, 2), False)],
+    [("sliding+full", range(1, 5), True), ("mamba+full", range(1, 2), False)],
 )
 def test_salvage_recomputes_less_and_every_recovery_adds_up(
     name: str, seeds: range, local: bool
@@ -111,7 +112,8 @@ def test_a_salvaged_re_claim_wedges_vllm_unless_the_guard_defers_it() -> None:
     remaining blocks on top of allocating them (``reserved_blocks`` counts every in-flight
     prefill), is refused, and, at the head of ``kv_holding_waiting``, ``break``s the waiting
     loop before a request behind it whose load has finished: nothing runs, nothing frees, the
-    engine wedges. sliding + full, seed 5, 40 GPU blocks.
+    engine wedges. sliding + full, seed 14, 39 GPU blocks (a point where this holds under
+    either engine loop).
 
     With the facade's guard switched off the wedge is pinned: without its own stale entry even
     the head's whole remaining sequence would fit; with it, not one block per group does. With
@@ -119,7 +121,7 @@ def test_a_salvaged_re_claim_wedges_vllm_unless_the_guard_defers_it() -> None:
     to ``waiting``, the request behind runs, the re-claim is offered again and reloads tokens,
     and the trace finishes with every read content-checked.
     """
-    engine, trace = _engine(40, 5, salvage=True, guard=False)
+    engine, trace = _engine(39, 14, salvage=True, guard=False)
     with pytest.raises(bench.WedgedError):
         bench.run_trace(engine, trace)
     head, free, others = _wedged_head(engine)
@@ -128,7 +130,7 @@ def test_a_salvaged_re_claim_wedges_vllm_unless_the_guard_defers_it() -> None:
     assert free - others >= own
     assert free - others - own < groups
 
-    engine, trace = _engine(40, 5, salvage=True, guard=True)
+    engine, trace = _engine(39, 14, salvage=True, guard=True)
     watch = bench.SalvageWatch(engine)
     report = bench.run_trace(engine, trace)
     guard = engine.scheduler.connector._reclaim
@@ -152,17 +154,20 @@ def test_whole_request_recompute_wedges_vllm_unless_the_guard_defers_it() -> Non
     ``kv_holding_waiting`` claims nothing, so it reserves nothing, but the default
     ``scheduler_reserve_full_isl`` admission needs its whole sequence to fit in the free
     blocks, and the request behind it (load finished) holds too many: refused, ``break``,
-    nothing runs. sliding + full, seed 6, 34 GPU blocks, salvage off. The guard defers the
-    head (vLLM moves it to ``waiting``: it holds no block) and the trace finishes.
+    nothing runs. sliding + full, seed 6, salvage off, on the smallest pool vLLM accepts
+    under the engine loop in use (34 GPU blocks under sync scheduling, 38 under async, where
+    the sliding window reserves for two steps in flight). The guard defers the head (vLLM moves
+    it to ``waiting``: it holds no block) and the trace finishes.
     """
-    engine, trace = _engine(34, 6, salvage=False, guard=False)
+    pool = bench.smallest_pool(_case("sliding+full"))
+    engine, trace = _engine(pool, 6, salvage=False, guard=False)
     with pytest.raises(bench.WedgedError):
         bench.run_trace(engine, trace)
     head, free, _ = _wedged_head(engine)
     assert engine.scheduler.scheduler_reserve_full_isl
     assert _remaining(engine.scheduler, head) > free
 
-    engine, trace = _engine(34, 6, salvage=False, guard=True)
+    engine, trace = _engine(pool, 6, salvage=False, guard=True)
     report = bench.run_trace(engine, trace)
     assert report.finished == report.requests
     assert (report.wrong_reads, report.leaked_blocks) == (0, 0)
@@ -170,20 +175,23 @@ def test_whole_request_recompute_wedges_vllm_unless_the_guard_defers_it() -> Non
 
 
 @pytest.mark.parametrize(
-    ("name", "pools", "seeds"),
-    [("sliding+full", (34, 36, 38, 40, 42), range(8)), ("mamba+full", (11, 12), range(4))],
+    ("name", "extra", "seeds"),
+    [("sliding+full", (0, 2, 4, 6, 8), range(8)), ("mamba+full", (0, 1), range(4))],
 )
 def test_tight_pools_never_wedge_and_salvage_still_recomputes_less(
-    name: str, pools: tuple[int, ...], seeds: range
+    name: str, extra: tuple[int, ...], seeds: range
 ) -> None:
-    """Pools below the tool's (down to the smallest that serves max_model_len), load faults
-    keyed per seed: with the guard on, no run wedges, 0 wrong reads, 0 leaked blocks, every
-    recovery adds up, and salvage recomputes fewer tokens than whole-request recompute."""
+    """Pools below the tool's, ``extra`` blocks above the smallest that serves max_model_len
+    under the engine loop in use (``bench.smallest_pool``: sliding + full 34 under sync
+    scheduling, 38 under async; mamba + full 11), load faults keyed per seed: with the guard on,
+    no run wedges, 0 wrong reads, 0 leaked blocks, every recovery adds up, and salvage
+    recomputes fewer tokens than whole-request recompute."""
     from dataclasses import replace
 
     case = _case(name)
+    smallest = bench.smallest_pool(case)
     deferred = 0
-    for pool in pools:
+    for pool in (smallest + n for n in extra):
         tight = replace(case, settings=replace(case.settings, num_gpu_blocks=pool, max_steps=400))
         on, off, wedged = bench.bench_case(tight, seeds)
         print(f"\n{bench.row(name, 'salvage', on)} pool {pool}\n{bench.row(name, 'whole', off)}")
