@@ -54,6 +54,13 @@ class CoreQueries:
             for item in job.items
         )
 
+    def loading_requests(self) -> frozenset[RequestId]:
+        """The requests with a load job in flight (or built, not yet sent). Frame: nothing
+        changes."""
+        return frozenset(
+            job.request_id for job, _ in self._jobs.values() if job.kind is TransferKind.LOAD
+        )
+
     def has_jobs_in_flight(self) -> bool:
         """Whether any load or store job is in flight (or built, not yet sent). Frame:
         nothing changes."""

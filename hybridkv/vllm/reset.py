@@ -32,10 +32,20 @@ nothing left to free) and gives the pins back
 when they report (a released block may be reused and overwritten while the copy still reads it,
 so what they read is never trusted). When anything else still holds a block (a request waiting
 for its load), the reset fails anyway: nothing is released and the stores go on.
+
+A request aborted while its load is in flight keeps its blocks until the load lands
+(``finish_requests``, ``scheduler.py:3016-3025``): its copy may still be writing them. vLLM's
+served engine waits for that before a pause's reset (``EngineCoreProc.pause_scheduler`` finishes
+the pause once the engine is idle), but the in-process engine's ``pause_scheduler`` (``LLM``,
+offline RL loops) resets at once, and vLLM raises ``RuntimeError`` at step 2. The connector's
+reset (step 3) has not run then: the host tier and the remote tier are untouched (issue 28,
+tests/vllm/test_pause_with_loads.py). The guard logs which requests still load and what to do,
+so the operator reads more than vLLM's generic message.
 """
 
 from __future__ import annotations
 
+import logging
 from collections import Counter
 from collections.abc import Callable, Iterable
 from typing import Any
@@ -43,6 +53,8 @@ from typing import Any
 from hybridkv.connector import ConnectorCore
 
 __all__ = ["guard_pool_reset", "only_ours_left", "reset_connector_cache"]
+
+logger = logging.getLogger("vllm.hybridkv")  # under vLLM's logger: its handlers print it
 
 
 def reset_connector_cache(core: ConnectorCore, remote: Any) -> bool:
@@ -86,7 +98,19 @@ def guard_pool_reset(pool: Any, core: ConnectorCore, manager: Any = None) -> Non
             for rid in delayed:
                 manager.coordinator.free(rid)
             core.release_store_pins()
-        return original()
+        reset = original()
+        loading = core.loading_requests() if not reset else frozenset()
+        if loading:
+            logger.warning(
+                "hybridkv: the prefix-cache reset cannot run while %d request(s) wait for "
+                "their host-tier loads (%s): vLLM keeps their blocks until the loads land. "
+                "The host and remote tiers are untouched. Let the engine step until the loads "
+                "land (vLLM's served engine waits for that before a pause's reset), then reset "
+                "or pause with clear_cache again.",
+                len(loading),
+                ", ".join(sorted(loading)[:8]),
+            )
+        return reset
 
     reset_prefix_cache._hybridkv_guard = True  # type: ignore[attr-defined]
     pool.reset_prefix_cache = reset_prefix_cache

@@ -10,7 +10,9 @@ when asked (``platforms/cpu.py:348``), so only a harness that runs vLLM's own lo
 What is vLLM's here and what is not:
 
 - vLLM's: the loop functions themselves (``EngineCore.step``, ``step_with_batch_queue`` and
-  ``post_step``, run unmodified on :class:`_EngineCore`), the ``Scheduler`` or ``AsyncScheduler``
+  ``post_step``, run unmodified on :class:`_EngineCore`), and the utility calls a client makes
+  between turns of the loop (``pause_scheduler`` as ``pause_generation`` reaches it, ``sleep``,
+  ``wake_up``, ``reset_prefix_cache``), the ``Scheduler`` or ``AsyncScheduler``
   that ``SchedulerConfig.get_scheduler_cls`` picks, the batch queue of
   ``max_concurrent_batches`` (2 under async scheduling), and ``update_from_output``.
 - Not vLLM's: ``EngineCore.__init__`` (it starts a real executor, profiles memory and plans the
@@ -57,6 +59,8 @@ class StandInExecutor:
     def __init__(self, run: Callable[[Any], Any]) -> None:
         self._run = run
         self._sampled: deque[Any] = deque()
+        self.calls: list[str] = []  # the calls below that stand for device work
+        self.is_sleeping = False
 
     def execute_model(self, scheduler_output: Any, non_block: bool = False) -> Any:
         output = self._run(scheduler_output)
@@ -74,6 +78,30 @@ class StandInExecutor:
 
     def take_draft_token_ids(self) -> Any:
         return None  # the stand-in runner proposes no draft tokens
+
+    # What vLLM's pause, sleep and cache resets ask the executor: the stand-in runner has no
+    # device to synchronize, no multimodal or encoder cache and no weights to offload, so
+    # each is a call that changes nothing (counted, so a test can see it was made).
+    def collective_rpc(self, method: Any, *args: Any, **kwargs: Any) -> list[Any]:
+        self.calls.append(str(method))
+        return []
+
+    def reset_mm_cache(self) -> None:
+        self.calls.append("reset_mm_cache")
+
+    def reset_encoder_cache(self) -> None:
+        self.calls.append("reset_encoder_cache")
+
+    def sleep(self, level: int = 1) -> None:
+        self.calls.append(f"sleep({level})")
+        self.is_sleeping = True
+
+    def wake_up(self, tags: Any = None) -> None:
+        self.calls.append("wake_up")
+        self.is_sleeping = False
+
+    def get_kv_connector_handshake_metadata(self) -> list[Any]:
+        return []  # no peer to hand shake with
 
 
 class _EngineCore:
@@ -100,6 +128,7 @@ def build_engine_core(vllm_config: Any, scheduler: Any, executor: StandInExecuto
         "async_scheduling": bool(vllm_config.scheduler_config.async_scheduling),
         "aborts_queue": queue.Queue(),
         "batch_queue_size": vllm_config.max_concurrent_batches,
+        "mm_receiver_cache": None,
     }
     attrs["check_for_draft_tokens"] = (
         attrs["use_spec_decode"] or vllm_config.model_config.is_diffusion
@@ -118,6 +147,18 @@ def build_engine_core(vllm_config: Any, scheduler: Any, executor: StandInExecuto
         "log_error_detail",
         "_should_throttle_prefills",
         "_make_iteration_details_stats",
+        # pause_generation, sleep and the cache resets, as a client's utility calls run them
+        "pause_scheduler",
+        "resume_scheduler",
+        "is_scheduler_paused",
+        "_finish_pause",
+        "_reset_caches",
+        "reset_prefix_cache",
+        "reset_mm_cache",
+        "reset_encoder_cache",
+        "sleep",
+        "wake_up",
+        "_set_kv_connector_handshake_metadata",
     ):
         setattr(core, name, getattr(EngineCore, name).__get__(core))
     core.step_fn = core.step if core.batch_queue is None else core.step_with_batch_queue
