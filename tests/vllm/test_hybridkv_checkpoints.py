@@ -159,13 +159,19 @@ def test_no_lookahead_with_a_connector() -> None:
 def test_a_step_with_draft_tokens_stores_nothing_of_its_request() -> None:
     """Draft tokens (MTP/EAGLE) in a decode step that crosses a unit end.
 
-    ``a``'s prompt ends two tokens short of a block (2 * 1152 - 2), so after its prefill and
-    first sampled token a decode step with two drafts schedules ``[2302, 2305)``: the unit end
-    2,304 lies inside, on a draft token. vLLM has not hashed that block (its tokens are not
+    ``a``'s prompt ends two tokens short of a block (2 * 1152 - 2), so after its prefill the
+    decode step with two drafts that vLLM's loop schedules computes ``[2302, 2305)``: the unit
+    end 2,304 lies inside, on a draft token. vLLM has not hashed that block (its tokens are not
     known: ``block_hashes`` covers real tokens only), may reject the draft, and the mamba
     state of a draft step is not the running state at a unit end. Before the fix the
     connector asked for that block's key and ``schedule()`` raised IndexError; now the request
     stores nothing in such a step (its prompt's units were stored by the prefill).
+
+    The drafts come as vLLM's loop brings them: under sync scheduling ``EngineCore.post_step``
+    hands the drafter's proposal (``take_draft_token_ids``; the stand-in runner proposes none,
+    so this test's drafter proposes two, once) to ``update_draft_token_ids`` before the next
+    ``schedule()``; under async scheduling the ``AsyncScheduler`` schedules two draft
+    placeholders right after the prefill, before its sampled token is applied.
     """
     from vllm.v1.outputs import DraftTokenIds
 
@@ -173,18 +179,34 @@ def test_a_step_with_draft_tokens_stores_nothing_of_its_request() -> None:
 
     engine = _engine({"method": "mtp", "num_speculative_tokens": 2}, None)
     try:
+        scheduler = engine.scheduler
+        seen: list[tuple[int, Any]] = []  # ("a"'s computed tokens before it, output)
+        schedule = scheduler.schedule
+
+        def recorded(*args: Any, **kwargs: Any) -> Any:
+            request = scheduler.requests.get("a")
+            before = -1 if request is None else request.num_computed_tokens
+            output = schedule(*args, **kwargs)
+            seen.append((before, output))
+            return output
+
+        scheduler.schedule = recorded
+        proposals = [DraftTokenIds(["a"], [[5, 6]])]
+        executor = engine.loop.core.model_executor
+        executor.take_draft_token_ids = lambda: proposals.pop() if proposals else None
         rng = random.Random(11)
         engine.add("a", [rng.randint(3, 999) for _ in range(2 * BLOCK - 2)], 8)
-        for _ in range(20):  # the prefill, its store, and the first sampled token
+        drafted = []
+        for _ in range(20):  # the prefill, its store, then the step with drafts
             engine.step()
-            request = engine.scheduler.requests["a"]
-            if request.num_output_tokens >= 1:
+            drafted = [(c, o) for c, o in seen if o.scheduled_spec_decode_tokens.get("a")]
+            if drafted:
                 break
-        assert request.num_computed_tokens == 2 * BLOCK - 2
-        assert request.num_tokens == 2 * BLOCK - 1
-        engine.scheduler.update_draft_token_ids(DraftTokenIds(["a"], [[5, 6]]))
-        output = engine.scheduler.schedule()
-        assert output.scheduled_spec_decode_tokens == {"a": [5, 6]}
+        assert drafted
+        assert any(o.kv_connector_metadata.meta.store_jobs for _, o in seen)  # the prefill's
+        computed, output = drafted[0]
+        assert computed == 2 * BLOCK - 2
+        assert len(output.scheduled_spec_decode_tokens["a"]) == 2
         assert output.num_scheduled_tokens["a"] == 3  # crosses 2,304 on a draft token
         metadata = output.kv_connector_metadata
         assert isinstance(metadata, HybridKVMetadata)
