@@ -16,7 +16,11 @@ the connector). The reference is fed only what vLLM observes, never what the cor
 - ``update_state_after_alloc``: vLLM's ``KVCacheBlocks`` as block ids per group;
 - ``build_connector_meta``: vLLM's ``SchedulerOutput`` (scheduled tokens in vLLM's order, the
   computed counts vLLM wrote into it, the block tables of vLLM's ``KVCacheManager``, finished
-  and preempted ids);
+  and preempted ids). Under async scheduling a step whose range reaches the end of a hash block
+  the request holds no tokens of yet (the previous step's sampled token is still a
+  placeholder) is handed over one call later, as the step it was, with the tables then, or
+  dropped if the request finished, is preempted in that call's output or still lacks the
+  tokens: the facade's rule, modelled here from vLLM's observations;
 - ``update_connector_output``: vLLM's ``KVConnectorOutput`` (finished / failed receives,
   finished sends, the job results of ``kv_connector_worker_meta``);
 - ``request_finished_all_groups``: the request and the block ids vLLM hands over.
@@ -32,16 +36,17 @@ snapshots.
 Any difference raises :class:`Disagreement`. Three differences are catalogued
 (:data:`CATALOGUED`, docs/explanation/vllm-differential.md, "The facade against the reference
 connector"): an option the reference has no switch for (``offload_decode_state=false``), which
-the shadow applies to the step it hands the reference, and the facade's restart guard and load
-deadline, whose answers are given in front of its core (neither core is asked); the shadow counts
-each use by name.
+the shadow applies to the step it hands the reference as a store limit, and the facade's
+restart guard and load deadline, whose answers are given in front of its core (neither core is
+asked); the shadow counts each use by name.
 
 Traces: ``_random_trace`` of ``test_hybridkv_inprocess.py`` on mamba+full, sliding+full and three
 groups, the profile's ``max_examples`` split over the three (ci: 201, nightly: 2,001), with load
 and store faults, tight pools (preemptions), aborts during loads, a cache salt on a quarter of
 the requests, both eviction policies, ``offload_decode_state`` off on every third trace and
 ``kv_load_failure_policy="fail"`` on every fifth; and the multi-turn chat of those tests. Guard
-tests make the facade drift four ways and see the shadow name the hook.
+tests make the facade drift four ways (five under async scheduling) and see the shadow name
+the hook.
 """
 
 from __future__ import annotations
@@ -61,6 +66,7 @@ import pytest
 pytestmark = pytest.mark.vllm
 pytest.importorskip("vllm.v1.core.sched.scheduler", reason="vLLM 0.33 is not installed")
 
+from _random_traces import smallest_pool, step_budget  # noqa: E402
 from diffharness.layouts import RECIPES, Layout  # noqa: E402
 from hypothesis import settings  # noqa: E402
 from test_hybridkv_inprocess import CHAT, SHAPES, Shape, _random_trace  # noqa: E402
@@ -70,9 +76,14 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import KVConnectorBase_V1
 from vllm.v1.kv_cache_interface import MambaSpec, SlidingWindowSpec  # noqa: E402
 
 from hybridkv.connector import Claim, ClaimKind  # noqa: E402
+from hybridkv.vllm.deferred import DeferredStores  # noqa: E402
 from hybridkv.vllm.harness.chat import run_trace  # noqa: E402
 from hybridkv.vllm.harness.cpu_worker import FaultPlan, HybridKVOnCPU  # noqa: E402
-from hybridkv.vllm.harness.engine_config import EngineSettings, WedgedError  # noqa: E402
+from hybridkv.vllm.harness.engine_config import (  # noqa: E402
+    EngineSettings,
+    WedgedError,
+    default_async_scheduling,
+)
 from hybridkv.vllm.harness.inprocess import InProcessEngine  # noqa: E402
 from spec.connector import ReferenceConnector  # noqa: E402
 from spec.connector_api import (  # noqa: E402
@@ -148,8 +159,9 @@ class Adaptation:
 PROMPT_ONLY_STORES = Adaptation(
     "prompt-only-stores",
     "offload_decode_state=false stores the prompt's units only; the reference always stores "
-    "every unit a step completes, so the shadow hands it each scheduled span cut at the "
-    "prompt's end, as the option says",
+    "every unit a step completes, so the shadow hands it each scheduled span running past the "
+    "prompt whole, with a store limit at the prompt's end (ScheduledRequest.store_limit): the "
+    "span still places the step's mamba states",
 )
 RESTART_GUARD = Adaptation(
     "restart-guard",
@@ -209,6 +221,17 @@ def _view(request: Any) -> RequestView:
     )
 
 
+@dataclass(frozen=True, slots=True)
+class _Waiting:
+    """A scheduled step as the shadow hands it to the reference: vLLM's request, the step's
+    start and length, and its store limit (``None``: none)."""
+
+    request: Any
+    start: int
+    num: int
+    limit: int | None
+
+
 class ReferenceShadow:
     """Shadows the facade's scheduler-side hooks into a ``ReferenceConnector`` (module
     docstring): the options of :data:`CATALOGUED` are applied to the reference's input, and any
@@ -224,6 +247,7 @@ class ReferenceShadow:
         self.reference.bind_gpu_block_pool(self.pins)  # type: ignore[arg-type]  # a duck
         self.step = 0
         self.claimed: dict[str, int] = {}  # this schedule()'s reference claims, by request
+        self.waiting: dict[str, _Waiting] = {}  # steps waiting for a block hash (_past_hashes)
         self.counts: Counter[str] = Counter()  # what the shadowed calls reached
         self.calls: Counter[str] = Counter()
         self.allowed: Counter[str] = Counter()
@@ -306,16 +330,17 @@ class ReferenceShadow:
         computed = {r.req_id: r.num_computed_tokens for r in output.scheduled_new_reqs}
         cached = output.scheduled_cached_reqs
         computed.update(zip(cached.req_ids, cached.num_computed_tokens, strict=True))
-        manager = self.engine.scheduler.kv_cache_manager
-        scheduled = []
+        scheduled = self._replays(output)
+        waiting: dict[str, _Waiting] = {}
         for rid, n in output.num_scheduled_tokens.items():
             request = self.engine.scheduler.requests[rid]
-            stored = n
-            if self.prompt_only:
-                stored = min(n, max(0, request.num_prompt_tokens - computed[rid]))
-                self.allowed[PROMPT_ONLY_STORES.name] += stored != n
-            table = _table(manager.get_block_ids(rid))
-            scheduled.append(ScheduledRequest(_view(request), table, computed[rid], stored))
+            row = _Waiting(request, computed[rid], n, self._store_limit(request, computed[rid], n))
+            if self._past_hashes(row):
+                waiting[rid] = row  # stored by the next call, if the hash exists then
+                self.counts["steps deferred for a block hash"] += 1
+                continue
+            scheduled.append(self._row(row))
+        self.waiting = waiting
         step = StepView(
             self.step,
             tuple(scheduled),
@@ -330,6 +355,47 @@ class ReferenceShadow:
             for item in job.items
         )
         return _plain_meta(meta)
+
+    def _store_limit(self, request: Any, computed: int, n: int) -> int | None:
+        """``offload_decode_state=false`` (:data:`PROMPT_ONLY_STORES`): a step running past the
+        prompt keeps its whole range, which places its mamba states, and stores no unit ending
+        past the prompt (``ScheduledRequest.store_limit``)."""
+        prompt = int(request.num_prompt_tokens)
+        return prompt if self.prompt_only and computed + n > prompt else None
+
+    def _past_hashes(self, row: _Waiting) -> bool:
+        """Whether the step's range reaches the end of a hash block the request holds no
+        tokens of yet. Only async scheduling does that: step N+1 computes the token step N
+        samples, an output placeholder until step N's output is applied, so the unit ending
+        at it has no block hash (vLLM hashes full hash blocks of the request's tokens) and no
+        key. The facade stores such a step one call later, as the step it was."""
+        hash_block = self.engine.hash_block_size
+        held = len(row.request.all_token_ids) // hash_block
+        return (row.start + row.num) // hash_block > held
+
+    def _replays(self, output: Any) -> list[ScheduledRequest]:
+        """The steps the last call deferred (:meth:`_past_hashes`), each handed to the reference
+        as the step it was (start, length, store limit) with the request's view and block
+        table now; dropped if the request finished or is preempted in this step (it holds no
+        blocks) or its hash is still missing. Either way none waits longer."""
+        preempted = set(output.preempted_req_ids or ())
+        rows = []
+        for rid, row in self.waiting.items():
+            if row.request.is_finished() or rid in preempted or self._past_hashes(row):
+                self.counts["deferred steps dropped"] += 1
+                continue
+            self.counts["deferred steps replayed"] += 1
+            rows.append(self._row(row))
+        self.waiting = {}
+        return rows
+
+    def _row(self, row: _Waiting) -> ScheduledRequest:
+        """The reference's row of a step, with vLLM's block table as it is now."""
+        if row.limit is not None:
+            self.allowed[PROMPT_ONLY_STORES.name] += 1
+        rid = row.request.request_id
+        table = _table(self.engine.scheduler.kv_cache_manager.get_block_ids(rid))
+        return ScheduledRequest(_view(row.request), table, row.start, row.num, row.limit)
 
     @staticmethod
     def _facade_build_connector_meta(metadata: Any) -> Any:
@@ -433,11 +499,11 @@ class Options:
 def _engine(shape: Shape, rng: random.Random, seed: int, options: Options) -> InProcessEngine:
     recipe = RECIPES[shape.layout]
     settings_ = EngineSettings(
-        num_gpu_blocks=recipe.min_blocks(shape.budget) + rng.choice((0, 1, 3, 8)),
+        num_gpu_blocks=smallest_pool(shape) + rng.choice((0, 1, 3, 8)),
         max_model_len=recipe.max_model_len,
         block_size=recipe.block_size,
         max_num_seqs=shape.max_seqs,
-        max_num_batched_tokens=shape.budget,
+        max_num_batched_tokens=step_budget(shape),
         max_steps=600,
     )
     plan = FaultPlan(seed, load_rate=rng.choice((0.0, 0.3, 0.6)), store_rate=rng.choice((0.0, 0.3)))
@@ -573,6 +639,14 @@ def test_facade_and_reference_agree_call_by_call(layout: Layout) -> None:
         # tokens) only a prompt ending 1-3 tokens short of a boundary completes one (0 in the
         # ci run, 8 in the nightly one), so there they are counted, not required.
         assert reached["decode units stored"] > 0, dict(reached)
+    deferred = reached["steps deferred for a block hash"]
+    if not default_async_scheduling():
+        # Sync: every token a step computes is the request's when it is scheduled.
+        assert deferred == 0, dict(reached)
+    elif shape.chunk < shape.max_prompt // 4:
+        # Async: a decode step completing a unit computes the previous step's sampled token,
+        # still a placeholder; the comparisons ran on the replayed steps' stores.
+        assert reached["deferred steps replayed"] > 0, dict(reached)
 
 
 @pytest.mark.parametrize("layout", list(CHAT), ids=lambda lay: lay.value)
@@ -681,6 +755,25 @@ def _other_policy(engine: InProcessEngine) -> None:
     extra["eviction_policy"] = {"lru": "arc", "arc": "lru"}[extra["eviction_policy"]]
 
 
+class _Forgetful(DeferredStores):
+    """Held steps that never come due: each is dropped at the next metadata."""
+
+    def due(self, requests: Any, preempted: Any, hash_block: int) -> list[Any]:
+        self.clear()
+        return []
+
+
+def _forgets_waiting_steps(engine: InProcessEngine) -> None:
+    """Under async scheduling the facade drops the steps waiting for a block hash instead of
+    storing them at the next call."""
+    engine.scheduler.connector._deferred = _Forgetful()
+
+
+_ASYNC_ONLY = pytest.mark.skipif(
+    not default_async_scheduling(), reason="the sync loop defers no step"
+)
+
+
 @pytest.mark.parametrize(
     ("tamper", "caught"),
     [
@@ -688,8 +781,9 @@ def _other_policy(engine: InProcessEngine) -> None:
         (_claims_one_unit_short, "get_num_new_matched_tokens answer"),
         (_never_delays, "request_finished_all_groups answer"),
         (_other_policy, "snapshot"),
+        pytest.param(_forgets_waiting_steps, "build_connector_meta answer", marks=_ASYNC_ONLY),
     ],
-    ids=["decode-state", "short-claim", "never-delays", "policy"],
+    ids=["decode-state", "short-claim", "never-delays", "policy", "forgets-waiting-steps"],
 )
 def test_the_shadow_catches_a_drifting_facade(
     tamper: Callable[[InProcessEngine], None], caught: str
