@@ -54,11 +54,17 @@ bench prints the aborts (with a load in flight), preemptions, the per-request id
 floor, where the tokens above it go by cause (:func:`over_floor`: preempted, after an abort,
 a partial hit, no hit), with the requests themselves past 1.05x.
 
+Every trace runs under each of vLLM's engine loops named by ``--loops`` (default both, async
+first): async scheduling (``EngineCore.step_with_batch_queue`` with the ``AsyncScheduler``,
+vLLM's default on a GPU server) and the synchronous ``EngineCore.step``
+(:mod:`hybridkv.vllm.harness.engine_loop`); the sliding traffic pool is 2 blocks larger under
+async scheduling, the smallest vLLM accepts there (:func:`for_loop`).
+
 Usage: ``python tools/bench_vs_native.py [--quick] [--no-traffic] [--repeats N]
-[--layouts sliding+full] [--plot PATH]``; needs vLLM 0.33 (``nox -s vllm`` or ``nox -s bench``
-install it) and, for ``--plot`` (per trace: prefill computed with the floor, connector µs per
-step), matplotlib (the ``plot`` extra). Exit 1 when a run leaks
-blocks or reads wrong KV; a failed HybridKVConnector variant is printed as failed with its
+[--layouts sliding+full] [--loops async,sync] [--plot PATH]``; needs vLLM 0.33 (``nox -s vllm``
+or ``nox -s bench`` install it) and, for ``--plot`` (per trace: prefill computed with the floor,
+connector µs per step), matplotlib (the ``plot`` extra). Exit 1 when a run leaks blocks or reads
+wrong KV; a failed HybridKVConnector variant is printed as failed with its
 reason.
 """
 
@@ -120,6 +126,20 @@ TIGHT_POOL = 11
 # so both preempt.
 TRAFFIC_POOL = 14
 SLIDING_TRAFFIC_POOL = 36
+# Under async scheduling vLLM sizes a sliding window's reservation for two batches in flight, so
+# the smallest sliding pool it accepts is 2 blocks more at this budget (128 tokens a step,
+# window reach 127 + 256 tokens): the traffic trace's sliding pool grows by those 2. Full
+# attention and mamba groups reserve the same under both loops.
+ASYNC_SLIDING_EXTRA = 2
+
+
+def for_loop(case: Case, async_scheduling: bool) -> Case:
+    """``case`` under vLLM's async-scheduling loop or the synchronous one."""
+    settings = replace(case.settings, async_scheduling=async_scheduling)
+    traffic = replace(case.traffic_settings, async_scheduling=async_scheduling)
+    if async_scheduling and traffic.num_gpu_blocks == SLIDING_TRAFFIC_POOL:
+        traffic = replace(traffic, num_gpu_blocks=SLIDING_TRAFFIC_POOL + ASYNC_SLIDING_EXTRA)
+    return replace(case, settings=settings, traffic_settings=traffic)
 
 
 def _cases(quick: bool) -> list[Case]:
@@ -1138,6 +1158,12 @@ def main(argv: list[str] | None = None) -> int:
         "--plot", type=Path, default=None, help="write the figure there (needs matplotlib)"
     )
     parser.add_argument(
+        "--loops",
+        default="async,sync",
+        help="vLLM's engine loops to run, of async (async scheduling, vLLM's GPU default) "
+        "and sync",
+    )
+    parser.add_argument(
         "--traffic",
         action=argparse.BooleanOptionalAction,
         default=True,
@@ -1153,6 +1179,9 @@ def main(argv: list[str] | None = None) -> int:
             import matplotlib  # noqa: F401
         except ImportError:
             parser.error("--plot needs matplotlib: pip install 'hybridkv[plot]'")
+    loops = args.loops.split(",")
+    if not loops or set(loops) - {"async", "sync"}:
+        parser.error(f"--loops: {args.loops!r}; use async, sync or async,sync")
     args.repeats = args.repeats or (1 if args.quick else 3)
     args.delays = [int(d) for d in args.delays.split(",")]
     print(
@@ -1166,14 +1195,26 @@ def main(argv: list[str] | None = None) -> int:
         "the part of cont ld in the previous turn's answer (KV only its decode computed)"
     )
     outcomes = []
-    for case in _cases(args.quick):
-        if case.name not in layouts:
-            continue
-        long = replace(case.trace, output_len=40)
-        outcomes.append(bench_trace(case, case.trace, args, sweep=True))
-        outcomes.append(bench_trace(case, long, args, sweep=False))
-        if args.traffic:
-            outcomes.append(bench_trace(case, case.traffic, args, sweep=True))
+    for loop in loops:
+        print(
+            f"\n==== engine loop: {loop} ("
+            + (
+                "EngineCore.step_with_batch_queue, AsyncScheduler: step N+1 scheduled before "
+                "step N's token is applied"
+                if loop == "async"
+                else "EngineCore.step, Scheduler"
+            )
+            + ")"
+        )
+        for base in _cases(args.quick):
+            if base.name not in layouts:
+                continue
+            case = for_loop(base, loop == "async")
+            long = replace(case.trace, output_len=40)
+            outcomes.append(bench_trace(case, case.trace, args, sweep=True))
+            outcomes.append(bench_trace(case, long, args, sweep=False))
+            if args.traffic:
+                outcomes.append(bench_trace(case, case.traffic, args, sweep=True))
     if args.plot is not None:
         plot(outcomes, args.plot)
         print(f"figure: {args.plot}")
