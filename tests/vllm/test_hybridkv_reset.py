@@ -24,6 +24,7 @@ pytest.importorskip("vllm.v1.core.sched.scheduler", reason="vLLM 0.33 is not ins
 
 from diffharness.layouts import RECIPES, Layout  # noqa: E402
 from vllm.config import KVTransferConfig  # noqa: E402
+from vllm.v1.core.sched.interface import PauseState  # noqa: E402
 
 from hybridkv.store import LookupResult  # noqa: E402
 from hybridkv.vllm.harness.cpu_worker import HybridKVOnCPU  # noqa: E402
@@ -90,6 +91,23 @@ def _quiet(engine: InProcessEngine) -> None:
 
 def _reset(engine: InProcessEngine, **kw: Any) -> bool:
     return bool(engine.scheduler.reset_prefix_cache(reset_connector=True, **kw))
+
+
+def _pause_until_landed(engine: InProcessEngine) -> None:
+    """``pause_generation(mode="keep")`` as vLLM's engine core runs it: ``PAUSED_ALL`` schedules
+    nothing while the loop keeps turning (the connector's stores in flight keep it busy), until
+    every step that wrote KV has landed (``processed_step_seq`` reaches ``sched_step_seq``).
+
+    Under async scheduling a step is always in the batch queue between two turns while requests
+    run, and vLLM defers a preempted request's block frees until it lands, so its own
+    ``reset_prefix_cache(reset_running_requests=True)`` raises before then, connector or not; a
+    client's reset that arrives during the pause finds them landed. Under sync scheduling they
+    have landed already."""
+    scheduler = engine.scheduler
+    scheduler.set_pause_state(PauseState.PAUSED_ALL)
+    while scheduler.processed_step_seq < scheduler.sched_step_seq:
+        assert engine.tally.steps < 500, "wedged"
+        engine.step()
 
 
 # ------------------------------------------------------------------ 2b
@@ -163,8 +181,10 @@ def test_reset_with_running_requests_succeeds_while_stores_are_in_flight(
     engine.add("a", PROMPT, 8)
     engine.add("b", list(range(500, 700)), 8)
     _step_until(engine, lambda core: core.stats().held_blocks > 0)
+    _pause_until_landed(engine)
     core = engine.scheduler.connector.core
     assert core.stats().jobs_in_flight > 0
+    assert core.stats().held_blocks > 0
     assert engine.status("a") == "RUNNING"
     in_flight = core.store.stats().storing
     removed_before = core.store.stats().removed
@@ -172,6 +192,7 @@ def test_reset_with_running_requests_succeeds_while_stores_are_in_flight(
         reset_running_requests=True, reset_connector=reset_connector
     )
     assert reset is True
+    engine.scheduler.set_pause_state(PauseState.UNPAUSED)  # resume_generation
     assert core.stats().held_blocks == 0
     assert engine.status("a") in ("WAITING", "PREEMPTED")
     # The preempted requests resume, recompute and finish; the dropped stores report.
