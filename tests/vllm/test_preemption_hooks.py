@@ -13,7 +13,9 @@ vLLM's real Scheduler (issue 17, item 2e).
   has such frees while a store in flight holds blocks that return to the pool when it reports
   (a finished request's delayed free, or a source only the store's pin still holds).
 
-Layout: sliding window + full attention, block 32, 16 GPU blocks.
+Layout: sliding window + full attention, block 32; each test's GPU pool (19 and 18 blocks) is a
+point where its scenario holds under both engine loops (vLLM refuses the 16 blocks these tests
+once used under async scheduling: the sliding window must hold two steps in flight).
 """
 
 from __future__ import annotations
@@ -40,7 +42,7 @@ UNIT = 32
 MAX_LEN = 256
 
 
-def _engine(adapter: Any, budget: int) -> InProcessEngine:
+def _engine(adapter: Any, budget: int, pool: int) -> InProcessEngine:
     transfer = KVTransferConfig(
         kv_connector="HybridKVConnector",
         kv_connector_module_path="hybridkv.vllm",
@@ -49,7 +51,7 @@ def _engine(adapter: Any, budget: int) -> InProcessEngine:
         kv_connector_extra_config={"host_memory_bytes": 64 << 20, "chunk_size": UNIT},
     )
     settings = EngineSettings(
-        num_gpu_blocks=16,
+        num_gpu_blocks=pool,
         max_model_len=MAX_LEN,
         block_size=UNIT,
         max_num_seqs=2,
@@ -64,12 +66,12 @@ def _tokens(rng: random.Random, n: int) -> list[int]:
 
 
 def test_a_preempted_request_keeps_its_in_flight_output() -> None:
-    """Q decodes, R prefills 200 tokens one unit a step; Q's next block preempts R. vLLM marks
-    R's in-flight output to keep (``drop_stale_output`` False), as with its own offloading
-    connector. Fails on main (5025a37): the inherited True dropped it."""
-    engine = _engine(HybridKVOnCPU(), UNIT + 1)
+    """Q (60 prompt tokens) decodes, R prefills 200 tokens one unit a step; Q's next block
+    preempts R. vLLM marks R's in-flight output to keep (``drop_stale_output`` False), as with
+    its own offloading connector. Fails on main (5025a37): the inherited True dropped it."""
+    engine = _engine(HybridKVOnCPU(), UNIT + 1, 19)
     rng = random.Random(1)
-    engine.add("Q", _tokens(rng, 25), MAX_LEN - 25 - 2)
+    engine.add("Q", _tokens(rng, 60), MAX_LEN - 60 - 2)
     engine.step()
     engine.add("R", _tokens(rng, 200), 4)
     for _ in range(20):
@@ -97,7 +99,7 @@ def test_a_store_that_will_free_blocks_defers_preemption() -> None:
     preempted; once A's stores report, R runs on. Fails on main (5025a37): the inherited False
     preempted R (and with it all its computed tokens)."""
     adapter = HoldingAdapter(_hold_a)
-    engine = _engine(adapter, 2 * UNIT)
+    engine = _engine(adapter, 2 * UNIT, 18)
     hold = adapter.hold
     assert hold is not None
     rng = random.Random(2)
