@@ -552,10 +552,10 @@ class ReferenceConnector:
         hashes = self._hashes(request)
         taken: list[TransferItem] = []
         prompt = request.num_prompt_tokens
-        items = self._store_items(hashes, block_ids, start, end)
+        found = self._store_items(hashes, block_ids, start, end)
         if limit is not None:  # ScheduledRequest.store_limit: the step's range stays as is
-            items = tuple(item for item in items if item.end_token <= limit)
-        for part in items_by_end(items):
+            found = tuple(item for item in found if item.end_token <= limit)
+        for part in items_by_end(found):
             # Admission (spec.connector.stores.stored_low): NORMAL units of the part are
             # offered first, then its LOW ones. Refused NORMAL units or refused continuation
             # units would leave a hole in the stored prefix: the job stops there. Refused far
