@@ -26,6 +26,7 @@ from diffharness.layouts import RECIPES, Layout  # noqa: E402
 from vllm.config import KVTransferConfig  # noqa: E402
 
 from hybridkv.connector import ScheduledRequest, StepView  # noqa: E402
+from hybridkv.vllm.deferred import keyable  # noqa: E402
 from hybridkv.vllm.harness.chat import ChatTrace, run_trace  # noqa: E402
 from hybridkv.vllm.harness.cpu_worker import HybridKVOnCPU  # noqa: E402
 from hybridkv.vllm.harness.engine_config import EngineSettings  # noqa: E402
@@ -67,8 +68,15 @@ def _record_metas(connector: Any) -> list[Any]:
 
 def _plain_rows(connector: Any, named: list[int]) -> None:
     """Turn every id the fast path names into the full row it stood for, read from vLLM, in
-    the scheduler's order; ``named`` counts them."""
+    the scheduler's order; ``named`` counts them.
+
+    Under async scheduling a named id may also be a step held for its block hashes (its unit
+    ends on a token the request does not hold yet, :mod:`hybridkv.vllm.deferred`): the plain
+    computation holds it too, so it stays named; the rows of the held steps replayed in this
+    metadata come first, as given."""
     core = connector.core
+    completes = core.geometry.completes_a_unit
+    hash_block = core.geometry.planner.hash_block_size
     seen: dict[str, Any] = {}
     build_meta = connector.build_connector_meta
     build_core = core.build_connector_meta
@@ -79,8 +87,12 @@ def _plain_rows(connector: Any, named: list[int]) -> None:
 
     def inner(step: StepView) -> Any:
         output = seen["output"]
-        given = {str(row.request.request_id): row for row in step.scheduled}
-        rows = []
+        current = [rid for rid in output.num_scheduled_tokens if rid not in step.no_unit_ids]
+        split = len(step.scheduled) - len(current)
+        rows = list(step.scheduled[:split])  # replayed held steps
+        given = dict(zip(current, step.scheduled[split:], strict=True))
+        assert all(str(row.request.request_id) == rid for rid, row in given.items())
+        held = set()
         for rid, num in output.num_scheduled_tokens.items():
             if rid in given:
                 rows.append(given[rid])
@@ -88,11 +100,15 @@ def _plain_rows(connector: Any, named: list[int]) -> None:
             assert rid in step.no_unit_ids
             request = connector._requests[rid]
             computed = int(request.num_computed_tokens)
+            end = computed + int(num)
+            if completes(computed, end) and not keyable(end, hash_block, len(request.block_hashes)):
+                held.add(rid)  # held for its hashes by both paths
+                continue
             tables = block_table(connector._kv_cache_manager.get_block_ids(rid))
             view = connector._views.view(request)
             rows.append(ScheduledRequest(view, tables, computed, int(num)))
             named[0] += 1
-        return build_core(replace(step, scheduled=tuple(rows), no_unit_ids=frozenset()))
+        return build_core(replace(step, scheduled=tuple(rows), no_unit_ids=frozenset(held)))
 
     def unit_free(scheduled_ids: Any) -> Any:
         # A step where no request completes a unit: the same rows through the full path.
