@@ -66,6 +66,7 @@ from hybridkv.connector.worker import TransferWorker
 from hybridkv.errors import HybridKVConfigError
 from hybridkv.hostmem import HostMemory
 from hybridkv.store import HostStore, LookupResult
+from hybridkv.vllm.admission import read_admission
 from hybridkv.vllm.checkpoints import read_checkpoint_rules
 from hybridkv.vllm.config import HybridKVConfig, check_failure_policy, parse_extra_config
 from hybridkv.vllm.deferred import DeferredStores
@@ -184,6 +185,8 @@ class HybridKVConnector(SchedulerRole, WorkerRole, KVConnectorBase_V1, SupportsH
         )
         # Restarts after failed loads that vLLM refused (hybridkv.vllm.reclaim).
         self._reclaim = ReclaimGuard()
+        # Async loads never fill the pool so that none can run (hybridkv.vllm.admission).
+        self._admission = read_admission(vllm_config, kv_cache_config, self.layout)
         # has_pending_block_frees: vLLM's pool, and the requests whose free waits for a store.
         self._gpu_pool: Any = None
         self._delayed_frees: set[str] = set()

@@ -26,6 +26,7 @@ from hybridkv.connector import (
     TransferKind,
 )
 from hybridkv.connector.deadlines import LoadDeadlines
+from hybridkv.vllm.admission import LoadAdmission
 from hybridkv.vllm.config import HybridKVConfig
 from hybridkv.vllm.deferred import DeferredStores, WaitingStep, keyable
 from hybridkv.vllm.events import BlockPayloads
@@ -78,6 +79,7 @@ class SchedulerRole:
     _requests: dict[str, Any]
     _views: RequestViews
     _reclaim: ReclaimGuard
+    _admission: LoadAdmission
     _quorum: JobQuorum
     _agreement: GroupAgreement
     _gpu_pool: Any
@@ -158,6 +160,10 @@ class SchedulerRole:
         kind = claim.kind
         if kind is _DEFER:
             return None, False
+        if kind is _ASYNC and self._admission.defers(
+            request, num_computed_tokens, claim.num_tokens
+        ):
+            return None, False  # a shared load or no room to run (hybridkv.vllm.admission)
         self._agreement.observe(core, view, num_computed_tokens, claim.num_tokens)
         return claim.num_tokens, kind is _ASYNC
 
@@ -312,6 +318,7 @@ class SchedulerRole:
         self._requests.pop(rid, None)
         self._agreement.forget(rid)
         self._reclaim.finished(rid)
+        self._admission.finished(rid)
         if self.deadlines is not None:
             self.deadlines.finished(rid)
         if self.remote is not None:
