@@ -44,6 +44,8 @@ import pytest
 pytestmark = pytest.mark.vllm
 pytest.importorskip("vllm.v1.core.sched.scheduler", reason="vLLM 0.33 is not installed")
 
+from _random_traces import SHAPES as TRACE_SHAPES  # noqa: E402
+from _random_traces import smallest_pool, step_budget  # noqa: E402
 from diffharness.layouts import RECIPES, Layout  # noqa: E402
 from hypothesis import settings as hypothesis_settings  # noqa: E402
 from vllm.config import KVTransferConfig  # noqa: E402
@@ -348,11 +350,13 @@ def test_replicated_kv_one_rank_writes_a_shared_host_copy_the_size_of_the_whole_
 
 # ------------------------------------------------------------------ random traces
 
-# layout -> (budget, chunk, longest prompt, max_num_seqs): test_hybridkv_inprocess.py's shapes.
+# The random traces' shapes (_random_traces.SHAPES: budget, chunk, longest prompt,
+# max_num_seqs), with their pools and step budgets under the engine loop in use (smallest_pool,
+# step_budget: under async scheduling a sliding window schedules half the budget a step, so vLLM
+# accepts pools as tight as under sync).
 SHAPES = {
-    Layout.MAMBA_FULL: (1280, 640, 2400, 2),
-    Layout.SLIDING_FULL: (128, 32, 400, 3),
-    Layout.THREE_GROUPS: (128, 32, 400, 3),
+    layout: TRACE_SHAPES[layout]
+    for layout in (Layout.MAMBA_FULL, Layout.SLIDING_FULL, Layout.THREE_GROUPS)
 }
 TRACES_PER_LAYOUT = max(4, hypothesis_settings.default.max_examples // 20)
 
@@ -362,14 +366,15 @@ def _random_engine(
 ) -> tuple[InProcessEngine, int]:
     """A TP=2 engine on a tight pool, faults on one rank (returned), delays per rank;
     ``replicated``: the ranks hold replicated KV (one writer, one shared host copy)."""
-    budget, chunk, _, seqs = SHAPES[layout]
+    shape = SHAPES[layout]
+    chunk = shape.chunk
     recipe = RECIPES[layout]
     settings = EngineSettings(
-        num_gpu_blocks=recipe.min_blocks(budget) + rng.choice((0, 1, 3, 8)),
+        num_gpu_blocks=smallest_pool(shape) + rng.choice((0, 1, 3, 8)),
         max_model_len=recipe.max_model_len,
         block_size=recipe.block_size,
-        max_num_seqs=seqs,
-        max_num_batched_tokens=budget,
+        max_num_seqs=shape.max_seqs,
+        max_num_batched_tokens=step_budget(shape),
         max_steps=600,
         tensor_parallel_size=TP,
         replicated_kv=replicated,
@@ -388,7 +393,7 @@ def _random_engine(
 def _random_arrivals(layout: Layout, rng: random.Random) -> list[tuple[int, str, list[int], int]]:
     """4-7 requests over two shared bases, arriving over the first steps (step, id, prompt,
     max_tokens)."""
-    _, chunk, longest, _ = SHAPES[layout]
+    chunk, longest = SHAPES[layout].chunk, SHAPES[layout].max_prompt
     bases = [[rng.randint(3, 999) for _ in range(longest)] for _ in range(2)]
     arrivals = []
     for i in range(rng.randint(4, 7)):
