@@ -323,7 +323,8 @@ def _dropped_job(message: str, dropped: set[str]) -> bool:
 class _Checker(InvariantChecker):
     """:class:`InvariantChecker`, less two false alarms (both in test_explorer_findings.py,
     xfail; ``strict`` keeps them): BP-3 where a block carries several keys, and TR-1 on the
-    stores a reset with running requests dropped.
+    stores in flight at a reset that went through (with running requests, or the reset of a
+    ``pause_generation(clear_cache=True)``), which the connector dropped.
 
     With a ``prefix_match_unit`` below the block, vLLM 0.33 keeps the partial-prefix keys of a
     block beside its own (``cached_block_hashes_by_block``), and the checker feeds them all; but
@@ -439,12 +440,8 @@ def _reset_running(run: _Run, config: Config) -> bool:
         scheduler.set_pause_state(PauseState.PAUSED_ALL)
         while scheduler.processed_step_seq < scheduler.sched_step_seq:
             run.step()
-    jobs = run.engine.scheduler.connector.core.snapshot()["jobs"]
-    storing = {str(job[0]) for job in jobs if job[1] == "store"}
     try:
-        done = bool(run.core.reset_prefix_cache(True, True))
-        run.checker.dropped |= storing
-        return done
+        return bool(run.core.reset_prefix_cache(True, True))
     except RuntimeError as refused:
         # vLLM's own: "Failed to reset KV cache even when all the running requests are
         # preempted ... running requests waiting for remote KV transfer ... not supported yet".
@@ -480,8 +477,12 @@ def _quiesce(run: _Run) -> None:
 
 def _event(run: _Run, kind: str, config: Config) -> None:
     run.counts[f"event_{kind}"] += 1
-    done = _EVENTS[kind](run, config)
-    if not done:
+    jobs = run.engine.scheduler.connector.core.snapshot()["jobs"]
+    storing = {str(job[0]) for job in jobs if job[1] == "store"}
+    if _EVENTS[kind](run, config):
+        # A reset that went through dropped the stores in flight (_Checker, TR-1).
+        run.checker.dropped |= storing
+    else:
         run.counts["events_refused"] += 1
 
 
