@@ -32,7 +32,6 @@ import hashlib
 import json
 import os
 import random
-import re
 import tempfile
 import traceback
 from collections import Counter
@@ -312,19 +311,9 @@ def explore(
     return explored
 
 
-_STORE_JOB = re.compile(r"store job (\d+) of ")
-
-
-def _dropped_job(message: str, dropped: set[str]) -> bool:
-    found = _STORE_JOB.match(message)
-    return found is not None and found[1] in dropped
-
-
 class _Checker(InvariantChecker):
-    """:class:`InvariantChecker`, less two false alarms (both in test_explorer_findings.py,
-    xfail; ``strict`` keeps them): BP-3 where a block carries several keys, and TR-1 on the
-    stores in flight at a reset that went through (with running requests, or the reset of a
-    ``pause_generation(clear_cache=True)``), which the connector dropped.
+    """:class:`InvariantChecker`, less one false alarm (test_explorer_findings.py, xfail;
+    ``strict`` keeps it): BP-3 where a block carries several keys.
 
     With a ``prefix_match_unit`` below the block, vLLM 0.33 keeps the partial-prefix keys of a
     block beside its own (``cached_block_hashes_by_block``), and the checker feeds them all; but
@@ -336,20 +325,12 @@ class _Checker(InvariantChecker):
     def __init__(self, engine: InProcessEngine, counts: Counter[str], strict: bool) -> None:
         super().__init__(engine)
         self.counts, self.strict, self.skip_bp3 = counts, strict, False
-        self.dropped: set[str] = set()  # store jobs a reset with running requests unpinned
 
     def violations(self) -> dict[str, list[str]]:
         failing = super().violations()
         if self.skip_bp3:
             self.counts["bp3_skipped"] += 1
             failing.pop("BP-3", None)
-        tr1 = failing.get("TR-1", [])
-        if tr1 and not self.strict and all(_dropped_job(m, self.dropped) for m in tr1):
-            # A reset with running requests gives the pins of the stores in flight back and
-            # drops those stores when they report (tests/vllm/test_hybridkv_reset.py, 2c); TR-1
-            # still counts them as in flight (test_explorer_findings.py, xfail).
-            self.counts["tr1_dropped_skipped"] += 1
-            del failing["TR-1"]
         return failing
 
 
@@ -477,12 +458,7 @@ def _quiesce(run: _Run) -> None:
 
 def _event(run: _Run, kind: str, config: Config) -> None:
     run.counts[f"event_{kind}"] += 1
-    jobs = run.engine.scheduler.connector.core.snapshot()["jobs"]
-    storing = {str(job[0]) for job in jobs if job[1] == "store"}
-    if _EVENTS[kind](run, config):
-        # A reset that went through dropped the stores in flight (_Checker, TR-1).
-        run.checker.dropped |= storing
-    else:
+    if not _EVENTS[kind](run, config):
         run.counts["events_refused"] += 1
 
 

@@ -28,7 +28,7 @@ this state (a test keeps the two lists covering the registry).
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterator, Mapping
+from collections.abc import Collection, Iterator, Mapping
 from typing import Any
 
 from spec.errors import InvariantViolation
@@ -198,17 +198,24 @@ def _concurrent_batches(engine: Any) -> int:
 # ------------------------------------------------------------------ the whole system
 
 
-def _in_flight(core_snap: Mapping[str, Any]) -> tuple[Any, ...]:
+def _in_flight(core_snap: Mapping[str, Any], released: Collection[int] = ()) -> tuple[Any, ...]:
     """The core's jobs (built or sent, not yet reported) in the ``system`` schema; the core's
-    items carry no source value (TR-2 is not evaluated)."""
+    items carry no source value (TR-2 is not evaluated). ``released``: store jobs whose pool
+    references a prefix-cache reset gave back (``ConnectorCore.release_store_pins``): they
+    complete dropped, their keys never READY (``_stale_jobs``), so what they read from blocks
+    vLLM freed is never trusted, and TR-1's "held" does not apply to them."""
     return tuple(
         (job_id, kind, rid, tuple((g, block, end, None) for g, block, _key, end in items))
         for job_id, kind, rid, _salt, _sync, items in core_snap["jobs"]
+        if job_id not in released
     )
 
 
 def system_snapshot(engine: Any, pool: Mapping[str, Any], core_snap: Mapping[str, Any]) -> dict:
     """The ``system`` schema (:meth:`spec.system.engine.Engine.snapshot`) for TR-1."""
+    connector = engine.scheduler.connector
+    core = getattr(connector, "core", None)
+    released = frozenset(getattr(core, "_unpinned", ()))
     return {
         "ref_counts": pool["ref_counts"],
         "tables": tuple(
@@ -216,7 +223,7 @@ def system_snapshot(engine: Any, pool: Mapping[str, Any], core_snap: Mapping[str
             for gid, table in enumerate(_tables(engine))
             for rid, ids in table.items()
         ),
-        "in_flight": _in_flight(core_snap),
+        "in_flight": _in_flight(core_snap, released),
     }
 
 

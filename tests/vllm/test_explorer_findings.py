@@ -1,7 +1,8 @@
 """What the configuration explorer (tests/vllm/test_explorer.py) found on the way, each as the
-minimal configuration it shrank to, replayed with every invariant checked (``strict``). Each is
-``xfail(strict=True)`` with its cause: when it is fixed the test passes, the xfail fails, and
-the explorer's matching allowance in :class:`_explorer._Checker` goes with it.
+minimal configuration it shrank to, replayed with every invariant checked (``strict``). One
+still open is ``xfail(strict=True)`` with its cause: when it is fixed the test passes, the xfail
+fails, and the explorer's matching allowance in :class:`_explorer._Checker` goes with it. The
+fixed ones stay as regression tests.
 
 Replay any of them: ``python tools/explore.py --replay '<the config's to_json()>'`` (the tool's
 run is not strict: it prints what the explorer sees).
@@ -32,27 +33,21 @@ def test_bp3_holds_on_vllms_own_partial_prefix_keys() -> None:
     assert out.failure is None, out.failure
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="reset_prefix_cache(reset_running_requests=True) with a store in flight: the core gives "
-    "the store's pins back and drops the store when it reports (test_hybridkv_reset.py, 2c), but "
-    "the job stays in the snapshot's in-flight stores, so TR-1 sees it read blocks vLLM freed. "
-    "Either the snapshot leaves dropped stores out of TR-1 or TR-1 states the exception.",
-)
 def test_tr1_holds_after_a_reset_with_running_requests_and_a_store_in_flight() -> None:
+    """Found as a TR-1 violation: a reset with running requests gives the pins of the stores in
+    flight back and drops those stores when they report (their keys never READY), but the
+    checker still listed them as reading the blocks vLLM freed. The checker now leaves the
+    released stores out of TR-1 (``_invariants_on_vllm._in_flight``): what they read is never
+    trusted."""
     # Shrunk from seed 11610's configuration: copies 3 steps late, the reset at step 6.
     config = Config(delay=3, events=((6, "reset_running"),))
     out = explore(config, strict=True)
     assert out.failure is None, f"{out.failure}\n  replay: {config.replay}"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="the same TR-1 class through pause_generation(clear_cache=True) as the in-process "
-    "engine core runs it: its reset (running requests, connector) drops a store in flight that "
-    "TR-1 still counts as reading the blocks vLLM freed.",
-)
 def test_tr1_holds_after_a_pause_that_clears_the_cache_with_a_store_in_flight() -> None:
+    """The same, through ``pause_generation(clear_cache=True)`` as the in-process engine core
+    runs it (its reset preempts the running requests and resets the connector)."""
     # Shrunk by Hypothesis in test_explorer.py (seed 7, the pause at step 1, copies 3 late).
     config = Config(delay=3, failure_policy="fail", seed=7, events=((1, "pause_inproc"),))
     out = explore(config, strict=True)
