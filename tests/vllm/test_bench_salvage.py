@@ -80,6 +80,9 @@ def _engine(pool: int, seed: int, *, salvage: bool, guard: bool) -> object:
     )
     engine.scheduler.connector.core._set_salvage(salvage)
     engine.scheduler.connector._reclaim.enabled = guard
+    # The load admission rule (hybridkv.vllm.admission) defers these claims before vLLM can
+    # refuse them: off, so the guard alone meets vLLM's wedge (it has tests of its own).
+    engine.scheduler.connector._admission.enabled = False
     return engine, replace(tight.trace, seed=seed)
 
 
