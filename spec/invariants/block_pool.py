@@ -56,17 +56,26 @@ def free_iff_unreferenced(snapshot: Snapshot) -> list[str]:
 
 @invariant("block_pool")
 def hash_map_consistent(snapshot: Snapshot) -> list[str]:
-    """BP-3: every cache entry lists blocks that carry its key, and every carried key is listed."""
-    carried = {block: (h, g) for block, h, g in snapshot["block_hashes"]}
+    """BP-3: every cache entry lists blocks that carry its key, and every carried key is listed.
+
+    A block may carry several keys: vLLM 0.33 with a hash block below the block size
+    (``prefix_match_unit``) keeps a block's partial-prefix keys beside its own
+    (``cached_block_hashes_by_block``); the spec's own pool gives each block one.
+    """
+    carried: dict[int, set[tuple[Any, int]]] = {}
+    for block, h, g in snapshot["block_hashes"]:
+        carried.setdefault(block, set()).add((h, g))
     listed = {(h, g, b) for h, g, blocks in snapshot["cached"] for b in blocks}
     messages = [
-        f"cache entry ({h!r}, {g}) lists block {b}, which carries {carried.get(b)!r}"
+        f"cache entry ({h!r}, {g}) lists block {b}, which carries "
+        f"{sorted(carried.get(b, ()), key=repr)!r}"
         for h, g, b in sorted(listed)
-        if carried.get(b) != (h, g)
+        if (h, g) not in carried.get(b, ())
     ]
     messages += [
         f"block {b} carries ({h!r}, {g}) but no entry lists it"
-        for b, (h, g) in sorted(carried.items())
+        for b, keys in sorted(carried.items())
+        for h, g in sorted(keys, key=repr)
         if (h, g, b) not in listed
     ]
     return messages

@@ -271,13 +271,10 @@ def _build(config: Config, adapters: list[HybridKVOnCPU]) -> InProcessEngine:
 def explore(
     config: Config,
     corrupt: Callable[[HybridKVOnCPU], None] | None = None,
-    *,
-    strict: bool = False,
 ) -> Explored:
-    """Play ``config`` (module docstring). ``corrupt``: called on each rank's adapter before the
-    engine is built (the negative controls). ``strict``: every invariant on every step, the
-    two known false alarms of :class:`_Checker` included (tests/vllm/test_explorer_findings.py).
-    Raises :class:`Refused` only."""
+    """Play ``config`` (module docstring), every invariant checked after every step.
+    ``corrupt``: called on each rank's adapter before the engine is built (the negative
+    controls). Raises :class:`Refused` only."""
     g = config.geometry
     rng = random.Random(config.seed)
     shape = Shape(Layout.SLIDING_FULL, 0, g.block, g.max_prompt, 4, g.max_tokens)
@@ -298,7 +295,7 @@ def explore(
     engine = _build(config, adapters)
     explored = Explored(config)
     try:
-        _play(engine, config, arrivals, explored, strict)
+        _play(engine, config, arrivals, explored)
     except WedgedError as wedged:
         explored.failure = Failure("wedge", str(wedged))
     except InvariantViolation as violation:
@@ -311,39 +308,13 @@ def explore(
     return explored
 
 
-class _Checker(InvariantChecker):
-    """:class:`InvariantChecker`, less one false alarm (test_explorer_findings.py, xfail;
-    ``strict`` keeps it): BP-3 where a block carries several keys.
-
-    With a ``prefix_match_unit`` below the block, vLLM 0.33 keeps the partial-prefix keys of a
-    block beside its own (``cached_block_hashes_by_block``), and the checker feeds them all; but
-    BP-3's predicate (``spec/invariants/block_pool.py``) keeps one key per block, so it fails on
-    vLLM's own state with no connector at all
-    (``test_explorer_findings.py::test_bp3_holds_on_vllms_own_partial_prefix_keys``, xfail). Until
-    it takes several, BP-3 is left out on those configurations (counted: ``bp3_skipped``)."""
-
-    def __init__(self, engine: InProcessEngine, counts: Counter[str], strict: bool) -> None:
-        super().__init__(engine)
-        self.counts, self.strict, self.skip_bp3 = counts, strict, False
-
-    def violations(self) -> dict[str, list[str]]:
-        failing = super().violations()
-        if self.skip_bp3:
-            self.counts["bp3_skipped"] += 1
-            failing.pop("BP-3", None)
-        return failing
-
-
 class _Run:
     """One play's engine, checker and counts (the steps, aborts and events below)."""
 
-    def __init__(
-        self, engine: InProcessEngine, config: Config, explored: Explored, strict: bool
-    ) -> None:
+    def __init__(self, engine: InProcessEngine, config: Config, explored: Explored) -> None:
         self.engine, self.counts = engine, explored.counts
         self.rng = random.Random(config.seed ^ 0xE7)  # the aborts' own stream
-        self.checker = _Checker(engine, self.counts, strict)
-        self.checker.skip_bp3 = config.prefix_match_unit is not None and not strict
+        self.checker = InvariantChecker(engine)
         self.core = engine.loop.core
 
     def step(self) -> None:
@@ -373,9 +344,8 @@ def _play(
     config: Config,
     arrivals: list[Arrival],
     explored: Explored,
-    strict: bool,
 ) -> None:
-    run = _Run(engine, config, explored, strict)
+    run = _Run(engine, config, explored)
     events = sorted(config.events)
     step = 0
     while arrivals or events or engine.busy():

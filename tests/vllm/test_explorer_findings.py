@@ -1,11 +1,9 @@
 """What the configuration explorer (tests/vllm/test_explorer.py) found on the way, each as the
-minimal configuration it shrank to, replayed with every invariant checked (``strict``). One
-still open is ``xfail(strict=True)`` with its cause: when it is fixed the test passes, the xfail
-fails, and the explorer's matching allowance in :class:`_explorer._Checker` goes with it. The
-fixed ones stay as regression tests.
+minimal configuration it shrank to, replayed with every invariant checked after every step. A
+finding still open is ``xfail(strict=True)`` with its cause (none today); the fixed ones stay as
+regression tests.
 
-Replay any of them: ``python tools/explore.py --replay '<the config's to_json()>'`` (the tool's
-run is not strict: it prints what the explorer sees).
+Replay any of them: ``python tools/explore.py --replay '<the config's to_json()>'``.
 """
 
 from __future__ import annotations
@@ -19,17 +17,13 @@ from _explorer import explore  # noqa: E402
 from _explorer_config import Config  # noqa: E402
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="spec/invariants/block_pool.py BP-3 keeps one key per block "
-    "(carried = {block: (hash, group)}), but with a prefix_match_unit below the block vLLM 0.33 "
-    "keeps a block's partial-prefix keys beside its own (cached_block_hashes_by_block), which "
-    "_invariants_on_vllm feeds it: BP-3 fails on vLLM's own state, with or without a connector. "
-    "The oracle, not hybridkv.",
-)
 def test_bp3_holds_on_vllms_own_partial_prefix_keys() -> None:
+    """Found as a BP-3 violation on vLLM's own state, with or without a connector: with a
+    ``prefix_match_unit`` below the block vLLM 0.33 keeps a block's partial-prefix keys beside
+    its own (``cached_block_hashes_by_block``), and BP-3 kept one key per block. BP-3 now takes
+    every key a block carries (``spec/invariants/block_pool.py``): the oracle was wrong."""
     # Shrunk from sliding+full configurations with prefix_match_unit 8 (first met at seed 32831).
-    out = explore(Config(prefix_match_unit=8), strict=True)
+    out = explore(Config(prefix_match_unit=8))
     assert out.failure is None, out.failure
 
 
@@ -41,7 +35,7 @@ def test_tr1_holds_after_a_reset_with_running_requests_and_a_store_in_flight() -
     trusted."""
     # Shrunk from seed 11610's configuration: copies 3 steps late, the reset at step 6.
     config = Config(delay=3, events=((6, "reset_running"),))
-    out = explore(config, strict=True)
+    out = explore(config)
     assert out.failure is None, f"{out.failure}\n  replay: {config.replay}"
 
 
@@ -50,5 +44,5 @@ def test_tr1_holds_after_a_pause_that_clears_the_cache_with_a_store_in_flight() 
     runs it (its reset preempts the running requests and resets the connector)."""
     # Shrunk by Hypothesis in test_explorer.py (seed 7, the pause at step 1, copies 3 late).
     config = Config(delay=3, failure_policy="fail", seed=7, events=((1, "pause_inproc"),))
-    out = explore(config, strict=True)
+    out = explore(config)
     assert out.failure is None, f"{out.failure}\n  replay: {config.replay}"
