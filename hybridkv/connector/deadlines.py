@@ -11,8 +11,12 @@ while a late copy could still write it. A policy apart from the core's accountin
 sees an abandoned job as a failed one, through the same report.
 
 The rule: a load job emitted in step ``s``'s metadata and not reported by the outputs of steps
-``s .. s + deadline - 1`` is named (once) when step ``s + deadline``'s metadata is built. A
-sync load is never named: it is waited for inside the step that carries it.
+``s .. s + deadline - 1`` is named (once) when the first metadata built after those outputs
+were applied is built: step ``s + deadline``'s when one step is in flight at a time, step
+``s + deadline + b - 1``'s when vLLM keeps ``b`` batches in flight (async scheduling: ``b`` = 2,
+step N+1's metadata is built before step N's output is applied; counting metadata alone would
+name a load reported in time one step early). A sync load is never named: it is waited for
+inside the step that carries it.
 
 A request whose load was abandoned is recomputed for the rest of its life: the connector claims
 nothing more for it (:meth:`LoadDeadlines.recomputing`). Its host chunks were slow once and
@@ -35,15 +39,19 @@ __all__ = ["LoadDeadlines"]
 class LoadDeadlines:
     """Steps each async load job has been pending, and the deadline (module docstring)."""
 
-    def __init__(self, deadline_steps: int) -> None:
-        """Pre: ``deadline_steps`` an int >= 1 (field ``load_deadline_steps``). Post: nothing
-        pending, nothing fired."""
-        value: object = deadline_steps
-        if isinstance(value, bool) or not isinstance(value, int) or deadline_steps < 1:
-            raise HybridKVConfigError(
-                "load_deadline_steps", deadline_steps, "must be an integer >= 1", "e.g. 8"
-            )
+    def __init__(self, deadline_steps: int, batches_in_flight: int = 1) -> None:
+        """Pre: ``deadline_steps`` an int >= 1 (field ``load_deadline_steps``);
+        ``batches_in_flight`` an int >= 1, vLLM's ``max_concurrent_batches`` (module docstring).
+        Post: nothing pending, nothing fired."""
+        for name, value in (
+            ("load_deadline_steps", deadline_steps),
+            ("batches_in_flight", batches_in_flight),
+        ):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise HybridKVConfigError(name, value, "must be an integer >= 1", "e.g. 8")
         self.deadline_steps = deadline_steps
+        # Metadata built before the outputs of the deadline's steps are all applied.
+        self._named_at = deadline_steps + batches_in_flight - 1
         self._age: dict[JobId, int] = {}  # pending job -> metadata built since its emission
         self._fired: set[JobId] = set()  # pending jobs already named
         self._request: dict[JobId, RequestId] = {}  # pending job -> its request
@@ -68,7 +76,7 @@ class LoadDeadlines:
         due = []
         for job_id in self._age:
             self._age[job_id] += 1
-            if self._age[job_id] >= self.deadline_steps and job_id not in self._fired:
+            if self._age[job_id] >= self._named_at and job_id not in self._fired:
                 due.append(job_id)
         self._fired.update(due)
         self.fired += len(due)

@@ -113,6 +113,7 @@ class LoadAdmission:
         "_claimed",
         "capacity",
         "chunk",
+        "deferred_tokens",
         "enabled",
         "groups",
         "hash_block_size",
@@ -141,6 +142,7 @@ class LoadAdmission:
         self._claimed: dict[str, tuple[Any, int]] = {}
         self.shared = 0
         self.room = 0
+        self.deferred_tokens = 0
 
     @property
     def deferred(self) -> int:
@@ -168,6 +170,7 @@ class LoadAdmission:
             if status is _LOADING:
                 if self._shares_load(request, start, end, other, other_start):
                     self.shared += 1
+                    self.deferred_tokens += num_tokens
                     return True
             elif status is not _WAITING:
                 del self._claimed[other_id]  # running, preempted or finished: not holding
@@ -177,6 +180,7 @@ class LoadAdmission:
                 held += self.need(other, computed)
         if held > self.capacity:
             self.room += 1
+            self.deferred_tokens += num_tokens
             return True
         self._claimed[rid] = (request, start)
         return False

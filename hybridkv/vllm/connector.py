@@ -133,6 +133,15 @@ def require_hma(vllm_config: Any) -> None:
         )
 
 
+def _load_deadlines(config: HybridKVConfig, vllm_config: Any) -> LoadDeadlines | None:
+    """The load deadlines of ``load_deadline_steps`` (None: no deadline), counted over the
+    batches vLLM keeps in flight (2 under async scheduling: hybridkv.connector.deadlines)."""
+    deadline = config.load_deadline_steps
+    if deadline is None:
+        return None
+    return LoadDeadlines(deadline, int(getattr(vllm_config, "max_concurrent_batches", 1) or 1))
+
+
 class HybridKVConnector(SchedulerRole, WorkerRole, KVConnectorBase_V1, SupportsHMA):
     """hybridkv's offload connector for vLLM 0.33 (module docstring)."""
 
@@ -208,8 +217,7 @@ class HybridKVConnector(SchedulerRole, WorkerRole, KVConnectorBase_V1, SupportsH
             refuse_tensor_parallel(self.world_size)
             refuse_unshared_hashes(vllm_config.cache_config.prefix_caching_hash_algo, os.environ)
         if role == KVConnectorRole.SCHEDULER:
-            deadline = self.hybridkv_config.load_deadline_steps
-            self.deadlines = None if deadline is None else LoadDeadlines(deadline)
+            self.deadlines = _load_deadlines(self.hybridkv_config, vllm_config)
             self.core = ConnectorCore(
                 self.layout.planner(self.chunk_size),
                 HostStore(self.num_chunks, self.hybridkv_config.eviction_policy),
@@ -302,6 +310,8 @@ class HybridKVConnector(SchedulerRole, WorkerRole, KVConnectorBase_V1, SupportsH
             self._agreement.count,
             0 if deadlines is None else deadlines.fired,
             self._deadline_answers,
+            self._admission.deferred,
+            self._admission.deferred_tokens,
         )
 
     def _counters(self) -> dict[str, int | float]:
@@ -314,6 +324,7 @@ class HybridKVConnector(SchedulerRole, WorkerRole, KVConnectorBase_V1, SupportsH
                     self._reclaim,
                     deadlines_fired=fired,
                     deadline_answers=self._deadline_answers,
+                    admission=(self._admission.deferred, self._admission.deferred_tokens),
                 )
             )
             if self.remote is not None:

@@ -66,8 +66,9 @@ __all__ = [
 
 SCHEDULER_COUNTERS: dict[str, str] = {
     "lookups": "get_num_new_matched_tokens calls (a waiting request is asked every step)",
-    "lookups_deferred": "lookups answered None: a load of the request in flight, or a key "
-    "that could lengthen the claim still being stored",
+    "lookups_deferred": "lookups answered None: a load of the request in flight, a key "
+    "that could lengthen the claim still being stored, or another request loading the same "
+    "prefix or no room in the pool for the loads waiting to run (hybridkv.vllm.admission)",
     "claims": "lookups answered with a positive claim",
     "claimed_tokens": "tokens offered by those claims (a claim vLLM could not allocate for is "
     "offered again next step and counted again)",
@@ -165,12 +166,15 @@ class HybridKVStats(KVConnectorStats):
 
 
 # A scheduler-side mark (:func:`scheduler_mark`): the core's counts in ``COUNTED`` order, then
-# the facade's own six, at these positions.
+# the facade's own eight, at these positions.
 _CORE = {name: i for i, name in enumerate(COUNTED)}
-_FACADE = range(len(COUNTED), len(COUNTED) + 6)
-_OVERRIDDEN, _DEFERRED, _WHOLE, _DISAGREED, _FIRED, _ANSWERED = _FACADE
+_FACADE = range(len(COUNTED), len(COUNTED) + 8)
+_OVERRIDDEN, _DEFERRED, _WHOLE, _DISAGREED, _FIRED, _ANSWERED, _ADMIT_DEFERRED, _ADMIT_TOKENS = (
+    _FACADE
+)
 # Each counter of SCHEDULER_COUNTERS, in order, as one position of the mark; ``lookups`` and
-# ``lookups_deferred`` also add facade positions (scheduler_counter_values).
+# ``lookups_deferred`` also add facade positions, ``claims`` and ``claimed_tokens`` take the
+# load admission rule's deferrals off (scheduler_counter_values).
 _PICK = itemgetter(
     _CORE["lookups"],
     _CORE["deferred"],
@@ -197,11 +201,14 @@ def scheduler_mark(
     *,
     deadlines_fired: int = 0,
     deadline_answers: int = 0,
+    admission: tuple[int, int] = (0, 0),
 ) -> tuple[int, ...]:
     """Every count the scheduler side's counters are computed from, as one flat tuple: the
     core's :meth:`~hybridkv.connector.ConnectorCore.counts`, then ``guard``'s overridden,
-    deferred and whole answers, ``disagreements``, ``deadlines_fired`` and
-    ``deadline_answers``. Equal marks give equal counters; O(1), one C call for the core's."""
+    deferred and whole answers, ``disagreements``, ``deadlines_fired``, ``deadline_answers``
+    and ``admission``: the DEFER answers the load admission rule gave in front of the core's
+    async claims and those claims' tokens (hybridkv.vllm.admission). Equal marks give equal
+    counters; O(1), one C call for the core's."""
     overridden, deferred, whole = (
         (guard.overridden, guard.deferred, guard.whole) if guard is not None else (0, 0, 0)
     )
@@ -213,6 +220,7 @@ def scheduler_mark(
         disagreements,
         deadlines_fired,
         deadline_answers,
+        *admission,
     )
 
 
@@ -223,10 +231,15 @@ def scheduler_counter_values(mark: tuple[int, ...]) -> tuple[int, ...]:
     difference of two marks (position by position) it gives the difference of their counters,
     which is how the stats hook builds its increments without building either side's dict."""
     values = _PICK(mark)
+    # A lookup the admission rule deferred was counted by the core as a claim of its tokens;
+    # vLLM was answered None: a deferred lookup, no claim.
+    admitted_away = mark[_ADMIT_DEFERRED]
     return (
         values[0] + mark[_OVERRIDDEN] + mark[_ANSWERED],
-        values[1] + mark[_DEFERRED],
-        *values[2:],
+        values[1] + mark[_DEFERRED] + admitted_away,
+        values[2] - admitted_away,
+        values[3] - mark[_ADMIT_TOKENS],
+        *values[4:],
     )
 
 
@@ -237,6 +250,7 @@ def scheduler_counters(
     *,
     deadlines_fired: int = 0,
     deadline_answers: int = 0,
+    admission: tuple[int, int] = (0, 0),
 ) -> dict[str, int]:
     """The scheduler side's counts since creation (monotone; increments are differences).
     ``guard``'s answers replace the core's for restarted requests, and ``deadline_answers``
@@ -248,6 +262,7 @@ def scheduler_counters(
         guard,
         deadlines_fired=deadlines_fired,
         deadline_answers=deadline_answers,
+        admission=admission,
     )
     return dict(zip(SCHEDULER_COUNTERS, scheduler_counter_values(mark), strict=True))
 

@@ -46,8 +46,11 @@ The rule, per restarted request (:class:`Restart`):
 3. If that ``schedule()`` scheduled some tokens, nothing changes, and the request is asked
    again at the next step. Requests are running, and they finish or get preempted, freeing
    blocks as they do.
-4. If it scheduled nothing, no forward frees a block (only a transfer still in flight could),
-   so the same answer can be refused at every later step. The next answer is DEFER
+4. If it scheduled nothing and no step is in flight, no forward frees a block (only a
+   transfer still in flight could), so the same answer can be refused at every later step.
+   Under async scheduling a step scheduled earlier may still be in vLLM's batch queue (its
+   requests count ``num_in_flight_tokens``): its forward may finish a request and free its
+   blocks, so such a ``schedule()`` counts as one that ran. The next answer is DEFER
    (``None``): vLLM skips the request (1054-1060). A request with 0 computed tokens, no longer
    WAITING_FOR_REMOTE_KVS, holds no blocks (``_holds_kv_blocks``, 2697-2706), so the skip moves
    it to ``waiting``. The requests behind it in ``kv_holding_waiting`` are admitted now, and
@@ -141,6 +144,10 @@ class ReclaimGuard:
         to ``_inflight_prefills`` legitimately, and a scheduled request is running."""
         self._state.pop(request_id, None)
         self._asked.discard(request_id)
+
+    def asked(self) -> bool:
+        """Whether a restarted request was asked in this ``schedule()`` (almost never)."""
+        return bool(self._asked)
 
     def schedule_ended(self, *, ran: bool) -> None:
         """``build_connector_meta``; ``ran``: this ``schedule()`` scheduled some tokens.

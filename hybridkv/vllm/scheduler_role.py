@@ -181,7 +181,7 @@ class SchedulerRole:
         if core is None:
             raise RuntimeError(_WORKER_SIDE)
         num_scheduled = scheduler_output.num_scheduled_tokens
-        self._reclaim.schedule_ended(ran=bool(num_scheduled))
+        self._reclaim.schedule_ended(ran=bool(num_scheduled) or self._step_in_flight())
         scheduled = []
         no_unit = []
         completes = core.geometry.completes_a_unit
@@ -257,6 +257,17 @@ class SchedulerRole:
             self.remote.stores_emitted(store_jobs, views)
             orders = self.remote.orders()
         return HybridKVMetadata(meta, slots, tuple(map(int, late)) if late else (), orders)
+
+    def _step_in_flight(self) -> bool:
+        """Whether a step scheduled earlier is still in flight: under async scheduling vLLM's
+        batch queue holds a step whose output is not applied yet (its requests count
+        ``num_in_flight_tokens`` until ``update_from_output``). Such a step's forward still
+        frees blocks (it may finish a request), so a ``schedule()`` that scheduled nothing is
+        not yet the restart guard's wedge (hybridkv.vllm.reclaim, rule 4). Asked only when
+        nothing was scheduled and a restarted request was asked."""
+        if not self._reclaim.asked():
+            return False
+        return any(getattr(r, "num_in_flight_tokens", 0) > 0 for r in self._requests.values())
 
     def _row(self, request: Any, start: int, num: int, limit: int | None) -> ScheduledRequest:
         """The core's row of a step of ``request`` computing ``[start, start + num)``."""

@@ -45,6 +45,43 @@ def test_a_deadline_fires_once_exactly_when_the_delay_exceeds_it(deadline: int, 
         assert named == []
 
 
+def run_batched(deadline: int, delay: int, steps: int = 12) -> list[tuple[int, tuple[JobId, ...]]]:
+    """:func:`run` under async scheduling's batch queue of 2: step ``s``'s output is applied
+    after step ``s + 1``'s metadata was built (vLLM's ``step_with_batch_queue``)."""
+    deadlines = LoadDeadlines(deadline, batches_in_flight=2)
+    named = []
+    reported_in = max(delay, 1) - 1
+    for step in range(steps):
+        late = deadlines.step([load(1)] if step == 0 else [])
+        if late:
+            named.append((step, late))
+        if step == reported_in + 1:  # step reported_in's output lands after this metadata
+            deadlines.reported([JobId(1)])
+    assert deadlines.pending() == 0
+    return named
+
+
+@pytest.mark.parametrize("deadline", [1, 2, 3])
+@pytest.mark.parametrize("delay", [0, 1, 2, 3, 4])
+def test_under_a_batch_queue_a_load_reported_in_time_is_never_named(
+    deadline: int, delay: int
+) -> None:
+    """The same rule with two batches in flight: counted in metadata alone, a load reported in
+    step ``s + deadline - 1``'s output would be named at step ``s + deadline``'s metadata, which
+    is built before that output lands."""
+    named = run_batched(deadline, delay)
+    if delay > deadline:
+        assert named == [(deadline + 1, (JobId(1),))]
+    else:
+        assert named == []
+
+
+def test_a_batch_count_below_one_is_refused() -> None:
+    with pytest.raises(HybridKVConfigError) as caught:
+        LoadDeadlines(2, batches_in_flight=0)
+    assert caught.value.field == "batches_in_flight"
+
+
 def test_jobs_age_from_their_own_step_and_the_count_is_kept() -> None:
     deadlines = LoadDeadlines(2)
     assert deadlines.step([load(1, "a"), load(2, "a")]) == ()
