@@ -1160,8 +1160,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--loops",
         default="async,sync",
-        help="vLLM's engine loops to run, of async (async scheduling, vLLM's GPU default) "
-        "and sync",
+        help="vLLM's engine loops to run, of async (async scheduling, vLLM's GPU default) and sync",
     )
     parser.add_argument(
         "--traffic",

@@ -73,13 +73,16 @@ def test_a_pause_with_a_load_in_flight_fails_before_the_host_tier_is_touched(
             if engine.status("b") == "WAITING_FOR_REMOTE_KVS":
                 break
         assert engine.status("b") == "WAITING_FOR_REMOTE_KVS"
-        assert adapter.hold is not None and adapter.hold.held
+        assert adapter.hold is not None
+        assert adapter.hold.held
         core = engine.scheduler.connector.core
         entries = _entries(engine)
         assert entries  # a's units
-        with caplog.at_level(logging.WARNING, logger="vllm.hybridkv"):
-            with pytest.raises(RuntimeError, match="Failed to reset KV cache"):
-                engine.loop.core.pause_scheduler(mode="abort", clear_cache=True)
+        with (
+            caplog.at_level(logging.WARNING, logger="vllm.hybridkv"),
+            pytest.raises(RuntimeError, match="Failed to reset KV cache"),
+        ):
+            engine.loop.core.pause_scheduler(mode="abort", clear_cache=True)
         assert _entries(engine) == entries  # the connector never reset
         assert core.loading_requests() == {"b"}
         warned = [r.getMessage() for r in caplog.records if "hybridkv" in r.getMessage()]
