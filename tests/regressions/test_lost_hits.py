@@ -9,12 +9,10 @@ are the evidence.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 from regression_script import Script, config, expected_token, full, mamba, request
 
 from spec.connector import ReferenceConnector
-from spec.connector_api import BlockTable, RequestView, TransferItem, TransferJob
+from spec.connector_api import BlockTable, RequestView, TransferJob
 
 TURN1 = (1, 2, 3, 4, 5)
 # r0 samples at positions 5, 6, 7, 8 (max_tokens 4): 100 + (p + 2) % 2.
@@ -26,14 +24,20 @@ class PromptOnlyStores(ReferenceConnector):
     """vLLM's native default (``offload_prompt_only=True``): decode-phase units are not stored."""
 
     def _store_job(
-        self, request: RequestView, block_ids: BlockTable, start: int, end: int
+        self,
+        request: RequestView,
+        block_ids: BlockTable,
+        start: int,
+        end: int,
+        *,
+        limit: int | None = None,
     ) -> TransferJob | None:
-        return super()._store_job(request, block_ids, start, min(end, request.num_prompt_tokens))
-
-    def _store_items(
-        self, hashes: Sequence[bytes], block_ids: BlockTable, start: int, end: int
-    ) -> tuple[TransferItem, ...]:
-        return super()._store_items(hashes, block_ids, start, end) if end > start else ()
+        # The step keeps its range (it places the mamba states, MB-8); only its stores stop
+        # at the prompt (ScheduledRequest.store_limit).
+        prompt = request.num_prompt_tokens
+        return super()._store_job(
+            request, block_ids, start, end, limit=prompt if limit is None else min(limit, prompt)
+        )
 
 
 def _two_turns(connector: type[ReferenceConnector] | None) -> Script:
