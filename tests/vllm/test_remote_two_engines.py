@@ -213,7 +213,10 @@ def test_engines_of_different_models_share_no_chunk(server: Any, layout: Layout)
 
 def test_after_a_reset_an_engine_reads_none_of_what_it_wrote_before(server: Any) -> None:
     """Issue 17 (2b): a connector reset (new weights) moves the weights version: the chunks A
-    wrote before it stay on the server but are never asked for; what A writes after it is."""
+    wrote before it stay on the server but are never asked for; what A writes after it is.
+    Issue 28: what A writes after its reset lies in A's own epoch, so a replica that reset too
+    (a sleep, perhaps, on other weights) reads none of it, while a replica that never reset
+    reads what A wrote before its reset (both on the checkpoint's weights)."""
     shape = SHAPES[Layout.SLIDING_FULL]
     a, _ = _serve_a(shape, server.port)
     written = a.worker.worker_remote.counters()["remote_written"]
@@ -230,13 +233,19 @@ def test_after_a_reset_an_engine_reads_none_of_what_it_wrote_before(server: Any)
     assert again.prefill_computed - computed == alone.prefill_computed
     assert flush_writes(a)
     assert a.worker.worker_remote.counters()["remote_written"] > written  # written afresh
-    # A replica that reset too (same weights version) reads what A wrote after the reset.
+    # A replica that reset too (the same weights version) reads nothing A wrote after it.
     b = build(shape, server.port)
     assert b.scheduler.reset_prefix_cache(reset_connector=True)
-    rb = run_prompts(b, chat_prompts(shape.trace, "b-"))
-    assert _remote(b).count["promoted"] > 0
-    assert rb.wrong_reads == again.wrong_reads == 0
-    for engine in (a, b):
+    assert _remote(b).weights_version == _remote(a).weights_version == 1
+    rb = run_prompts(b, chat_prompts(shape.trace, "again-"))
+    assert _remote(b).count["remote_chunks_found"] == 0
+    assert _remote(b).count["promoted"] == 0
+    # A replica that never reset reads what A wrote before its reset.
+    c = build(shape, server.port)
+    rc = run_prompts(c, chat_prompts(shape.trace, ""))
+    assert _remote(c).count["promoted"] > 0
+    assert rb.wrong_reads == rc.wrong_reads == again.wrong_reads == 0
+    for engine in (a, b, c):
         _quiescent(engine)
         engine.close()
 
