@@ -37,13 +37,9 @@ for _path in (ROOT / "tests" / "vllm", ROOT):
     sys.path.insert(0, str(_path))
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # tools/_vllm_tool.py
 
-for _key, _value in {
-    "VLLM_TARGET_DEVICE": "cpu",
-    "HF_HUB_OFFLINE": "1",
-    "TRANSFORMERS_OFFLINE": "1",
-    "VLLM_LOGGING_LEVEL": "WARNING",
-}.items():
-    os.environ.setdefault(_key, _value)
+from _inprocess import set_cpu_env  # noqa: E402  (tests/vllm; imports no vLLM)
+
+set_cpu_env()  # before vLLM is first imported
 # vLLM inspects a speculative draft's model in a subprocess: it needs the shim too.
 _SHIM_DIR = str(ROOT / "tests" / "vllm" / "_torchvision_shim")
 os.environ["PYTHONPATH"] = os.pathsep.join(
