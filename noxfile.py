@@ -362,10 +362,12 @@ def mutants(session: nox.Session) -> None:
 def soak(session: nox.Session) -> None:
     """Not a default session: 10,000 seeded random fault traces (tools/soak.py) inside vLLM
     0.33's real scheduler, split evenly over mamba align + full, sliding + full, two windows +
-    full and the two-engine remote tier on a real redis-server, over one worker process per
+    full and the two-engine remote tier on a real redis-server, each family's seeds alternating
+    between vLLM's async-scheduling loop and the synchronous one, over one worker process per
     core; it prints its counts and, for every failing trace, the one command that replays it
-    (``nox -s soak -- --layout sliding+full --seed 1234``). Arguments after ``--`` go to the
-    tool (``--traces``, ``--layout``, ``--seed``, ``--workers``, ``--log``).
+    (``nox -s soak -- --layout sliding+full --loop async --seed 1234``). Arguments after ``--``
+    go to the tool (``--traces``, ``--layout``, ``--loop``, ``--seed``, ``--workers``,
+    ``--log``).
 
     Then 10,000 configurations of the configuration explorer (tools/explore.py, issue 28 item
     2: vLLM's engine loop, speculative decoding, budgets, hash units and algorithms, the

@@ -13,10 +13,17 @@ connection killed, the server paused past the timeout, flushed or killed;
 ``tests/vllm/_two_engine_traces.py``). Each worker starts its own redis-server for the remote
 traces.
 
-Trace ``seed`` of a family is a pure function of the seed, so one command replays it::
+Engine loops (``--loop``): every family's traces alternate between vLLM's async-scheduling loop
+(``step_with_batch_queue``, the default on a GPU server) and the synchronous one, by seed: even
+seeds under ``async``, odd ones under ``sync`` (the first one listed takes the even seeds). The
+loop is set per trace through ``HYBRIDKV_ENGINE_LOOP``, which the in-process engine reads when
+it is built; ``--loop`` once keeps one loop only. The summary counts each loop apart.
 
-    nox -s soak -- --layout sliding+full --seed 1234
-    python tools/soak.py --layout sliding+full --seed 1234   # where vLLM 0.33 is installed
+Trace ``seed`` of a family under a loop is a pure function of the seed, so one command replays
+it::
+
+    nox -s soak -- --layout sliding+full --loop async --seed 1234
+    python tools/soak.py --layout sliding+full --loop async --seed 1234   # vLLM 0.33 installed
 
 Every count is what the runs observed (none is read from a trace's plan): traces played, engine
 steps, load jobs the connector cores ran (``loads``) and remote fetches resolved, failures (load
@@ -29,8 +36,9 @@ hung past ``--hang-s``), leaks (traces that left transfers, jobs, pins or GPU bl
 and violations (steps that broke a spec invariant; remote promotion counters that do not add
 up). Errors (any other exception) count too. Exit 1 when any of those is nonzero.
 
-Usage: ``python tools/soak.py [--traces 10000] [--workers N] [--layout L ...] [--first-seed S]
-[--seed S] [--log PATH]``. Needs vLLM 0.33 (``nox -s soak`` installs it, with redis-server).
+Usage: ``python tools/soak.py [--traces 10000] [--workers N] [--layout L ...] [--loop L ...]
+[--first-seed S] [--seed S] [--log PATH]``. Needs vLLM 0.33 (``nox -s soak`` installs it, with
+redis-server).
 """
 
 from __future__ import annotations
@@ -74,12 +82,14 @@ import _two_engine_traces  # noqa: E402
 from _redis_server import RedisServer, find_binary  # noqa: E402
 from diffharness.layouts import Layout  # noqa: E402
 
-from hybridkv.vllm.harness.engine_config import WedgedError  # noqa: E402
+from hybridkv.vllm.harness.engine_config import ENGINE_LOOP_ENV, WedgedError  # noqa: E402
 from spec.errors import InvariantViolation  # noqa: E402
 
 REMOTE = "remote"
 FAMILIES = (*(layout.value for layout in _random_traces.SHAPES), REMOTE)
 """The trace families, in the order tasks interleave them."""
+LOOPS = ("async", "sync")
+"""vLLM's engine loops (``HYBRIDKV_ENGINE_LOOP``): a family's seeds alternate between them."""
 MUST_BE_ZERO = ("wrong_reads", "wedges", "leaks", "violations", "errors")
 COUNTS = ("traces", "steps", "loads", "remote_fetches", "failures", "recoveries", *MUST_BE_ZERO)
 EXERCISED = (
@@ -98,6 +108,7 @@ EXERCISED = (
 class Task:
     family: str
     seed: int
+    loop: str = LOOPS[0]
 
 
 @dataclass(slots=True)
@@ -111,12 +122,15 @@ class Played:
 
 def replay_command(task: Task) -> str:
     """The one command that replays ``task`` (nox installs vLLM and redis-server)."""
-    return f"nox -s soak -- --layout {task.family} --seed {task.seed}"
+    return f"nox -s soak -- --layout {task.family} --loop {task.loop} --seed {task.seed}"
 
 
 def direct_command(task: Task) -> str:
     """The same replay with this interpreter, where vLLM 0.33 is installed."""
-    return f"{sys.executable} {Path(__file__).resolve()} --layout {task.family} --seed {task.seed}"
+    return (
+        f"{sys.executable} {Path(__file__).resolve()} --layout {task.family} "
+        f"--loop {task.loop} --seed {task.seed}"
+    )
 
 
 # ------------------------------------------------------------------ one trace
@@ -189,7 +203,17 @@ def _remote(task: Task, server: RedisServer) -> Played:
 def play_one(task: Task, server: Callable[[], RedisServer]) -> Played:
     """Play ``task``; an exception becomes a counted failure (the next trace still runs)."""
     started = time.perf_counter()
-    played = _play_or_fail(task, server)
+    # Read when the trace builds its engines (hybridkv.vllm.harness.engine_config); put back
+    # after, since one worker (or the caller's process, with --workers 1) plays both loops.
+    before = os.environ.get(ENGINE_LOOP_ENV)
+    os.environ[ENGINE_LOOP_ENV] = task.loop
+    try:
+        played = _play_or_fail(task, server)
+    finally:
+        if before is None:
+            del os.environ[ENGINE_LOOP_ENV]
+        else:
+            os.environ[ENGINE_LOOP_ENV] = before
     played.counts["trace_ms"] += round(1000 * (time.perf_counter() - started))
     return played
 
@@ -364,18 +388,23 @@ class _Workers:
                 self._start(i)
 
 
-def plan(families: Sequence[str], traces: int, first_seed: int) -> list[Task]:
+def plan(
+    families: Sequence[str], traces: int, first_seed: int, loops: Sequence[str] = LOOPS
+) -> list[Task]:
     """``traces`` tasks split evenly over ``families`` (the first ones take the remainder),
-    seeds ``first_seed`` upward per family. Round ``n`` lists the families rotated by ``n``, so
-    every worker's shard (every ``workers``-th task) mixes all of them: without the rotation,
-    2 workers over 4 families would get 2 families each, one shard twice as slow."""
+    seeds ``first_seed`` upward per family, seed ``s`` under ``loops[s % len(loops)]``. Round
+    ``n`` lists the families rotated by ``n``, so every worker's shard (every ``workers``-th
+    task) mixes all of them: without the rotation, 2 workers over 4 families would get 2
+    families each, one shard twice as slow."""
     per, extra = divmod(traces, len(families))
     counts = {f: per + (i < extra) for i, f in enumerate(families)}
     tasks = []
     for n in range(max(counts.values(), default=0)):
         turn = n % len(families)
         rotated = (*families[turn:], *families[:turn])
-        tasks += [Task(f, first_seed + n) for f in rotated if n < counts[f]]
+        seed = first_seed + n
+        loop = loops[seed % len(loops)]
+        tasks += [Task(f, seed, loop) for f in rotated if n < counts[f]]
     return tasks
 
 
@@ -387,6 +416,12 @@ def _parse(argv: Sequence[str] | None) -> argparse.Namespace:
         action="append",
         choices=FAMILIES,
         help=f"a trace family (repeatable; default all: {', '.join(FAMILIES)})",
+    )
+    parser.add_argument(
+        "--loop",
+        action="append",
+        choices=LOOPS,
+        help="an engine loop (repeatable; default both, alternating by seed)",
     )
     parser.add_argument("--seed", type=int, help="replay this one seed (with one --layout)")
     parser.add_argument("--first-seed", type=int, default=0, help="each family's first seed")
@@ -408,19 +443,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     traces that finished."""
     args = _parse(argv)
     families = tuple(args.layout or FAMILIES)
+    loops = tuple(dict.fromkeys(args.loop or LOOPS))
     if args.seed is not None:
-        tasks = [Task(families[0], args.seed)]
+        tasks = [Task(families[0], args.seed, loops[args.seed % len(loops)])]
     else:
-        tasks = plan(families, args.traces, args.first_seed)
+        tasks = plan(families, args.traces, args.first_seed, loops)
     workers = min(args.workers, len(tasks))
     print(
-        f"soak: {len(tasks)} traces over {', '.join(families)}; {workers} workers; "
+        f"soak: {len(tasks)} traces over {', '.join(families)}; "
+        f"engine loops {', '.join(loops)}; {workers} workers; "
         f"{platform.node()} ({os.cpu_count()} cores), load average {_load()}",
         flush=True,
     )
     started = time.monotonic()
     total: Counter[str] = Counter()
     per_family: dict[str, Counter[str]] = {f: Counter() for f in families}
+    per_loop: dict[str, Counter[str]] = {loop: Counter() for loop in loops}
     failed: list[Played] = []
 
     def summary(*, partial: bool) -> dict[str, Any]:
@@ -430,6 +468,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             workers=workers,
             total=total,
             per_family=per_family,
+            per_loop=per_loop,
             failed=failed,
             elapsed=time.monotonic() - started,
         )
@@ -442,6 +481,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         for played in results:
             total.update(played.counts)
             per_family[played.task.family].update(played.counts)
+            per_loop[played.task.loop].update(played.counts)
             if played.failures:
                 failed.append(played)
                 _print_failure(played)
@@ -490,7 +530,7 @@ def _progress(total: Counter[str], planned: int, started: float) -> None:
 
 def _print_failure(played: Played) -> None:
     task = played.task
-    print(f"FAILED {task.family} seed {task.seed}:", file=sys.stderr)
+    print(f"FAILED {task.family} loop {task.loop} seed {task.seed}:", file=sys.stderr)
     for line in played.failures:
         print(f"  {line}", file=sys.stderr)
     print(f"  replay: {replay_command(task)}", file=sys.stderr)
@@ -504,6 +544,7 @@ def _summary(
     workers: int,
     total: Counter[str],
     per_family: dict[str, Counter[str]],
+    per_loop: dict[str, Counter[str]],
     failed: list[Played],
     elapsed: float,
 ) -> dict[str, Any]:
@@ -521,7 +562,8 @@ def _summary(
         "exercised": {name: total[name] for name in EXERCISED},
         "checked": {name: total[name] for name in ("steps_checked", "slots_checked")},
         "per_family": {f: dict(sorted(c.items())) for f, c in per_family.items()},
-        "failed": [f"{p.task.family}:{p.task.seed}" for p in failed],
+        "per_loop": {loop: dict(sorted(c.items())) for loop, c in per_loop.items()},
+        "failed": [f"{p.task.family}:{p.task.loop}:{p.task.seed}" for p in failed],
     }
 
 
@@ -533,6 +575,9 @@ def _print_summary(summary: dict[str, Any], failed: list[Played]) -> None:
         figures = ", ".join(f"{n} {c.get(n, 0)}" for n in COUNTS if n != "traces")
         each = c.get("trace_ms", 0) / max(1, c.get("traces", 0))
         print(f"  {family}: {c.get('traces', 0)} traces ({each:.0f} ms each); {figures}")
+    for loop, c in summary["per_loop"].items():
+        figures = ", ".join(f"{n} {c.get(n, 0)}" for n in COUNTS if n != "traces")
+        print(f"  loop {loop}: {c.get('traces', 0)} traces; {figures}")
     width = max(map(len, counts))
     for name, value in counts.items():
         print(f"  {name:<{width}}  {value}")

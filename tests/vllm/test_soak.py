@@ -45,7 +45,10 @@ def test_a_handful_of_traces_over_two_workers(soak: Any, capsys: Any) -> None:
     args = [a for layout in IN_PROCESS for a in ("--layout", layout)]
     assert soak.main([*args, "--traces", "6", "--workers", "2", "--first-seed", "7"]) == 0
     out = capsys.readouterr().out
-    assert "6 traces over sliding+full, 2sliding+full, mamba+full; 2 workers" in out
+    assert (
+        "6 traces over sliding+full, 2sliding+full, mamba+full; engine loops async, sync; "
+        "2 workers" in out
+    )
     assert _counts(out, "traces") == 6
     for name in ("steps", "loads", "failures"):
         assert _counts(out, name) > 0, name
@@ -84,18 +87,51 @@ def test_a_failing_trace_prints_the_command_that_replays_it(soak: Any, capsys: A
     captured = capsys.readouterr()
     assert _counts(captured.out, "traces") == 3
     assert _counts(captured.out, "violations") == 1
-    assert "FAILED sliding+full seed 1:" in captured.err
+    assert "FAILED sliding+full loop sync seed 1:" in captured.err
     assert "violation: BP-1: step 1: BP-1: injected by the test" in captured.err
-    replay = "nox -s soak -- --layout sliding+full --seed 1"
+    replay = "nox -s soak -- --layout sliding+full --loop sync --seed 1"
     assert f"replay: {replay}" in captured.err
-    assert "tools/soak.py --layout sliding+full --seed 1" in captured.err
+    assert "tools/soak.py --layout sliding+full --loop sync --seed 1" in captured.err
     assert f"FAILED: 1 traces; replay each with one command:\n  {replay}" in captured.out
     # The replay command's arguments replay that trace alone, and it fails again.
     assert soak.main(replay.split(" -- ")[1].split()) == 1
     again = capsys.readouterr()
-    assert "1 traces over sliding+full; 1 workers" in again.out
+    assert "1 traces over sliding+full; engine loops sync; 1 workers" in again.out
     assert _counts(again.out, "violations") == 1
     assert soak.main(["--layout", "sliding+full", "--seed", "0"]) == 0
+
+
+def test_seeds_alternate_between_the_engine_loops(
+    soak: Any, capsys: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Even seeds play under vLLM's async-scheduling loop, odd ones under the synchronous one:
+    the loop each trace's engine is built with (what the harness reads then), and the summary's
+    per-loop counts; ``--loop`` once keeps that loop for every seed."""
+    from hybridkv.vllm.harness.engine_config import ENGINE_LOOP_ENV, default_async_scheduling
+
+    loop_before = os.environ.get(ENGINE_LOOP_ENV)
+    built: dict[int, bool] = {}
+    real_play = _random_traces.play
+
+    def play(shape: Any, seed: int) -> Any:
+        built[seed] = default_async_scheduling()
+        return real_play(shape, seed)
+
+    monkeypatch.setattr(_random_traces, "play", play)
+    args = ["--layout", "sliding+full", "--traces", "4", "--workers", "1"]
+    assert soak.main(args) == 0
+    assert built == {0: True, 1: False, 2: True, 3: False}
+    out = capsys.readouterr().out
+    for loop in ("async", "sync"):
+        line = re.search(rf"^  loop {loop}: (\d+) traces; steps (\d+),", out, re.MULTILINE)
+        assert line, (loop, out)
+        assert (int(line.group(1)), int(line.group(2)) > 0) == (2, True)
+    built.clear()
+    assert soak.main([*args, "--loop", "sync"]) == 0
+    assert built == dict.fromkeys(range(4), False)
+    assert "engine loops sync;" in capsys.readouterr().out
+    # Each trace's loop was its own: the process's setting is as the run found it.
+    assert os.environ.get(ENGINE_LOOP_ENV) == loop_before
 
 
 def test_seed_needs_exactly_one_layout(soak: Any) -> None:
@@ -140,8 +176,8 @@ def test_a_dead_or_hung_worker_counts_its_trace_and_the_rest_run(
     assert _counts(captured.out, "traces") == 6
     assert _counts(captured.out, counted) == 1
     assert _counts(captured.out, "steps") > 0
-    assert "FAILED 2sliding+full seed 1:" in captured.err
-    assert "replay: nox -s soak -- --layout 2sliding+full --seed 1" in captured.err
+    assert "FAILED 2sliding+full loop sync seed 1:" in captured.err
+    assert "replay: nox -s soak -- --layout 2sliding+full --loop sync --seed 1" in captured.err
 
 
 def test_every_worker_shard_mixes_every_family(soak: Any) -> None:
