@@ -80,10 +80,10 @@ SETTINGS = {
         "max_num_batched_tokens": 256,
     },
     Layout.MAMBA_FULL: {
-        "num_gpu_blocks": 20,
-        "max_model_len": 2560,
+        "num_gpu_blocks": 24,
+        "max_model_len": 4096,
         "max_num_seqs": 1,
-        "max_num_batched_tokens": 2560,
+        "max_num_batched_tokens": 4096,
     },
 }
 
@@ -202,9 +202,9 @@ def _finish(engine: InProcessEngine, checker: InvariantChecker) -> None:
 def test_a_second_turn_loads_the_first_turns_answer_stored_under_speculative_decoding(
     layout: Layout,
 ) -> None:
-    """Turn 1 decodes past several unit ends with drafts in every decode step; fillers push it
-    out of vLLM's prefix cache; turn 2 (turn 1's tokens and a question) loads from the host
-    past turn 1's prompt, into its answer, every slot read content-checked."""
+    """Turn 1 decodes past three unit ends with drafts in every decode step; fillers push it out
+    of vLLM's prefix cache; turn 2 (turn 1's tokens and a question) loads from the host past
+    turn 1's prompt, into its answer, every slot read content-checked."""
     async_scheduling = default_async_scheduling()
     engine = _engine(layout, async_scheduling)
     try:
@@ -213,7 +213,7 @@ def test_a_second_turn_loads_the_first_turns_answer_stored_under_speculative_dec
         checker = InvariantChecker(engine)
         rng = random.Random(5)
         prompt = [rng.randint(3, 999) for _ in range(unit + unit // 2)]
-        answer = 2 * unit + 3
+        answer = 3 * unit + 3
         engine.add("a", prompt, answer)
         _finish(engine, checker)
         a_tokens = list(engine.requests["a"].all_token_ids)
@@ -222,7 +222,9 @@ def test_a_second_turn_loads_the_first_turns_answer_stored_under_speculative_dec
             engine.add(f"filler{i}", filler, 2)
             _finish(engine, checker)
         external_before = engine.tally.external_hits
-        engine.add("b", a_tokens + [rng.randint(3, 999) for _ in range(9)], 2)
+        # The question is longer than a unit, so the unit after a's third ends inside b: the
+        # proof EAGLE's block drop asks for (tests/vllm/test_eagle_claims.py).
+        engine.add("b", a_tokens + [rng.randint(3, 999) for _ in range(unit + 9)], 2)
         _finish(engine, checker)
         b_hit = engine.tally.external_hits - external_before
         deferred = engine.scheduler.connector._deferred
@@ -245,6 +247,8 @@ def test_a_second_turn_loads_the_first_turns_answer_stored_under_speculative_dec
     assert stored.decode_items > 0
     assert stored.past_final == []
     assert deferred.dropped == 0  # every held step stored, a rejected one up to the frontier
-    # b loaded past a's prompt: units of a's answer, stored under speculative decoding.
-    assert b_hit > len(prompt) - len(prompt) % unit
-    assert b_hit >= 2 * unit
+    # b loaded past a's prompt (1.5 units): every full unit of a but the last, whose proof
+    # (the unit after it) b does not share: three units, two of them a's answer, stored under
+    # speculative decoding.
+    assert len(a_tokens) // unit == 4
+    assert b_hit == 3 * unit
