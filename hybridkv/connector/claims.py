@@ -9,6 +9,11 @@ of ``H``'s needed keys are READY, DEFER when one is STORING, and nothing when no
 hopeful. (The reference walks the candidates down and stops at the first all-READY one; when
 that is not ``H`` its answer is DEFER, so the two statements are the same.)
 
+An EAGLE/MTP group (``ConnectorGeometry.proofs``) also needs its proof unit, the one after
+``t``, among the needed keys (read, never loaded): the rule is the same with that group's range
+one unit longer, so an absent proof unit ``k`` rules out every candidate from ``(k - 1) * u_g``
+up, and :meth:`ConnectorGeometry.claim_limit` keeps the proof unit among the request's.
+
 Why this is fast: the reference rebuilds the needed keys of every candidate, O(candidates x
 units). Here a key that is absent at unit ``k`` of group ``g`` rules out every candidate
 ``t' <= t`` whose range still contains ``k``, that is every ``t'`` in ``(k * u_g, t]`` (a
@@ -30,7 +35,7 @@ from __future__ import annotations
 from collections.abc import Callable, Container
 from typing import NamedTuple
 
-from hybridkv.connector.geometry import ConnectorGeometry
+from hybridkv.connector.geometry import ConnectorGeometry, PlanRow
 from hybridkv.kinds import GroupKind
 from hybridkv.store import LookupResult
 
@@ -38,8 +43,8 @@ __all__ = ["ClaimDecision", "decide_claim", "some_group_passes"]
 
 KeyOf = Callable[[int, int], bytes]
 """``(group_idx, unit) -> offload key``."""
-Plan = tuple[tuple[int, int, GroupKind, int], ...]
-"""``(group, unit, kind, reach)`` per group scanned (:attr:`ConnectorGeometry.scan_plan`)."""
+Plan = tuple[PlanRow, ...]
+"""``(group, unit, kind, reach, proof)`` per group scanned (:attr:`ConnectorGeometry.scan_plan`)."""
 
 _HIT = LookupResult.HIT
 _PENDING = LookupResult.HIT_PENDING
@@ -131,8 +136,8 @@ class _Search:
     def pending_at(self, plan: Plan, start: int, end: int) -> bool:
         """Whether a unit a group needs for a claim ``[start, end)`` was seen STORING."""
         for i, j in self.pending:
-            _, u, kind, reach = plan[i]
-            last = end // u
+            _, u, kind, reach, proof = plan[i]
+            last = end // u + proof
             if kind is _MAMBA:
                 first = last - 1
             elif kind is _FULL:
@@ -181,10 +186,10 @@ def decide_claim(
     search = _Search(key_of, status, failed, _ignore if read is None else read.append, len(plan))
     t = limit
     while t >= lowest:
-        for i, (g, u, kind, reach) in enumerate(plan):
-            hi = t // u
+        for i, (g, u, kind, reach, proof) in enumerate(plan):
+            hi = t // u + proof  # an EAGLE group's proof unit past t (ConnectorGeometry)
             if kind is _MAMBA:  # the one state at t (geometry.first_needed), read here
-                bad = hi - 1
+                bad = hi - 1  # no proof: a mamba group never carries one
                 key = key_of(g, bad)
                 search.record(key)
                 verdict = status(key)
@@ -197,7 +202,8 @@ def decide_claim(
             else:
                 bad = search.highest_bad(i, g, max(start, t - reach) // u, hi)
             if bad >= 0:
-                t = bad * u // align * align  # every candidate above bad * u needs unit bad
+                # Every candidate above (bad - proof) * u needs unit bad.
+                t = (bad - proof) * u // align * align
                 break
         else:
             if search.pending and search.pending_at(plan, start, t):
@@ -237,11 +243,13 @@ def some_group_passes(
         return False
     ready = _Ready(key_of, status, failed)
     for row in geometry.scan_plan:
-        g, u, kind, _ = row
+        g, u, kind, _, proof = row
         if kind is _FULL:
             # Every candidate needs the units from start // u up, so the group passes end iff
-            # it reaches the first candidate past it.
-            passes = ready.run(g, end // u, first // u) < end // u
+            # it reaches the first candidate past it (its proof unit included). At end == start
+            # no unit was read, so the whole range is.
+            lo = end // u + proof if end > start else start // u
+            passes = ready.run(g, lo, first // u + proof) < lo
         elif kind is _MAMBA:
             passes = any(ready.state(g, t // u - 1) for t in range(limit, first - 1, -align))
         else:
@@ -278,17 +286,16 @@ class _Ready:
         key = self.key_of(g, j)
         return self.status(key) is _HIT and key not in self.failed
 
-    def window_passes(
-        self, row: tuple[int, int, GroupKind, int], start: int, first: int, limit: int, align: int
-    ) -> bool:
+    def window_passes(self, row: PlanRow, start: int, first: int, limit: int, align: int) -> bool:
         """Whether a sliding group's window is READY at some candidate in ``[first, limit]``,
-        from the top: a unit that is not rules out every candidate whose window holds it."""
-        g, u, _, reach = row
+        from the top: a unit that is not rules out every candidate whose window (and proof
+        unit) holds it."""
+        g, u, _, reach, proof = row
         t = limit
         while t >= first:
             lo = max(start, t - reach) // u
-            j = self.run(g, lo, t // u)
+            j = self.run(g, lo, t // u + proof)
             if j < lo:
                 return True
-            t = j * u // align * align  # every candidate above j * u needs unit j
+            t = (j - proof) * u // align * align  # every candidate above needs unit j
         return False

@@ -107,6 +107,7 @@ class ConnectorCore(CoreQueries, OutsideWork):
         sliding_windows: Iterable[int] = (),
         load_mode: LoadMode = LoadMode.ASYNC,
         checkpoints: Iterable[CheckpointRule] = (),
+        eagle_groups: Iterable[int] = (),
     ) -> None:
         """A core over ``store`` for the planner's geometry (the reference's constructor).
 
@@ -114,7 +115,10 @@ class ConnectorCore(CoreQueries, OutsideWork):
         the planner's; ``sliding_windows`` empty or each group's window reach
         (``sliding_window - 1 + extra_retained_tokens``, 0 for other kinds); ``checkpoints``
         empty or one :class:`~hybridkv.connector.checkpoints.CheckpointRule` per group (where a
-        step leaves mamba states; empty: no group exports a prefill checkpoint); ``store`` an empty
+        step leaves mamba states; empty: no group exports a prefill checkpoint); ``eagle_groups``
+        the groups vLLM drops EAGLE's block from (their claims need a proof unit,
+        :class:`~hybridkv.connector.geometry.ConnectorGeometry`; beyond the reference, whose
+        twin this core is with none); ``store`` an empty
         :class:`~hybridkv.store.HostStore` this core will own. Refusal:
         :class:`HybridKVConfigError` naming the field, nothing built. Post: no request known,
         no job, nothing remembered.
@@ -134,7 +138,11 @@ class ConnectorCore(CoreQueries, OutsideWork):
         if not isinstance(store, HostStore):
             raise HybridKVConfigError("store", store, "is not a hybridkv HostStore", _FIX)
         self.geometry = ConnectorGeometry.build(
-            planner, tuple(group_kinds), tuple(sliding_windows), tuple(checkpoints)
+            planner,
+            tuple(group_kinds),
+            tuple(sliding_windows),
+            tuple(checkpoints),
+            tuple(eagle_groups),
         )
         self.store = store
         self.load_mode = load_mode

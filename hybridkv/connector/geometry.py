@@ -12,6 +12,15 @@ prefix ``s`` needs per group is a unit range ``[first, t / u_g)``:
   reaches ``max_model_len``, so it needs every unit, the reference's conservative choice);
 - MAMBA: ``first = t / u_g - 1`` (the one state at exactly ``t``).
 
+An EAGLE/MTP group (``eagle_groups``) needs one unit more, ``[first, t / u_g + 1)``, which it
+does not load: its proof. vLLM's prefix cache matches such a group one block past a hit and
+drops that block (``eagle_proof_margin``, ``v1/core/kv_cache_coordinator.py:958-978``), because
+the drafter's KV at a block's last token was computed from the token after it, which the
+block's hash does not cover; the stored unit after ``t`` proves the request's token at ``t``
+is the one the stored KV saw. The proof unit must be a full unit of the request's tokens, so
+a claim of ``n`` tokens ends at most one unit below the last full unit (:meth:`claim_limit`).
+Mamba groups carry no proof (vLLM's coordinator applies the margin to attention groups only).
+
 A MAMBA group's ``checkpoints`` rule (:mod:`hybridkv.connector.checkpoints`) says which states a
 step writes and at which positions; the stores read it.
 
@@ -29,7 +38,10 @@ from hybridkv.errors import HybridKVConfigError, int_at_least
 from hybridkv.kinds import GroupKind
 from hybridkv.planner import HybridOffloadPlanner
 
-__all__ = ["ConnectorGeometry"]
+__all__ = ["ConnectorGeometry", "PlanRow"]
+
+PlanRow = tuple[int, int, GroupKind, int, int]
+"""A claim search's row per group: ``(group, unit, kind, reach, proof)``."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,6 +58,8 @@ class ConnectorGeometry:
         units, blocks: offload unit and GPU block size per group, in tokens.
         strides: fine hashes per unit (``u_g / hash_block_size``).
         suffixes: the 4-byte big-endian group index that ends each group's offload keys.
+        proofs: per group, units past a claim end it needs stored, not loaded: 1 for an
+            EAGLE/MTP group (module docstring), else 0.
         planner: the offload geometry (units, claim unit, hash contract).
         scheduler_block: ``lcm`` of the block sizes (the scheduler's computed-count alignment).
         align: where a claim may end: ``lcm(claim_unit, scheduler_block)``.
@@ -53,7 +67,7 @@ class ConnectorGeometry:
             the cheapest, most selective groups first (a mamba group reads one state per
             candidate; a full-attention group is read from the bottom, once per search, and
             ends it at the first unit the host lacks: :mod:`hybridkv.connector.claims`).
-        scan_plan: per group of ``scan_order``, ``(group, unit, kind, reach)``: everything
+        scan_plan: per group of ``scan_order``, ``(group, unit, kind, reach, proof)``: everything
             the claim search reads of the geometry, in one row, so a search builds nothing
             per group (:meth:`plan_of` for another choice of groups).
         distinct_units: the different unit sizes, ascending (a step completes a unit of some
@@ -64,6 +78,7 @@ class ConnectorGeometry:
     kinds: tuple[GroupKind, ...]
     reaches: tuple[int, ...]
     checkpoints: tuple[CheckpointRule, ...]
+    proofs: tuple[int, ...]
     units: tuple[int, ...]
     blocks: tuple[int, ...]
     strides: tuple[int, ...]
@@ -73,7 +88,7 @@ class ConnectorGeometry:
     scheduler_block: int
     align: int
     scan_order: tuple[int, ...]
-    scan_plan: tuple[tuple[int, int, GroupKind, int], ...]
+    scan_plan: tuple[PlanRow, ...]
     distinct_units: tuple[int, ...]
 
     @classmethod
@@ -83,6 +98,7 @@ class ConnectorGeometry:
         group_kinds: Sequence[GroupKind],
         sliding_windows: Sequence[int] = (),
         checkpoints: Sequence[CheckpointRule] = (),
+        eagle_groups: Sequence[int] = (),
     ) -> ConnectorGeometry:
         """Check ``group_kinds`` against the planner and derive everything.
 
@@ -90,8 +106,10 @@ class ConnectorGeometry:
         ``sliding_windows`` empty or one int >= 0 per group, the reach
         ``sliding_window - 1 + extra_retained_tokens`` of each SLIDING group (field
         ``sliding_windows``); ``checkpoints`` empty (no group exports a checkpoint) or one
-        :class:`CheckpointRule` per group (field ``checkpoints``). Agrees with
-        ``spec.connector.geometry.Geometry.build``.
+        :class:`CheckpointRule` per group (field ``checkpoints``); ``eagle_groups`` the
+        indices of the groups vLLM drops EAGLE's block from (field ``eagle_groups``; mamba
+        groups among them carry no proof). Agrees with
+        ``spec.connector.geometry.Geometry.build`` when ``eagle_groups`` is empty.
         """
         if not isinstance(planner, HybridOffloadPlanner):
             raise HybridKVConfigError(
@@ -103,6 +121,7 @@ class ConnectorGeometry:
                 "group_kinds", kinds, "differ from the planner's groups", "pass the same groups"
             )
         reaches = _reaches(sliding_windows, len(kinds), planner.max_model_len)
+        proofs = _proofs(eagle_groups, kinds)
         blocks = tuple(block for _, block in planner.groups)
         scheduler_block = math.lcm(*blocks)
         rank = {GroupKind.MAMBA: 0, GroupKind.FULL: 1, GroupKind.SLIDING: 2}
@@ -111,6 +130,7 @@ class ConnectorGeometry:
             kinds=kinds,
             reaches=reaches,
             checkpoints=_checkpoints(checkpoints, len(kinds)),
+            proofs=proofs,
             units=planner.units,
             blocks=blocks,
             strides=planner.hash_factors,
@@ -119,7 +139,7 @@ class ConnectorGeometry:
             scheduler_block=scheduler_block,
             align=math.lcm(planner.claim_unit, scheduler_block),
             scan_order=order,
-            scan_plan=tuple((g, planner.units[g], kinds[g], reaches[g]) for g in order),
+            scan_plan=tuple((g, planner.units[g], kinds[g], reaches[g], proofs[g]) for g in order),
             distinct_units=tuple(sorted(set(planner.units))),
         )
 
@@ -128,12 +148,12 @@ class ConnectorGeometry:
         """How many KV cache groups."""
         return len(self.kinds)
 
-    def plan_of(self, groups: Sequence[int]) -> tuple[tuple[int, int, GroupKind, int], ...]:
+    def plan_of(self, groups: Sequence[int]) -> tuple[PlanRow, ...]:
         """The claim search's rows (:attr:`scan_plan`) for ``groups``, in that order.
 
         Pre: each entry is a group index (IndexError otherwise)."""
-        units, kinds, reaches = self.units, self.kinds, self.reaches
-        return tuple((g, units[g], kinds[g], reaches[g]) for g in groups)
+        units, kinds, reaches, proofs = self.units, self.kinds, self.reaches, self.proofs
+        return tuple((g, units[g], kinds[g], reaches[g], proofs[g]) for g in groups)
 
     def completes_a_unit(self, start: int, end: int) -> bool:
         """Whether computing ``[start, end)`` completes a unit of some group."""
@@ -144,7 +164,9 @@ class ConnectorGeometry:
 
     def claim_limit(self, num_tokens: int) -> int:
         """The largest claim end the claim rule considers for ``num_tokens`` tokens: the
-        planner's ``claimable_prefix_tokens`` rounded down to ``align``.
+        planner's ``claimable_prefix_tokens``, and for an EAGLE/MTP group one unit below its
+        last full unit (the proof unit must be one of the request's), rounded down to
+        ``align``.
 
         Pre: ``num_tokens`` is an int >= 0 (a request's token count): the planner's argument
         check is skipped, since a claim search asks this once per group scanned."""
@@ -152,7 +174,10 @@ class ConnectorGeometry:
         if num_tokens <= claim:
             return 0
         limit = (num_tokens - 1) // claim * claim
-        return limit - limit % self.align
+        for u, proof in zip(self.units, self.proofs, strict=True):
+            if proof:
+                limit = min(limit, (num_tokens // u - proof) * u)
+        return max(0, limit - limit % self.align)
 
     def first_needed(self, group_idx: int, start: int, end: int) -> int:
         """The first unit index group ``group_idx`` needs to resume at ``end`` from ``start``.
@@ -167,6 +192,20 @@ class ConnectorGeometry:
         if kind is GroupKind.SLIDING:
             return max(start, end - self.reaches[group_idx]) // u
         return start // u
+
+
+def _proofs(eagle_groups: Sequence[int], kinds: tuple[GroupKind, ...]) -> tuple[int, ...]:
+    if isinstance(eagle_groups, (str, bytes)) or not all(
+        type(g) is int and 0 <= g < len(kinds) for g in eagle_groups
+    ):
+        raise HybridKVConfigError(
+            "eagle_groups", eagle_groups, "must name KV cache group indices", _FIX_EAGLE
+        )
+    eagle = set(eagle_groups)
+    return tuple(int(g in eagle and kind is not GroupKind.MAMBA) for g, kind in enumerate(kinds))
+
+
+_FIX_EAGLE = "pass the indices of the groups vLLM drops EAGLE's block from (or none)"
 
 
 def _checkpoints(

@@ -8,6 +8,10 @@ EAGLE's block drop (``use_eagle_block_drop`` unless lookahead hashes are on) and
 ``num_hash_lookahead_tokens``, valid by the spec's ``prefill_checkpoint_alignment``. The
 scheduler's ``MambaManager`` reserves and re-keys the block at the same position. This module
 reads those inputs once; :class:`hybridkv.connector.checkpoints.CheckpointRule` applies them.
+
+The same drop shortens prefix-cache hits: :func:`read_eagle_groups` names the groups vLLM's
+coordinator drops EAGLE's block from, whose claims need a proof unit
+(:class:`hybridkv.connector.geometry.ConnectorGeometry`).
 """
 
 from __future__ import annotations
@@ -17,7 +21,28 @@ from typing import Any
 
 from hybridkv.connector.checkpoints import NO_CHECKPOINTS, CheckpointRule
 
-__all__ = ["read_checkpoint_rules"]
+__all__ = ["read_checkpoint_rules", "read_eagle_groups"]
+
+
+def _drops_eagle_block(vllm_config: Any) -> bool:
+    """The scheduler's ``use_eagle_block_drop`` (``v1/core/sched/scheduler.py:330-345``):
+    EAGLE/MTP speculation, unless lookahead hashes prove the boundary token. vLLM 0.32 has no
+    lookahead hashes (no such field): its rule is 0.33's with 0."""
+    lookahead = int(getattr(vllm_config, "num_hash_lookahead_tokens", 0))
+    speculative = vllm_config.speculative_config
+    return bool(speculative is not None and speculative.use_eagle_block_drop() and not lookahead)
+
+
+def read_eagle_groups(vllm_config: Any, kv_cache_config: Any) -> tuple[int, ...]:
+    """The KV cache groups vLLM's prefix cache drops EAGLE's block from: those holding the
+    drafter's layers (``is_eagle_group``), or every group when none is marked (vLLM's
+    coordinator falls back to all, ``v1/core/kv_cache_coordinator.py:130-137``); none without
+    the drop. The geometry leaves mamba groups out (the margin is the attention groups')."""
+    if not _drops_eagle_block(vllm_config):
+        return ()
+    groups = kv_cache_config.kv_cache_groups
+    marked = tuple(i for i, g in enumerate(groups) if getattr(g, "is_eagle_group", False))
+    return marked or tuple(range(len(groups)))
 
 
 def read_checkpoint_rules(
@@ -37,10 +62,8 @@ def read_checkpoint_rules(
             kv_cache_config, vllm_config, scheduler_block, hash_block_size
         )
     )
-    # vLLM 0.32 has no lookahead hashes (no such field): its checkpoint rule is 0.33's with 0.
     lookahead = int(getattr(vllm_config, "num_hash_lookahead_tokens", 0))
-    speculative = vllm_config.speculative_config
-    drop = bool(speculative is not None and speculative.use_eagle_block_drop() and not lookahead)
+    drop = _drops_eagle_block(vllm_config)
     rules = []
     for group in groups:
         spec = group.kv_cache_spec

@@ -67,7 +67,7 @@ from hybridkv.errors import HybridKVConfigError
 from hybridkv.hostmem import HostMemory
 from hybridkv.store import HostStore, LookupResult
 from hybridkv.vllm.admission import read_admission
-from hybridkv.vllm.checkpoints import read_checkpoint_rules
+from hybridkv.vllm.checkpoints import read_checkpoint_rules, read_eagle_groups
 from hybridkv.vllm.config import HybridKVConfig, check_failure_policy, parse_extra_config
 from hybridkv.vllm.deferred import DeferredStores
 from hybridkv.vllm.events import BlockPayloads
@@ -228,6 +228,7 @@ class HybridKVConnector(SchedulerRole, WorkerRole, KVConnectorBase_V1, SupportsH
                 checkpoints=read_checkpoint_rules(
                     vllm_config, kv_cache_config, self.layout.hash_block_size
                 ),
+                eagle_groups=read_eagle_groups(vllm_config, kv_cache_config),
             )
             if self.hybridkv_config.remote is not None:
                 config = remote_config(self.hybridkv_config.remote)

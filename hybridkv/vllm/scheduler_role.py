@@ -190,7 +190,7 @@ class SchedulerRole:
         requests = self._requests
         hash_block = core.geometry.planner.hash_block_size
         deferred = self._deferred
-        if deferred:  # async scheduling: steps that waited one metadata for their hashes
+        if deferred:  # steps that waited for their hashes (async) or their drafts' verdict
             preempted = scheduler_output.preempted_req_ids or ()
             for request, held in deferred.due(requests, preempted, hash_block):
                 scheduled.append(self._row(request, held.start, held.num_tokens, held.store_limit))
@@ -200,12 +200,6 @@ class SchedulerRole:
             stored, limit = int(num), None
             if prompt_only:  # the prompt's units only
                 stored = min(stored, max(0, request.num_prompt_tokens - computed))
-            if drafts and drafts.get(rid):
-                # A step with draft tokens (MTP/EAGLE) stores nothing of its request: a unit
-                # ending on a draft has no block hash yet and may be rejected, and a mamba
-                # state of such a step is not the running state at a unit end. Its prompt's
-                # units were stored by the prefill, which never carries drafts.
-                stored = 0
             if not completes(computed, computed + stored):
                 # Stores nothing this step (most decode steps): no view, no vLLM block table
                 # (StepView.no_unit_ids); its view catches up when a unit completes.
@@ -218,6 +212,13 @@ class SchedulerRole:
                 # checkpoint where [computed, computed + num) puts it; keyed off a clipped end,
                 # that slot was stored as the prompt's end (issue 28).
                 stored, limit = int(num), request.num_prompt_tokens
+            if drafts and drafts.get(rid):
+                # A step with draft tokens (MTP/EAGLE): a unit ending on a draft has no block
+                # hash yet and the draft may be rejected. Held until its output is applied,
+                # then stored up to the tokens vLLM accepted (hybridkv.vllm.deferred).
+                deferred.hold(rid, WaitingStep(computed, stored, limit, speculative=True))
+                no_unit.append(rid)
+                continue
             if not keyable(computed + stored, hash_block, len(request.block_hashes)):
                 # Async scheduling: a unit ends on a token the request does not hold yet (the
                 # previous step's sampled token): stored at the next metadata

@@ -50,10 +50,18 @@ LAYOUTS = {
 MAX_LEN = 96
 
 
-def _geometry(name: str) -> ConnectorGeometry:
+def _geometry(name: str, eagle: bool = False) -> ConnectorGeometry:
+    """``eagle``: every group is one vLLM drops EAGLE's block from (vLLM's fallback when no
+    group is marked); the attention groups then need a proof unit past a claim."""
     groups, hbs, chunk, reaches = LAYOUTS[name]
     planner = HybridOffloadPlanner(groups, hbs, chunk, MAX_LEN)
-    return ConnectorGeometry.build(planner, tuple(k for k, _ in groups), reaches)
+    eagle_groups = tuple(range(len(groups))) if eagle else ()
+    return ConnectorGeometry.build(planner, tuple(k for k, _ in groups), reaches, (), eagle_groups)
+
+
+def _proof(geometry: ConnectorGeometry, g: int) -> int:
+    """Units past a claim end group ``g`` needs stored: one for an EAGLE attention group."""
+    return int(bool(geometry.proofs[g]) and geometry.kinds[g] is not MAMBA)
 
 
 def _key(g: int, j: int) -> bytes:
@@ -70,14 +78,20 @@ def _plain(
     groups: tuple[int, ...],
 ) -> ClaimDecision:
     align = geometry.align
-    limit = geometry.planner.claimable_prefix_tokens(num_tokens) // align * align
+    limit = geometry.planner.claimable_prefix_tokens(num_tokens)
+    for g, u in enumerate(geometry.units):
+        if _proof(geometry, g):  # the proof unit is one of the request's full units
+            limit = min(limit, (num_tokens // u - 1) * u)
+    limit = max(0, limit) // align * align
     for t in range(limit, start, -align):
         if t % align:
             continue
         verdicts = [
             MISS if _key(g, j) in failed else status(_key(g, j))
             for g in groups
-            for j in range(geometry.first_needed(g, start, t), t // geometry.units[g])
+            for j in range(
+                geometry.first_needed(g, start, t), t // geometry.units[g] + _proof(geometry, g)
+            )
         ]
         if MISS in verdicts:
             continue  # not hopeful
@@ -102,9 +116,10 @@ def _random_store(rng: random.Random, geometry: ConnectorGeometry) -> dict[bytes
     return store
 
 
+@pytest.mark.parametrize("eagle", [False, True], ids=["plain", "eagle"])
 @pytest.mark.parametrize("name", sorted(LAYOUTS))
-def test_the_search_answers_the_plain_rule_on_random_stores(name: str) -> None:
-    geometry = _geometry(name)
+def test_the_search_answers_the_plain_rule_on_random_stores(name: str, eagle: bool) -> None:
+    geometry = _geometry(name, eagle)
     rng = random.Random(name)
     pass_read = random.Random(f"{name}/read")  # its own stream: the stores stay as they were
     answers: Counter[str] = Counter()
@@ -158,7 +173,8 @@ def test_the_search_answers_the_plain_rule_on_random_stores(name: str) -> None:
         # Each unit is asked at most once per call (module docstring: O(1) look-ups per unit).
         assert max(asked.values(), default=0) <= 1
         answers["defer" if got.defer else "claim" if got.end > start else "none"] += 1
-    assert min(answers[a] for a in ("defer", "claim", "none")) >= 20, answers
+    # The proof unit makes claims rarer on random stores: each answer still seen often.
+    assert min(answers[a] for a in ("defer", "claim", "none")) >= (10 if eagle else 20), answers
 
 
 def test_a_claim_ends_at_the_largest_ready_candidate_past_a_hole() -> None:
@@ -290,14 +306,15 @@ def test_a_window_forgotten_after_a_hole_is_read_again_down_to_its_first_unit() 
     assert decide_claim(geometry, _key, 25, 0, status=status, failed=()) == ClaimDecision(4, False)
 
 
+@pytest.mark.parametrize("eagle", [False, True], ids=["plain", "eagle"])
 @pytest.mark.parametrize("name", sorted(LAYOUTS))
 def test_one_group_passes_the_rule_s_answer_exactly_when_the_groups_own_ends_differ(
-    name: str,
+    name: str, eagle: bool
 ) -> None:
     # The per-group prefix metric: after the rule answered (not DEFER), its groups' own ends
     # (the rule on one group, STORING counted as absent) differ exactly when one group alone
     # passes the answer. The ends are computed here by the plain rule, group by group.
-    geometry = _geometry(name)
+    geometry = _geometry(name, eagle)
     rng = random.Random(f"{name}/passes")
     outcomes: Counter[tuple[bool, bool]] = Counter()
     for _ in range(600):
@@ -342,4 +359,4 @@ def test_one_group_passes_the_rule_s_answer_exactly_when_the_groups_own_ends_dif
         assert len(asked) == len(set(asked))  # no key read twice
         outcomes[passes, answer.end > start] += 1
     assert len(outcomes) == 4, outcomes
-    assert min(outcomes.values()) >= 5, outcomes
+    assert min(outcomes.values()) >= (3 if eagle else 5), outcomes

@@ -165,7 +165,9 @@ def test_a_step_with_draft_tokens_stores_nothing_of_its_request() -> None:
     known: ``block_hashes`` covers real tokens only), may reject the draft, and the mamba
     state of a draft step is not the running state at a unit end. Before the fix the
     connector asked for that block's key and ``schedule()`` raised IndexError; now the request
-    stores nothing in such a step (its prompt's units were stored by the prefill).
+    stores nothing in that step's metadata (its prompt's units were stored by the prefill): the
+    step waits for vLLM's verdict on its drafts (hybridkv.vllm.deferred,
+    tests/vllm/test_spec_decode_units.py).
 
     The drafts come as vLLM's loop brings them: under sync scheduling ``EngineCore.post_step``
     hands the drafter's proposal (``take_draft_token_ids``; the stand-in runner proposes none,
