@@ -377,9 +377,9 @@ def soak(session: nox.Session) -> None:
     arguments (``--configs``, ``--seed``, ``--replay '<json>'``, ``--workers``, ``--log``).
 
     vLLM goes in as in the ``vllm`` session, the server as in the ``remote`` one. The run
-    recorded in docs/benchmarks/soak.md took 29.6 minutes on 2 cores shared with other jobs
-    (load average 21-33; 1,089 s of CPU in all); the explorer takes about 0.26 s of a core per
-    configuration (200 in 33 s on 2 workers: about 30 minutes for 10,000, measured 2026-11-29).
+    recorded last in docs/benchmarks/soak.md (2026-11-29, 2 cores shared with other jobs, load
+    average 13-41): the traces in 29.0 minutes, the explorer's 10,000 configurations in 40.2
+    (0.47 s of a worker each; about 0.26 s on an idle machine).
     """
     explore_only = session.posargs[:1] == ["explore"]
     if not explore_only:
