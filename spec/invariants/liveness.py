@@ -12,8 +12,8 @@ further blocks its next step needs: a loaded request's rest of its chunk, a wait
 first allocation). :class:`spec.system.pool_model.PoolModel` exports it.
 
 Subject ``"progress"`` (SC-12) reads a run's progress record: ``window`` (steps), ``idle``
-(consecutive steps so far with work unfinished, no load in flight, and nothing computed,
-landed or finished) and ``unfinished`` (request ids). The pool model exports it, and
+(consecutive steps so far with work unfinished, no transfer in flight, and nothing
+computed, landed or finished) and ``unfinished`` (request ids). The pool model exports it, and
 tests/vllm's checker builds it from vLLM's real scheduler after every step.
 """
 
@@ -70,7 +70,7 @@ def loads_leave_room_to_run(snapshot: Snapshot) -> list[str]:
 
 @invariant("progress")
 def progress_within_window(snapshot: Snapshot) -> list[str]:
-    """SC-12: with work left and no load in flight, a step makes progress within the window."""
+    """SC-12: with work left and no transfer in flight, a step makes progress within the window."""
     idle, window = int(snapshot["idle"]), int(snapshot["window"])
     if idle <= window or not snapshot["unfinished"]:
         return []
