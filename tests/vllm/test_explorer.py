@@ -1,10 +1,12 @@
 """The configuration explorer (issue 28, item 2): Hypothesis draws whole vLLM configurations
 (:mod:`_explorer_config`: the engine loop, speculative decoding, chunked prefill, hash units and
 algorithms, the connector's options, host memory, failure policy, faults, deadlines, pool
-pressure, aborts, resets, pauses, sleeps, tensor parallel) and plays each through the in-process
-vLLM 0.33 engine (:mod:`_explorer`): every read content-checked, the spec's invariants after
-every step, nothing left at the end. A failure shrinks to a minimal configuration and prints
-the one command that replays it (``python tools/explore.py --replay '<json>'``).
+pressure, pools of one to three whole requests sharing a long prefix, aborts, resets, pauses,
+sleeps, tensor parallel) and plays each through the in-process vLLM 0.33 engine
+(:mod:`_explorer`): every read content-checked, the spec's invariants after every step (SC-12's
+no-progress window among them: a spin is a wedge), nothing left at the end. A failure shrinks
+to a minimal configuration and prints the one command that replays it (``python
+tools/explore.py --replay '<json>'``).
 
 - At least 300 configurations (``max(300, the profile's max_examples)``). The explorer draws
   the engine loop itself, so it runs under ``HYBRIDKV_ENGINE_LOOP=async`` only (``nox -s
