@@ -3,9 +3,10 @@ of ``tests/vllm/_explorer_config.py`` (issue 28, item 2), each played through th
 0.33 engine with every read content-checked and the spec's invariants after every step
 (``tests/vllm/_explorer.py``), over worker processes.
 
-It prints how often each axis value was played, the totals that must be 0 (wrong reads, wedges,
-leaks, violations, crashes) and, for every failing configuration, the one command that replays
-it. ``tests/vllm/test_explorer.py`` runs the same space under Hypothesis, which shrinks a failure.
+It prints how often each axis value was played, the totals that must be 0 (wrong reads, wedges:
+SC-12's no-progress window or the step cap, leaks, violations, crashes) and, for every failing
+configuration, the one command that replays it. ``tests/vllm/test_explorer.py`` runs the same
+space under Hypothesis, which shrinks a failure.
 
 Usage::
 

@@ -7,6 +7,7 @@ imports them all, so the registry is complete whenever it is visible.
 from spec.invariants import block_pool as _block_pool
 from spec.invariants import connector as _connector
 from spec.invariants import groups as _groups
+from spec.invariants import liveness as _liveness
 from spec.invariants import planner as _planner
 from spec.invariants import scheduler as _scheduler
 from spec.invariants import store as _store
@@ -32,4 +33,14 @@ __all__ = [
     "invariants_for",
 ]
 
-_FAMILIES = (_planner, _store, _block_pool, _groups, _scheduler, _system, _connector, _tiers)
+_FAMILIES = (
+    _planner,
+    _store,
+    _block_pool,
+    _groups,
+    _scheduler,
+    _liveness,
+    _system,
+    _connector,
+    _tiers,
+)

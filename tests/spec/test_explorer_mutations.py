@@ -26,6 +26,7 @@ from collections.abc import Callable, Iterable, Mapping
 from enum import Enum
 from typing import Any
 
+import pool_harness
 import pytest
 from explorer_harness import (
     FairEngineModel,
@@ -623,6 +624,41 @@ def test_sc9_deadline_ignored() -> None:
     found = caught("SC-9", seeded(1, scheduler_cls=DeadlineIgnored), 3)
     assert found.trace == "step | step | step"
     assert found.messages == ("r0: load pending for 2 steps (deadline 1)",)
+
+
+# ----------------------------------------------------------------- SC-10..12: loads and the pool
+# Issue 29, found by the pool model (spec.scheduler.pool_model): the claim rule before the
+# admission rule, an async claim of the shared prefix for every request, on a pool of three.
+
+
+@pytest.mark.mutation("SC-11")
+def test_sc11_every_request_claims_the_shared_prefix() -> None:
+    """One step admits four loads of three blocks into twelve: no room left for a tail."""
+    found = pool_harness.caught("SC-11", pool_harness.ISSUE_29, 1)
+    assert found.trace == "step"
+    assert found.messages == (
+        "loads hold 12 blocks (r0 3, r1 3, r2 3, r3 3); the least next chunk needs 1 more; "
+        "the pool has 12",
+    )
+
+
+@pytest.mark.mutation("SC-10")
+def test_sc10_loaded_requests_fill_the_pool() -> None:
+    """Once the four loads land nothing runs, nothing loads, and no tail fits: the wedge."""
+    found = pool_harness.caught("SC-10", pool_harness.ISSUE_29, 5)
+    assert found.trace == "step | r0 lands | r1 lands | r2 lands | r3 lands"
+    assert found.messages == (
+        "wedge: nothing runs or loads, 0 of 12 blocks free, 12 held by loaded requests; "
+        "next blocks needed: r0 1, r1 1, r2 1, r3 1",
+    )
+
+
+@pytest.mark.mutation("SC-12")
+def test_sc12_the_engine_spins_without_progress() -> None:
+    """After the wedge every step changes nothing: the window (2 steps) runs out."""
+    found = pool_harness.caught("SC-12", pool_harness.ISSUE_29, 8)
+    assert found.trace == "step | r0 lands | r1 lands | r2 lands | r3 lands | step | step | step"
+    assert found.messages == ("3 steps without progress (window 2); unfinished: r0, r1, r2, r3",)
 
 
 # ----------------------------------------------------------------- MB, SEC: the connector

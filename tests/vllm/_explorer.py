@@ -7,10 +7,13 @@ state read content-checked and the spec's invariants evaluated after every step
 kind is one of :data:`FAILURE_KINDS`:
 
 - ``wrong_reads``: a slot or state read held other content than its tokens imply;
-- ``wedge``: the engine still busy after ``max_steps``, or a request left unfinished;
+- ``wedge``: the engine made no progress for SC-12's window (:data:`_invariants_on_vllm.
+  PROGRESS_WINDOW` steps with work left, no transfer in flight, and no request's status,
+  computed or output tokens changing: issue 29's spin), or was still busy after ``max_steps``,
+  or left a request unfinished;
 - ``leak``: transfers, jobs, pins, held blocks, core requests or GPU blocks left at the end
   (:func:`_random_traces.residue`);
-- ``violation``: a step broke a spec invariant (:class:`spec.errors.InvariantViolation`);
+- ``violation``: a step broke another spec invariant (:class:`spec.errors.InvariantViolation`);
 - ``crash``: any other exception, inside vLLM or hybridkv, at any step or event.
 
 A configuration vLLM or hybridkv refuses while the engine is built (vLLM's "To serve at least one
@@ -42,7 +45,7 @@ from typing import Any
 
 from _explorer_config import Config
 from _invariants_on_vllm import InvariantChecker
-from _random_traces import Arrival, Shape, random_trace, residue
+from _random_traces import Arrival, Shape, random_trace, residue, shared_prefix_trace
 from diffharness.layouts import RECIPES, Layout
 from vllm.config import KVTransferConfig
 
@@ -54,9 +57,21 @@ from hybridkv.vllm.layout import read_layout
 from spec.errors import InvariantViolation
 from spec.presets import tiny_config
 
-__all__ = ["FAILURE_KINDS", "Explored", "Failure", "Refused", "explore", "require_clean"]
+__all__ = [
+    "FAILURE_KINDS",
+    "LIVENESS_IDS",
+    "Explored",
+    "Failure",
+    "Refused",
+    "explore",
+    "pool_blocks",
+    "require_clean",
+    "whole_request_blocks",
+]
 
 FAILURE_KINDS = ("wrong_reads", "wedge", "leak", "violation", "crash")
+LIVENESS_IDS = ("SC-10", "SC-11", "SC-12")
+"""The invariants whose violation is a wedge (:mod:`spec.invariants.liveness`)."""
 MAX_STEPS = 800
 
 
@@ -128,6 +143,29 @@ def smallest_pool(config: Config) -> int:
     recipe = RECIPES[_RECIPE_OF[config.layout]]
     mamba_groups = 3 if config.layout == "mamba+full" else 0
     return recipe.min_blocks(config.max_num_batched_tokens * _batches(config)) + mamba_groups * spec
+
+
+def whole_request_blocks(config: Config, num_tokens: int) -> int:
+    """The blocks one request of ``num_tokens`` holds at its end, with vLLM's reservation for a
+    step in flight: :func:`smallest_pool`'s count for a ``max_model_len`` of ``num_tokens``,
+    less the null block."""
+    spec = 0 if config.speculative == "none" else config.num_speculative_tokens
+    if config.layout == "mamba2+full":
+        return -(-num_tokens // config.geometry.block) + 3 + spec  # two states, the checkpoint
+    recipe = RECIPES[_RECIPE_OF[config.layout]]
+    mamba_groups = 3 if config.layout == "mamba+full" else 0
+    budget = config.max_num_batched_tokens * _batches(config)
+    return recipe.min_blocks(budget, num_tokens) - 1 + mamba_groups * spec
+
+
+def pool_blocks(config: Config, arrivals: list[Arrival]) -> int:
+    """The GPU pool: vLLM's smallest plus ``pool_extra``; under ``pool_fit``, ``pool_fit``
+    whole requests of the workload's longest (never below vLLM's smallest)."""
+    if config.pool_fit is None:
+        return smallest_pool(config) + config.pool_extra
+    longest = max(len(a.prompt) + a.max_tokens for a in arrivals)
+    fit = 1 + config.pool_fit * whole_request_blocks(config, longest)
+    return max(smallest_pool(config), fit)
 
 
 @functools.cache
@@ -234,11 +272,11 @@ def _raised_in_vllm(error: BaseException) -> bool:
     return bool(frames) and frames[-1].filename.startswith(_VLLM_ROOT)
 
 
-def _build(config: Config, adapters: list[HybridKVOnCPU]) -> InProcessEngine:
+def _build(config: Config, adapters: list[HybridKVOnCPU], pool: int) -> InProcessEngine:
     g = config.geometry
     model = _model(config)
     settings = EngineSettings(
-        num_gpu_blocks=smallest_pool(config) + config.pool_extra,
+        num_gpu_blocks=pool,
         max_model_len=g.max_model_len,
         block_size=g.block if g.block < 640 else None,
         max_num_seqs=config.max_num_seqs,
@@ -278,7 +316,8 @@ def explore(
     g = config.geometry
     rng = random.Random(config.seed)
     shape = Shape(Layout.SLIDING_FULL, 0, g.block, g.max_prompt, 4, g.max_tokens)
-    arrivals = _two_waves(random_trace(shape, rng), config)
+    draw = random_trace if config.pool_fit is None else shared_prefix_trace
+    arrivals = _two_waves(draw(shape, rng), config)
     working = _working_blocks([a.prompt for a in arrivals], g.block)
     adapters: list[HybridKVOnCPU] = [
         _SizedHost(
@@ -292,14 +331,15 @@ def explore(
     for adapter in adapters:
         if corrupt is not None:
             corrupt(adapter)
-    engine = _build(config, adapters)
+    engine = _build(config, adapters, pool_blocks(config, arrivals))
     explored = Explored(config)
     try:
         _play(engine, config, arrivals, explored)
     except WedgedError as wedged:
         explored.failure = Failure("wedge", str(wedged))
     except InvariantViolation as violation:
-        explored.failure = Failure("violation", str(violation))
+        kind = "wedge" if violation.invariant_id in LIVENESS_IDS else "violation"
+        explored.failure = Failure(kind, str(violation))
     except Exception as error:  # anything else inside vLLM or hybridkv
         detail = "".join(traceback.format_exception(error)[-12:]).strip()
         explored.failure = Failure("crash", detail)

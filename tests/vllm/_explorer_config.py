@@ -39,7 +39,11 @@ The axes, and what is left out and why:
   error: finished, not recomputed); load and store failure rates (:class:`FaultPlan`), copies
   0-3 steps late, ``load_deadline_steps`` none/1/2 (recompute only: hybridkv refuses a deadline
   under ``fail``, by design, so that pair is not drawn).
-- the GPU pool: vLLM's smallest for the loop in use plus 0-16 blocks (preemption pressure).
+- the GPU pool: vLLM's smallest for the loop in use plus 0-16 blocks (preemption pressure);
+  or (``pool_fit``, issue 29) a pool that holds one, two or three whole requests of a workload
+  whose 4-7 requests share one long prefix (:func:`_random_traces.shared_prefix_trace`; the pool
+  is never below vLLM's smallest): the later requests find the prefix on the host and claim it
+  as async loads that may fill the pool. ``pool_extra`` is then not drawn.
 - aborts: of requests waiting for their load, of requests with a store in flight, at random.
 - events between steps: ``reset_prefix_cache`` (vLLM's cache; and with the connector),
   ``reset_running_requests`` (under async scheduling after a ``pause(mode="keep")`` until the
@@ -49,7 +53,7 @@ The axes, and what is left out and why:
   1 and 2 then ``wake_up``.
 - tensor parallel 1 or 2 ranks, the KV replicated or sharded (simulated in one process).
 - the workload: 4-7 requests over two shared prompt bases (:func:`_random_traces.random_trace`),
-  from ``seed``.
+  or the long shared prefix above under ``pool_fit``, from ``seed``.
 
 Out of scope: the shared tier (two engines and Redis).
 """
@@ -67,6 +71,7 @@ __all__ = [
     "AXES",
     "EVENTS",
     "LAYOUTS",
+    "POOL_FITS",
     "Config",
     "Geometry",
     "axis_values",
@@ -77,6 +82,10 @@ __all__ = [
 
 T = TypeVar("T")
 Pick = Callable[[str, Sequence[Any]], Any]
+
+POOL_FITS = (None, None, 1, 2, 3)
+"""``pool_fit``'s choices: the long-shared-prefix workload on a pool of 1-3 whole requests in
+three configurations of five (None, listed twice, keeps the varied workload in the rest)."""
 
 EVENTS = (
     "reset_cache",
@@ -120,7 +129,9 @@ class Config:
     """One drawn configuration; every field is one axis's value (module docstring).
 
     ``events`` are ``(step, kind)`` pairs, ``kind`` one of :data:`EVENTS`; ``host_ratio`` scales
-    the workload's working set; ``pool_extra`` is added to vLLM's smallest pool.
+    the workload's working set; ``pool_extra`` is added to vLLM's smallest pool; ``pool_fit``
+    (None: not drawn) sizes the pool to that many whole requests of a long-shared-prefix
+    workload instead.
     """
 
     layout: str = "sliding+full"
@@ -142,6 +153,7 @@ class Config:
     delay: int = 0
     deadline: int | None = None
     pool_extra: int = 16
+    pool_fit: int | None = None
     abort_loading: float = 0.0
     abort_storing: float = 0.0
     abort_random: float = 0.0
@@ -220,6 +232,7 @@ def build(pick: Pick) -> Config:
     speculative = pick("speculative", _speculative(g, async_scheduling))
     failure_policy = pick("failure_policy", ("recompute", "fail"))
     tensor_parallel = pick("tensor_parallel", (1, 2))
+    pool_fit = pick("pool_fit", POOL_FITS)
     n_events = pick("n_events", (0, 1, 2))
     events = tuple(
         (pick("event_step", tuple(range(1, 40))), pick("event", EVENTS)) for _ in range(n_events)
@@ -244,7 +257,8 @@ def build(pick: Pick) -> Config:
         store_rate=pick("store_rate", (0.0, 0.3, 0.6)),
         delay=pick("delay", (0, 1, 2, 3)),
         deadline=pick("deadline", (None, 1, 2)) if failure_policy == "recompute" else None,
-        pool_extra=pick("pool_extra", (16, 8, 4, 2, 1, 0)),
+        pool_extra=0 if pool_fit else pick("pool_extra", (16, 8, 4, 2, 1, 0)),
+        pool_fit=pool_fit,
         abort_loading=pick("abort_loading", (0.0, 0.25)),
         abort_storing=pick("abort_storing", (0.0, 0.05)),
         abort_random=pick("abort_random", (0.0, 0.01, 0.03)),
@@ -298,12 +312,14 @@ def axis_values(c: Config) -> dict[str, str]:
         "store_rate": str(c.store_rate),
         "delay": str(c.delay),
         "deadline": str(c.deadline),
-        "pool_extra": str(c.pool_extra),
+        "pool_fit": "none" if c.pool_fit is None else str(c.pool_fit),
         "abort_loading": str(c.abort_loading),
         "abort_storing": str(c.abort_storing),
         "abort_random": str(c.abort_random),
         "tensor_parallel": tp,
     }
+    if c.pool_fit is None:
+        found["pool_extra"] = str(c.pool_extra)  # not drawn under pool_fit
     for _step, kind in c.events:
         found[f"event:{kind}"] = "drawn"
     return found
@@ -329,6 +345,7 @@ AXES: dict[str, tuple[str, ...]] = {
     "delay": ("0", "1", "2", "3"),
     "deadline": ("None", "1", "2"),
     "pool_extra": ("16", "8", "4", "2", "1", "0"),
+    "pool_fit": ("none", "1", "2", "3"),
     "abort_loading": ("0.0", "0.25"),
     "abort_storing": ("0.0", "0.05"),
     "abort_random": ("0.0", "0.01", "0.03"),

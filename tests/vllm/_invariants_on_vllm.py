@@ -19,7 +19,10 @@ What is observed, and which snapshot it feeds:
 - the pool, the tables and the core's jobs in flight -> ``system`` (TR-1);
 - vLLM's request states and queues, the core's loads, the frees the connector delayed (until
   vLLM gets their ``finished_sending``) and the step's claims (both recorded from vLLM's calls
-  of the connector) -> ``scheduler`` (SC-1, SC-5, SC-7, SC-8).
+  of the connector) -> ``scheduler`` (SC-1, SC-5, SC-7, SC-8);
+- each request's status, computed and output tokens from step to step, and the core's jobs in
+  flight -> ``progress`` (SC-12: issue 29's wedge, vLLM spinning with nothing scheduled, caught
+  within :data:`PROGRESS_WINDOW` steps instead of at a step cap).
 
 :data:`NOT_CHECKED` gives, for every other registered invariant, why it cannot be evaluated on
 this state (a test keeps the two lists covering the registry).
@@ -34,7 +37,15 @@ from typing import Any
 from spec.errors import InvariantViolation
 from spec.invariants import ALL_INVARIANTS
 
-__all__ = ["CHECKED", "EXERCISED", "NOT_CHECKED", "InvariantChecker", "snapshots"]
+__all__ = [
+    "CHECKED",
+    "EXERCISED",
+    "NOT_CHECKED",
+    "PROGRESS_WINDOW",
+    "InvariantChecker",
+    "ProgressWatch",
+    "snapshots",
+]
 
 CHECKED: dict[str, tuple[str, ...]] = {
     "block_pool": ("BP-1", "BP-2", "BP-3", "BP-4", "BP-5", "BP-6", "BP-7"),
@@ -43,7 +54,13 @@ CHECKED: dict[str, tuple[str, ...]] = {
     "store": tuple(f"ST-{n}" for n in range(1, 11)),
     "system": ("TR-1",),
     "scheduler": ("SC-1", "SC-5", "SC-7", "SC-8"),
+    "progress": ("SC-12",),
 }
+
+PROGRESS_WINDOW = 48
+"""SC-12's window on vLLM: steps with work left, no transfer in flight and no request's status,
+computed or output tokens changing. Legitimate idle steps are few (a pause draining the batch
+queue, a deferred request's turn); a wedge spins until the harness's step cap."""
 
 NOT_CHECKED: dict[str, str] = {
     "GR-6": "vLLM keeps no per-allocation reservation count to read",
@@ -52,6 +69,11 @@ NOT_CHECKED: dict[str, str] = {
     "SC-3": "the liveness bound is the random traces' wedge guard (max_steps), which raises",
     "SC-4": "recoveries are the spec scheduler's record; vLLM keeps none",
     "SC-6": "vLLM 0.33 keeps no count of WAITING_FOR_REMOTE_KVS requests to recount",
+    "SC-10": "the pool model's (spec.scheduler.pool_model): on vLLM, blocks shared through the "
+    "GPU prefix cache count once per holder, so a per-request sum is no pool count; SC-12's "
+    "window catches the wedge itself",
+    "SC-11": "the admission rule's condition in the pool model; on vLLM a sum of held blocks "
+    "double-counts the GPU prefix hits that the rule relies on (as SC-10)",
     "SC-9": "not yet fed: the load ages it reads would have to be observed from vLLM's queues; "
     "tests/vllm/test_hybridkv_deadline.py checks abandonment at the facade's deadline instead",
     "TR-2": "needs each store source's content in the spec's value encoding; the forward's "
@@ -312,14 +334,49 @@ def scheduler_snapshot(
 # ------------------------------------------------------------------ all of them
 
 
+def progress_snapshot(engine: Any, idle: int, window: int = PROGRESS_WINDOW) -> dict[str, Any]:
+    """The ``progress`` schema (:mod:`spec.invariants.liveness`): ``idle`` as
+    :class:`ProgressWatch` counted it."""
+    unfinished = sorted(rid for rid, r in engine.scheduler.requests.items() if not r.is_finished())
+    return {"window": window, "idle": idle, "unfinished": tuple(unfinished)}
+
+
+class ProgressWatch:
+    """Counts consecutive idle steps: work left, no core job in flight, and no request whose
+    status, computed tokens or output tokens changed since the step before (SC-12)."""
+
+    def __init__(self) -> None:
+        self.idle = 0
+        self.longest = 0
+        self._last: tuple[tuple[str, str, int, int], ...] = ()
+
+    def observe(self, engine: Any) -> int:
+        """Fold one step in; the idle steps so far."""
+        requests = engine.scheduler.requests
+        now = tuple(
+            sorted(
+                (rid, r.status.name, r.num_computed_tokens, r.num_output_tokens)
+                for rid, r in requests.items()
+            )
+        )
+        live = any(not r.is_finished() for r in requests.values())
+        moved = now != self._last or engine.scheduler.connector.core.stats().jobs_in_flight > 0
+        self.idle = self.idle + 1 if live and not moved else 0
+        self.longest = max(self.longest, self.idle)
+        self._last = now
+        return self.idle
+
+
 def snapshots(
     engine: Any,
     claims: tuple[dict[str, Any], ...],
     processed: Mapping[str, int],
     delayed: frozenset[str],
+    idle: int = 0,
 ) -> dict[str, dict[str, Any]]:
     """Every subject of :data:`CHECKED` -> its snapshot of ``engine`` now (``claims``,
-    ``processed``, ``delayed``: what :class:`InvariantChecker` recorded from vLLM's calls)."""
+    ``processed``, ``delayed``: what :class:`InvariantChecker` recorded from vLLM's calls;
+    ``idle``: the idle steps its :class:`ProgressWatch` counted)."""
     core = engine.scheduler.connector.core
     core_snap = core.snapshot()
     pool = pool_snapshot(engine.scheduler.kv_cache_manager.block_pool)
@@ -330,6 +387,7 @@ def snapshots(
         "store": core_snap["store"],
         "system": system_snapshot(engine, pool, core_snap),
         "scheduler": scheduler_snapshot(engine, core_snap, claims, delayed),
+        "progress": progress_snapshot(engine, idle),
     }
 
 
@@ -351,6 +409,7 @@ class InvariantChecker:
         self._claims: list[dict[str, Any]] = []
         self._processed: dict[str, int] = {}
         self._delayed: set[str] = set()
+        self.progress = ProgressWatch()
         connector = engine.scheduler.connector
         asked = connector.get_num_new_matched_tokens
 
@@ -397,7 +456,11 @@ class InvariantChecker:
     def violations(self) -> dict[str, list[str]]:
         """Every failing id of :data:`CHECKED` on the engine now -> its messages."""
         snaps = snapshots(
-            self.engine, tuple(self._claims), self._processed, frozenset(self._delayed)
+            self.engine,
+            tuple(self._claims),
+            self._processed,
+            frozenset(self._delayed),
+            self.progress.idle,
         )
         self._tally(snaps)
         failing: dict[str, list[str]] = {}
@@ -441,6 +504,7 @@ class InvariantChecker:
         """Check now; forget the step's claims. Raises InvariantViolation naming every
         failing id (the first id is the exception's ``invariant_id``)."""
         self.steps += 1
+        self.progress.observe(self.engine)
         failing = self.violations()
         self._claims = []
         if failing:

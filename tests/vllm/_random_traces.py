@@ -48,6 +48,7 @@ __all__ = [
     "play",
     "random_trace",
     "residue",
+    "shared_prefix_trace",
     "smallest_pool",
     "step_budget",
     "transfer",
@@ -165,6 +166,30 @@ def random_trace(shape: Shape, rng: random.Random) -> list[Arrival]:
         prompt = (base[:length] + own)[: shape.max_prompt]
         arrivals.append(
             Arrival(rng.randint(0, 10), f"r{i}", tuple(prompt), rng.randint(1, shape.max_tokens))
+        )
+    return sorted(arrivals, key=lambda a: (a.step, a.request_id))
+
+
+def shared_prefix_trace(shape: Shape, rng: random.Random) -> list[Arrival]:
+    """4-7 requests sharing one long prefix (issue 29's workload in small): 60-90% of the
+    longest prompt (several sliding windows), then each request's own tail of at least half the
+    rest (what a loaded request still has to allocate to run), 1-4 output tokens (the issue's
+    16 after 2,000), all arriving within the first 3 steps: the first request finishes right
+    after its prompt while its stores run, and the others then find the prefix on the host at
+    once, with nothing running."""
+    prefix_len = rng.randint(shape.max_prompt * 6 // 10, shape.max_prompt * 9 // 10)
+    prefix = [rng.randint(3, 999) for _ in range(prefix_len)]
+    rest = shape.max_prompt - prefix_len
+    arrivals = []
+    for i in range(rng.randint(4, 7)):
+        own = [rng.randint(3, 999) for _ in range(rng.randint(rest // 2, rest))]
+        arrivals.append(
+            Arrival(
+                rng.randint(0, 3),
+                f"r{i}",
+                tuple(prefix + own),
+                rng.randint(1, min(4, shape.max_tokens)),
+            )
         )
     return sorted(arrivals, key=lambda a: (a.step, a.request_id))
 

@@ -46,3 +46,44 @@ def test_tr1_holds_after_a_pause_that_clears_the_cache_with_a_store_in_flight() 
     config = Config(delay=3, failure_policy="fail", seed=7, events=((1, "pause_inproc"),))
     out = explore(config)
     assert out.failure is None, f"{out.failure}\n  replay: {config.replay}"
+
+
+# Issue 29 through the pool_fit axis: found on the commit before hybridkv/vllm/admission.py
+# (ed0670a) by tight-pool configurations of 2sliding+full (budget 128, copies 3 steps late, a
+# pool of two whole requests): requests sharing the prefix loaded it side by side and none
+# could allocate its next chunk; SC-12's window named the wedge at step 65-66, where the step
+# cap alone would have waited for step 800.
+ISSUE_29 = [
+    Config(
+        layout="2sliding+full",
+        max_num_batched_tokens=128,
+        max_num_seqs=4,
+        delay=3,
+        pool_extra=0,
+        pool_fit=2,
+        seed=seed,
+    )
+    for seed in (0, 2)
+]
+
+
+@pytest.mark.parametrize("config", ISSUE_29, ids=lambda c: f"seed{c.seed}")
+def test_issue29_loads_sharing_a_prefix_on_a_pool_of_two_finish(config: Config) -> None:
+    out = explore(config)
+    assert out.failure is None, f"{out.failure}\n  replay: {config.replay}"
+    assert out.counts["external_hits"] > 0
+
+
+@pytest.mark.parametrize("config", ISSUE_29, ids=lambda c: f"seed{c.seed}")
+def test_issue29_without_the_admission_rule_the_same_run_wedges(
+    config: Config, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The control: every async claim admitted as the core made it (the rule off), the same
+    configuration wedges, and SC-12 names it long before the step cap."""
+    from hybridkv.vllm.admission import LoadAdmission
+
+    monkeypatch.setattr(LoadAdmission, "defers", lambda self, request, start, num_tokens: False)
+    out = explore(config)
+    assert out.failure is not None
+    assert out.failure.kind == "wedge"
+    assert out.failure.detail.startswith("SC-12: step 6"), out.failure.detail

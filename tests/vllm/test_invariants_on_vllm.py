@@ -21,6 +21,7 @@ pytest.importorskip("vllm.v1.core.sched.scheduler", reason="vLLM 0.33 is not ins
 from _invariants_on_vllm import (  # noqa: E402
     CHECKED,
     NOT_CHECKED,
+    PROGRESS_WINDOW,
     InvariantChecker,
     planner_ids,
     snapshots,
@@ -212,6 +213,29 @@ def test_a_load_that_never_unpins_its_host_entries_breaks_mb4(
     assert violation.invariant_id == "MB-4", violation
 
 
+@pytest.mark.mutation("SC-12")
+def test_a_scheduler_that_schedules_nothing_breaks_sc12() -> None:
+    """vLLM's scheduler stops scheduling with requests unfinished (paused by hand): steps run
+    and nothing moves, the face of issue 29's spin. Once the transfers in flight land, the
+    window runs out at its last step, long before the harness's step cap."""
+    from vllm.v1.core.sched.interface import PauseState
+
+    engine, checker, _ = _reach(_store_in_flight)
+    engine.scheduler.set_pause_state(PauseState.PAUSED_ALL)
+
+    def spin() -> None:
+        for _ in range(4 * PROGRESS_WINDOW):
+            engine.step()
+            checker.after_step()
+
+    with pytest.raises(InvariantViolation) as raised:
+        spin()
+    assert raised.value.invariant_id == "SC-12"
+    assert f"{PROGRESS_WINDOW + 1} steps without progress" in raised.value.detail
+    assert checker.progress.idle == PROGRESS_WINDOW + 1
+    assert checker.steps < engine.settings.max_steps
+
+
 # ------------------------------------------------------------------ the lists
 
 
@@ -233,3 +257,5 @@ def test_the_unbroken_trace_passes_every_step() -> None:
     assert checker.situations["store_in_flight"] > 0
     assert checker.situations["load_in_flight"] > 0
     assert min(checker.evaluated.values()) == steps
+    # The trace's longest run of idle steps, far inside SC-12's window.
+    assert checker.progress.longest < PROGRESS_WINDOW // 4
