@@ -43,9 +43,10 @@ LOAD_P99_S = STALL_S / 2
 """Seconds: a load lands well before the watchdog would call the stall a wedge. Not tighter,
 because a load's time here is mostly the steps that run beside it: vLLM admits it in one step
 and takes it two steps later, and each of those steps computes up to 1,024 tokens of the other
-requests, seconds on the shared 2-core machine (p50 8 s, p99 20 s measured at a load average
-of 40, docs/benchmarks). The steps each load spanned are reported beside its time: loads
-spanning over a hundred steps are copies waiting for the GIL while the engine loop spins."""
+requests, seconds on the shared 2-core machine (p50 8 s, p99 20 s at a load average of 40;
+p50 0.19 s, p99 2.6 s at 1-2; docs/benchmarks). The steps each load spanned are reported
+beside its time: a load spanning a thousand steps is a copy waiting for the GIL while the
+engine loop spins."""
 
 
 def _config() -> dict[str, Any]:
