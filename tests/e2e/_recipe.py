@@ -40,11 +40,12 @@ def kv_transfer_config() -> dict[str, Any]:
     return config
 
 
-def control_config() -> dict[str, Any]:
+def control_config(zeros: bool = False) -> dict[str, Any]:
     """The page's JSON loading the negative control instead (tests/e2e/_corrupting_connector.py,
-    found on the engine's ``sys.path``): every other key as written."""
+    found on the engine's ``sys.path``): every other key as written. Its loads read random
+    bytes, or with ``zeros`` zeros (the bfloat16 models' control)."""
     return {
         **kv_transfer_config(),
-        "kv_connector": "CorruptingHybridKVConnector",
+        "kv_connector": "ZeroingHybridKVConnector" if zeros else "CorruptingHybridKVConnector",
         "kv_connector_module_path": "_corrupting_connector",
     }

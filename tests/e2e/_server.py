@@ -28,7 +28,7 @@ from pathlib import Path
 
 from _counters import parse_prometheus
 from _models import TinyModel
-from _workload import Generate
+from _workload import Generate, Reply
 
 START_DEADLINE_S = 420.0  # imports and engine start on 2 busy cores
 REQUEST_TIMEOUT_S = 300.0
@@ -54,9 +54,11 @@ def command(model: TinyModel, doc_flags: list[str], port: int) -> list[str]:
         *("--host", "127.0.0.1", "--port", str(port)),
         *("--dtype", shape.dtype, "--block-size", str(shape.block_size)),
         *("--num-gpu-blocks-override", str(shape.gpu_blocks)),
-        *("--max-model-len", str(shape.max_model_len), "--max-num-seqs", "8"),
+        *("--max-model-len", str(shape.max_model_len)),
+        *("--max-num-seqs", str(shape.max_num_seqs)),
         *("--enforce-eager", "--seed", "0"),
-        *("--gpu-memory-utilization", "0.1", "--kv-cache-memory-bytes", str(256 * 2**20)),
+        *("--gpu-memory-utilization", "0.1"),
+        *("--kv-cache-memory-bytes", str(shape.kv_cache_mib * 2**20)),
     ]
 
 
@@ -107,7 +109,8 @@ def _stop(proc: subprocess.Popen[bytes]) -> None:
 
 def client_generate(url: str, model: TinyModel) -> Generate:
     """A batch of prompts as concurrent completion requests (so the server batches them),
-    greedy, EOS ignored, the answer's token ids returned by the server."""
+    greedy, EOS ignored, the answer's token ids returned by the server with the chosen
+    token's logprob at each position (``logprobs: 0``)."""
     import openai
 
     client = openai.OpenAI(
@@ -115,20 +118,25 @@ def client_generate(url: str, model: TinyModel) -> Generate:
     )
     tokens = model.shape.workload.answer_tokens
 
-    def one(prompt: list[int]) -> list[int]:
+    def one(prompt: list[int]) -> Reply:
         reply = client.completions.create(
             model=str(model.path),
             prompt=prompt,
             max_tokens=tokens,
             temperature=0.0,
+            logprobs=0,
             extra_body={"ignore_eos": True, "return_token_ids": True},
         )
-        ids = (reply.choices[0].model_extra or {}).get("token_ids")
+        choice = reply.choices[0]
+        ids = (choice.model_extra or {}).get("token_ids")
         if not isinstance(ids, list):
-            raise AssertionError(f"the server returned no token_ids: {reply.choices[0]}")
-        return [int(i) for i in ids]
+            raise AssertionError(f"the server returned no token_ids: {choice}")
+        scores = choice.logprobs.token_logprobs if choice.logprobs is not None else None
+        if scores is None or any(s is None for s in scores):
+            raise AssertionError(f"the server returned no logprob for some token: {choice}")
+        return Reply(tuple(int(i) for i in ids), tuple(float(s) for s in scores))
 
-    def generate(prompts: list[list[int]]) -> list[list[int]]:
+    def generate(prompts: list[list[int]]) -> list[Reply]:
         with ThreadPoolExecutor(max_workers=len(prompts)) as pool:
             return list(pool.map(one, prompts))
 

@@ -6,9 +6,11 @@ of a chat sends the whole history so far plus a new user message, so each turn's
 extends the previous turn's prompt and answer: a prefix the GPU cache has often dropped by
 then (the tests give vLLM a small block pool), which the host tier can serve back.
 
-The answers feed the next turn's prompt, so a run with the connector reproduces the
-baseline's prompts only while its answers equal the baseline's; a wrong load shows up in the
-answer it corrupts and in every later turn of that chat.
+The baseline run feeds its own answers into the next turn's prompt (:func:`run_chats`). The
+runs compared with it answer the baseline's prompts instead (:func:`replay`): every request of
+such a run has the baseline's prompt, so each answer is judged on its own, and one divergence
+in bfloat16 (a near-tie vLLM's own prefix caching can flip, ``_drift``) does not change the
+prompts of the later turns. Each answer comes with the chosen token's logprob at every position.
 """
 
 from __future__ import annotations
@@ -16,9 +18,18 @@ from __future__ import annotations
 import random
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import NamedTuple
 
-Generate = Callable[[list[list[int]]], list[list[int]]]
-"""One batch of prompts (token ids) in, one greedy answer (token ids) per prompt out."""
+
+class Reply(NamedTuple):
+    """One greedy answer: its token ids, and the logprob of each (the chosen token's)."""
+
+    tokens: tuple[int, ...]
+    logprobs: tuple[float, ...]
+
+
+Generate = Callable[[list[list[int]]], list[Reply]]
+"""One batch of prompts (token ids) in, one greedy answer per prompt out."""
 
 FIRST_WORD = 2  # token ids 0 and 1 are the tokenizer's unknown and end words
 
@@ -51,10 +62,12 @@ class Workload:
 
 @dataclass(frozen=True, slots=True)
 class Transcript:
-    """Every request of a run, in order (turn-major), with the answer it got."""
+    """Every request of a run, in order (turn-major), with the answer it got and the chosen
+    tokens' logprobs."""
 
     prompts: tuple[tuple[int, ...], ...]
     answers: tuple[tuple[int, ...], ...]
+    logprobs: tuple[tuple[float, ...], ...]
 
     def differing(self, other: Transcript) -> list[int]:
         """Indices of the requests whose answers differ from ``other``'s."""
@@ -77,25 +90,48 @@ def run_chats(shape: Workload, generate: Generate) -> Transcript:
     ]
     histories = [list(systems[c % shape.systems]) for c in range(shape.chats)]
     prompts: list[tuple[int, ...]] = []
-    answers: list[tuple[int, ...]] = []
+    replies: list[Reply] = []
     for turn in range(shape.turns):
         batch = []
         for chat, history in enumerate(histories):
             history.extend(users[chat][turn])
             batch.append(list(history))
-        replies = generate(batch)
-        _check_replies(batch, replies, shape.answer_tokens)
-        for history, prompt, reply in zip(histories, batch, replies, strict=True):
-            history.extend(reply)
+        answered = _checked(batch, generate(batch), shape.answer_tokens)
+        for history, prompt, reply in zip(histories, batch, answered, strict=True):
+            history.extend(reply.tokens)
             prompts.append(tuple(prompt))
-            answers.append(tuple(reply))
-    return Transcript(tuple(prompts), tuple(answers))
+        replies.extend(answered)
+    return _transcript(prompts, replies)
 
 
-def _check_replies(batch: Sequence[list[int]], replies: Sequence[list[int]], tokens: int) -> None:
-    """Every prompt got an answer of exactly ``tokens`` tokens (EOS is ignored by the runs)."""
+def replay(shape: Workload, base: Transcript, generate: Generate) -> Transcript:
+    """The baseline's prompts again, one ``generate`` batch per turn as :func:`run_chats` sent
+    them: each answer of this run answers exactly the prompt the baseline's answered."""
+    prompts = [list(p) for p in base.prompts]
+    replies: list[Reply] = []
+    for turn in range(shape.turns):
+        batch = prompts[turn * shape.chats : (turn + 1) * shape.chats]
+        replies.extend(_checked(batch, generate(batch), shape.answer_tokens))
+    return _transcript(base.prompts, replies)
+
+
+def _transcript(prompts: Sequence[Sequence[int]], replies: Sequence[Reply]) -> Transcript:
+    return Transcript(
+        tuple(tuple(p) for p in prompts),
+        tuple(r.tokens for r in replies),
+        tuple(r.logprobs for r in replies),
+    )
+
+
+def _checked(batch: Sequence[list[int]], replies: Sequence[Reply], tokens: int) -> list[Reply]:
+    """The replies, once every prompt got an answer of exactly ``tokens`` tokens, each with a
+    logprob per token (EOS is ignored by the runs)."""
     if len(replies) != len(batch):
         raise AssertionError(f"{len(batch)} prompts got {len(replies)} answers")
-    short = [i for i, reply in enumerate(replies) if len(reply) != tokens]
+    short = [i for i, r in enumerate(replies) if len(r.tokens) != tokens]
     if short:
         raise AssertionError(f"answers {short} are not {tokens} tokens long")
+    unscored = [i for i, r in enumerate(replies) if len(r.logprobs) != tokens]
+    if unscored:
+        raise AssertionError(f"answers {unscored} lack a logprob per token")
+    return list(replies)

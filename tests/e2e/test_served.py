@@ -3,16 +3,19 @@
 Per architecture, the server runs the command of docs/howto/serve.md (``_recipe``; the CPU
 entrypoint and the tiny model's path and sizing are the only changes, ``_server``) with its
 engine in a separate process. The chats go in as concurrent completion requests, one batch
-per turn. Checks, against the same model's no-connector run (``_baselines``):
+per turn: the prompts of the same model's no-connector run (``_baselines``), whose answers
+are the baseline. Checks:
 
-- every request's greedy answer (the server's ``token_ids``) equals the baseline's;
+- every request's greedy answer (the server's ``token_ids``) equals the baseline's (float32),
+  or stays within the in-process reference's bound with the server's logprobs (bfloat16,
+  ``_drift``; ``_verdict``);
 - ``/metrics``: vLLM's ``vllm:external_prefix_cache_hits_total`` is positive, the
   connector's load jobs succeeded, and ``vllm:hybridkv_hit_tokens_total`` agrees with vLLM's
   counter (``_counters.disagreement``).
 
 The negative control is served too, on the GDN + full model (the layout where a wrong state
-load has hurt users most, docs/explanation): the page's command with the corrupting connector's
-JSON must change answers over HTTP as it does in process.
+load has hurt users most, docs/explanation): the page's command with the zeroing control's
+JSON must land far outside that bound over HTTP as it does in process.
 """
 
 from __future__ import annotations
@@ -23,52 +26,49 @@ import _baselines
 import _counters
 import _recipe
 import _server
+import _verdict
 import pytest
 from _llm import Run
 from _models import ARCHITECTURES
-from _workload import run_chats
+from _workload import replay
 
 pytestmark = pytest.mark.e2e
 
 
 def _served(name: str, root: Path, flags: list[str], log: Path) -> Run:
     model = _baselines.model(name, root)
+    base = _baselines.baseline(name, root).transcript
     with _server.serving(model, flags, log) as url:
-        transcript = run_chats(model.shape.workload, _server.client_generate(url, model))
+        transcript = replay(model.shape.workload, base, _server.client_generate(url, model))
         return Run(transcript, _server.scrape(url))
 
 
 @pytest.mark.parametrize("name", list(ARCHITECTURES))
-def test_served_answers_equal_baseline_with_loads(
+def test_served_answers_match_baseline_with_loads(
     name: str, model_root: Path, tmp_path: Path, e2e_report: list[str]
 ) -> None:
-    base = _baselines.baseline(name, model_root)
     run = _served(name, model_root, _recipe.serve_flags(), tmp_path / "server.log")
     counters = run.counters
-    differing = run.transcript.differing(base.transcript)
-    assert not differing, f"{name}: served requests {differing} answered unlike the baseline"
+    held = _verdict.answers_hold(name, model_root, run)
     assert counters[_counters.EXTERNAL_HITS] > 0, f"{name}: vLLM took no token from the host"
     assert counters[_counters.LOADS_DONE] > 0, f"{name}: no load job succeeded"
     problem = _counters.disagreement(counters)
     assert problem is None, f"{name}: {problem}"
     e2e_report.append(
-        f"served     {name:8} {len(run.transcript.answers)} requests equal, "
-        f"loaded {counters[_counters.EXTERNAL_HITS]:.0f} tokens "
+        f"served     {name:8} {held}; loaded {counters[_counters.EXTERNAL_HITS]:.0f} tokens "
         f"({counters[_counters.LOADS_DONE]:.0f} load jobs, "
         f"{counters[_counters.PREEMPTIONS]:.0f} preemptions)"
     )
 
 
-def test_served_control_with_corrupted_loads_changes_answers(
+def test_served_control_with_corrupted_loads_fails(
     model_root: Path, tmp_path: Path, e2e_report: list[str]
 ) -> None:
     name = "qwen3_5"
-    base = _baselines.baseline(name, model_root)
-    flags = _recipe.serve_flags(_recipe.control_config())
+    # Zeros: random bytes read as bfloat16 give NaN logprobs, which the server cannot put in
+    # JSON (it answers 400).
+    zeros = _baselines.model(name, model_root).shape.dtype == "bfloat16"
+    flags = _recipe.serve_flags(_recipe.control_config(zeros))
     control = _served(name, model_root, flags, tmp_path / "server.log")
     assert control.counters[_counters.LOADS_DONE] > 0, "the served control loaded nothing"
-    changed = control.transcript.differing(base.transcript)
-    assert changed, "served, corrupted loads changed no answer: the check cannot see loads"
-    e2e_report.append(
-        f"served     {name:8} control changed {len(changed)}/{len(base.transcript.answers)}"
-    )
+    e2e_report.append(f"served     {name:8} {_verdict.control_fails(name, model_root, control)}")
