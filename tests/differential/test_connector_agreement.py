@@ -165,6 +165,7 @@ class Setup:
     sync: bool
     windows: bool
     seed: tuple[int, int, tuple[int, ...]] | None  # (request index, tokens, groups)
+    eagle_groups: tuple[int, ...] = ()  # the groups vLLM drops EAGLE's block from
 
 
 @st.composite
@@ -233,7 +234,10 @@ def setups(draw: st.DrawFn, policy: str, mix: str = "mixed") -> Setup:
         store_capacity=capacity,
         max_model_len=MAX_MODEL_LEN,
     )
-    return Setup(config, policy, draw(st.booleans(), label="sync"), draw(st.booleans()), seed)
+    every = tuple(range(len(groups)))
+    eagle = draw(st.sampled_from(((), (), every, *((g,) for g in every))), label="eagle groups")
+    sync, windows = draw(st.booleans(), label="sync"), draw(st.booleans())
+    return Setup(config, policy, sync, windows, seed, eagle)
 
 
 def _seeded_units(
@@ -267,6 +271,7 @@ def _reference_engine(setup: Setup) -> tuple[Engine, Recorder]:
         config.chunk_size,
         sliding_windows=engine_adapter.window_reaches(groups) if setup.windows else (),
         load_mode=SpecLoadMode.SYNC if setup.sync else SpecLoadMode.ASYNC,
+        eagle_groups=setup.eagle_groups,
     )
     recorder = Recorder(connector)
     return Engine(config, Scheduler(config.scheduler, recorder), ReferenceWorker()), recorder
@@ -283,6 +288,7 @@ def _core_engine(setup: Setup) -> tuple[Engine, Recorder]:
         policy=setup.policy,
         load_mode=CoreLoadMode.SYNC if setup.sync else CoreLoadMode.ASYNC,
         windows=setup.windows,
+        eagle_groups=setup.eagle_groups,
     )
     recorder = Recorder(connector)
     worker = engine_adapter.TrackerWorker()
@@ -390,6 +396,7 @@ def test_core_and_reference_agree_after_every_event(
     policy: str, mix: str, data: st.DataObject
 ) -> None:
     setup = data.draw(setups(policy, mix), label="setup")
+    event("eagle groups" if setup.eagle_groups else "no eagle group")
     ref, ref_log = _reference_engine(setup)
     fast, fast_log = _core_engine(setup)
     if setup.seed is not None:
