@@ -184,12 +184,13 @@ class ReferenceConnector:
         groups: Sequence[GroupSpec],
         *,
         load_mode: LoadMode = LoadMode.ASYNC,
+        eagle_groups: Sequence[int] = (),
     ) -> ReferenceConnector:
         """The constructor with kinds and sliding-window reaches read off ``groups``.
 
         Pre: ``groups`` as :meth:`Geometry.from_groups` (a SLIDING group then needs only its
-        window). Post and refusal: those of ``__init__`` (:class:`ConfigError` naming the
-        field, nothing built).
+        window); ``eagle_groups`` as ``__init__``. Post and refusal: those of ``__init__``
+        (:class:`ConfigError` naming the field, nothing built).
         """
         reaches = Geometry.from_groups(planner, groups).reaches
         return cls(
@@ -200,6 +201,7 @@ class ReferenceConnector:
             planner.chunk_size,
             sliding_windows=reaches,
             load_mode=load_mode,
+            eagle_groups=eagle_groups,
         )
 
     # ----------------------------------------------------------------- claims
