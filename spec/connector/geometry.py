@@ -25,13 +25,14 @@ sliding window). The reason is the drafter: its KV at a block's last token was c
 token after it, which the block's hash does not cover, so only a stored next block proves the
 request continues as the writer did. The groups are those vLLM flags ``is_eagle_group``, or every
 group when none is flagged (``kv_cache_coordinator.py:129-135``), and none when lookahead hashes
-prove the boundary token (``kv_cache_coordinator.py:136-137``, ``v1/core/sched/scheduler.py:
-341-345``). vLLM adds no margin for a mamba group (its finder never drops: draft models have no
-mamba layers, ``kv_cache_coordinator.py:870-875``). The connector's rule, in offload units: a
-claim ending at ``t`` also needs, for each EAGLE attention group, the unit after ``t`` (the unit
-starting at ``t``) stored, its proof (:meth:`Geometry.proof_unit`). The proof is read, never
-loaded: the claim restores ``[s, t)`` only, and the proof unit must be a full unit of the
-request's own tokens (``t + u_g <= num_tokens``).
+prove the boundary token (``kv_cache_coordinator.py:136-137``,
+``v1/core/sched/scheduler.py:341-345``). vLLM adds no margin for a mamba group (its finder
+never drops: draft models have no mamba layers, ``kv_cache_coordinator.py:870-875``). The
+connector's rule, in offload units: a claim ending at ``t`` also needs, for each EAGLE attention
+group, the unit after ``t`` (the unit starting at ``t``) stored, its proof
+(:meth:`Geometry.proof_unit`). The proof is read, never loaded: the claim restores ``[s, t)``
+only, and the proof unit must be a full unit of the request's own tokens
+(``t + u_g <= num_tokens``).
 
 Which states a step writes, and where, is a MAMBA group's ``checkpoints`` rule
 (:mod:`spec.connector.checkpoints`): :meth:`Geometry.mamba_states_ending_in`.
