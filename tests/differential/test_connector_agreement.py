@@ -12,7 +12,8 @@ Events: a seeded host store (a prefix of some prompt, some groups only), arrival
 completions (success or failure: load and store faults), aborts. Configurations draw the group
 layout (full, sliding, mamba, mixed block sizes), hash block, chunk, a small GPU pool
 (preemption), a small host store (eviction pressure and NO_SPACE), the recovery mode, a load
-deadline (abandoned loads), async or sync loads, known or unknown window reaches, and
+deadline (abandoned loads), async or sync loads, known or unknown window reaches, the groups
+vLLM drops EAGLE's block from (none, every group or one: their claims need a proof unit), and
 vLLM-exact mode. After every event the two sides must agree on:
 
 - the hook log: every claim, every metadata (load and store jobs: id, kind, request, sync,

@@ -7,8 +7,9 @@ claim almost never meets one. Here a hand-rolled driver calls the hooks itself, 
 STORING keys, claims that start past 0), allocations that accept a claim whole or cut short,
 prefill and decode stores into tables with null slots (sliding windows, dropped mamba states),
 tokens that grow between calls, job completions and failures in any order, finishes with
-stores in flight, seeded hosts, and calls that break a pre-condition (alloc with no ask, a
-misaligned ask, an unknown job). Both sides pin through their own counting pool.
+stores in flight, seeded hosts, EAGLE groups (a claim then needs the unit past its end stored),
+and calls that break a pre-condition (alloc with no ask, a misaligned ask, an unknown job). Both
+sides pin through their own counting pool.
 
 After every call: the same answer (or an error with the same ``field``), equal connector
 snapshots (host store included), worker snapshots, pinned blocks and pool counts, and the
