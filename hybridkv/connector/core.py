@@ -117,8 +117,8 @@ class ConnectorCore(CoreQueries, OutsideWork):
         empty or one :class:`~hybridkv.connector.checkpoints.CheckpointRule` per group (where a
         step leaves mamba states; empty: no group exports a prefill checkpoint); ``eagle_groups``
         the groups vLLM drops EAGLE's block from (their claims need a proof unit,
-        :class:`~hybridkv.connector.geometry.ConnectorGeometry`; beyond the reference, whose
-        twin this core is with none); ``store`` an empty
+        :class:`~hybridkv.connector.geometry.ConnectorGeometry`, as the reference's
+        ``eagle_groups``); ``store`` an empty
         :class:`~hybridkv.store.HostStore` this core will own. Refusal:
         :class:`HybridKVConfigError` naming the field, nothing built. Post: no request known,
         no job, nothing remembered.

@@ -109,7 +109,7 @@ class ConnectorGeometry:
         :class:`CheckpointRule` per group (field ``checkpoints``); ``eagle_groups`` the
         indices of the groups vLLM drops EAGLE's block from (field ``eagle_groups``; mamba
         groups among them carry no proof). Agrees with
-        ``spec.connector.geometry.Geometry.build`` when ``eagle_groups`` is empty.
+        ``spec.connector.geometry.Geometry.build``.
         """
         if not isinstance(planner, HybridOffloadPlanner):
             raise HybridKVConfigError(

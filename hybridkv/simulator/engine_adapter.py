@@ -201,11 +201,13 @@ def build_core(
     policy: str = "lru",
     load_mode: LoadMode = LoadMode.ASYNC,
     windows: bool = False,
+    eagle_groups: Sequence[int] = (),
 ) -> CoreConnector:
     """A core (and its empty host store) for spec group specs, wrapped for the spec scheduler.
 
     ``windows``: pass each sliding group's window reach (else a SLIDING group needs every unit,
-    as ``spec.system.parts.build`` builds the reference connector).
+    as ``spec.system.parts.build`` builds the reference connector). ``eagle_groups``: the
+    groups vLLM drops EAGLE's block from (:class:`~hybridkv.connector.ConnectorCore`).
     """
     kinds = tuple(CoreGroupKind(g.kind.value) for g in groups)
     planner = HybridOffloadPlanner(
@@ -222,6 +224,7 @@ def build_core(
         chunk_size,
         sliding_windows=window_reaches(groups) if windows else (),
         load_mode=load_mode,
+        eagle_groups=eagle_groups,
     )
     return CoreConnector(core)
 

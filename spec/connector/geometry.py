@@ -15,6 +15,25 @@ What a claim ending at token ``t`` (starting from a computed prefix ``s``) needs
   ``max(0, t - sliding_window + 1 - extra)``); a SLIDING group of unknown window needs all;
 - MAMBA: the one state at exactly ``t``.
 
+EAGLE's block drop. Under EAGLE/MTP speculation vLLM's own prefix cache never serves a hit
+without the block after it: an EAGLE group looks one block (one hash block when fine-grained)
+past the candidate hit and drops the last block it matched
+(``v1/core/kv_cache_coordinator.py:958-978`` with ``eagle_proof_margin``,
+``v1/core/kv_cache_utils.py:804-813``; the drop itself in
+``v1/core/single_type_kv_cache_manager.py:829-830`` for full attention and ``:1051-1053`` for a
+sliding window). The reason is the drafter: its KV at a block's last token was computed from the
+token after it, which the block's hash does not cover, so only a stored next block proves the
+request continues as the writer did. The groups are those vLLM flags ``is_eagle_group``, or every
+group when none is flagged (``kv_cache_coordinator.py:129-135``), and none when lookahead hashes
+prove the boundary token (``kv_cache_coordinator.py:136-137``,
+``v1/core/sched/scheduler.py:341-345``). vLLM adds no margin for a mamba group (its finder
+never drops: draft models have no mamba layers, ``kv_cache_coordinator.py:870-875``). The
+connector's rule, in offload units: a claim ending at ``t`` also needs, for each EAGLE attention
+group, the unit after ``t`` (the unit starting at ``t``) stored, its proof
+(:meth:`Geometry.proof_unit`). The proof is read, never loaded: the claim restores ``[s, t)``
+only, and the proof unit must be a full unit of the request's own tokens
+(``t + u_g <= num_tokens``).
+
 Which states a step writes, and where, is a MAMBA group's ``checkpoints`` rule
 (:mod:`spec.connector.checkpoints`): :meth:`Geometry.mamba_states_ending_in`.
 
@@ -58,12 +77,15 @@ class Geometry:
             FULL and MAMBA ignore it; SLIDING reads ``reach`` tokens back.
         checkpoints: per group, vLLM's prefill-checkpoint rule (``NONE`` where none is
             exported, and for attention groups).
+        eagle: per group, whether a claim needs the unit after its end stored (module
+            docstring: an attention group vLLM drops EAGLE's block from); empty: none does.
     """
 
     planner: HybridOffloadPlanner
     kinds: tuple[GroupKind, ...]
     reaches: tuple[int, ...]
     checkpoints: tuple[CheckpointRule, ...] = ()
+    eagle: tuple[bool, ...] = ()
 
     @classmethod
     def build(
@@ -72,6 +94,7 @@ class Geometry:
         group_kinds: Sequence[GroupKind],
         sliding_windows: Sequence[int] = (),
         checkpoints: Sequence[CheckpointRule] = (),
+        eagle_groups: Sequence[int] = (),
     ) -> Geometry:
         """Check ``group_kinds`` against the planner and derive the reaches.
 
@@ -79,9 +102,11 @@ class Geometry:
         SLIDING group then needs every unit, the conservative choice) or one int per group,
         the window reach ``sliding_window - 1 + extra_retained_tokens`` for SLIDING groups.
         ``checkpoints`` empty (no group exports a checkpoint) or one
-        :class:`~spec.connector.checkpoints.CheckpointRule` per group.
-        Refusal: :class:`ConfigError` (field ``group_kinds``, ``sliding_windows`` or
-        ``checkpoints``).
+        :class:`~spec.connector.checkpoints.CheckpointRule` per group. ``eagle_groups`` the
+        indices of the groups vLLM drops EAGLE's block from (empty without EAGLE/MTP or with
+        lookahead hashes); a mamba group among them needs no proof (module docstring).
+        Refusal: :class:`ConfigError` (field ``group_kinds``, ``sliding_windows``,
+        ``checkpoints`` or ``eagle_groups``).
         """
         kinds = tuple(group_kinds)
         if kinds != tuple(kind for kind, _ in planner.groups):
@@ -109,7 +134,16 @@ class Geometry:
                 "must give one CheckpointRule per group",
                 "pass spec.connector.checkpoints.NONE for groups that export none",
             )
-        return cls(planner, kinds, reaches, rules)
+        named = tuple(eagle_groups)
+        if not all(type(g) is int and 0 <= g < len(kinds) for g in named):
+            raise ConfigError(
+                "eagle_groups",
+                eagle_groups,
+                "must name KV cache group indices",
+                "pass the groups vLLM drops EAGLE's block from, or none",
+            )
+        eagle = tuple(g in named and kind is not GroupKind.MAMBA for g, kind in enumerate(kinds))
+        return cls(planner, kinds, reaches, rules, eagle)
 
     @classmethod
     def from_groups(cls, planner: HybridOffloadPlanner, groups: Sequence[GroupSpec]) -> Geometry:
@@ -141,6 +175,11 @@ class Geometry:
     def align(self) -> int:
         """Where a claim may end: multiples of the claim unit and of the scheduler block."""
         return math.lcm(self.planner.claim_unit, self.scheduler_block)
+
+    @property
+    def proof_groups(self) -> tuple[int, ...]:
+        """The groups whose claims need a proof unit (:attr:`eagle`), ascending."""
+        return tuple(g for g, eagle in enumerate(self.eagle) if eagle)
 
     @property
     def has_mamba(self) -> bool:
@@ -176,6 +215,17 @@ class Geometry:
         else:
             first = start // u
         return tuple(self.unit(group_idx, j) for j in range(first, end // u))
+
+    def proof_unit(self, group_idx: int, end: int) -> UnitRef | None:
+        """The unit a claim ending at ``end`` needs stored past its end: for an EAGLE group
+        the one starting at ``end`` (module docstring), else ``None``.
+
+        Pure. Pre: ``end`` is a multiple of the group's unit (every claim end is: the claim
+        unit is a multiple of each); ``group_idx`` names a group (``IndexError`` otherwise).
+        """
+        if not self.eagle or not self.eagle[group_idx]:
+            return None
+        return self.unit(group_idx, end // self.planner.units[group_idx])
 
     def units_ending_in(self, group_idx: int, start: int, end: int) -> tuple[UnitRef, ...]:
         """The units of the group whose end lies in ``(start, end]`` (newly completed ones).

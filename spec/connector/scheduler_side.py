@@ -119,12 +119,14 @@ class ReferenceConnector:
         sliding_windows: Sequence[int] = (),
         load_mode: LoadMode = LoadMode.ASYNC,
         checkpoints: Sequence[CheckpointRule] = (),
+        eagle_groups: Sequence[int] = (),
     ) -> None:
         """A connector over ``store`` for the planner's geometry.
 
         Pre: ``group_kinds`` equal the planner's; ``hash_block_size`` and ``chunk_size`` equal
-        the planner's; ``sliding_windows`` and ``checkpoints`` as :meth:`Geometry.build`
-        (where a step leaves mamba states); ``load_mode`` a
+        the planner's; ``sliding_windows``, ``checkpoints`` (where a step leaves mamba states)
+        and ``eagle_groups`` (whose claims need a proof unit) as :meth:`Geometry.build`;
+        ``load_mode`` a
         :class:`LoadMode`. Refusal: :class:`ConfigError` naming the field, nothing built.
         Post: no request known, no job, no failure remembered.
         """
@@ -136,7 +138,9 @@ class ReferenceConnector:
                 raise ConfigError(name, value, f"differs from the planner's {expected}", "match")
         if not isinstance(load_mode, LoadMode):
             raise ConfigError("load_mode", load_mode, "not a LoadMode", "pass LoadMode.ASYNC")
-        self.geometry = Geometry.build(planner, group_kinds, sliding_windows, checkpoints)
+        self.geometry = Geometry.build(
+            planner, group_kinds, sliding_windows, checkpoints, eagle_groups
+        )
         self.store = store
         self.load_mode = load_mode
         self._next_job = 1
@@ -180,12 +184,13 @@ class ReferenceConnector:
         groups: Sequence[GroupSpec],
         *,
         load_mode: LoadMode = LoadMode.ASYNC,
+        eagle_groups: Sequence[int] = (),
     ) -> ReferenceConnector:
         """The constructor with kinds and sliding-window reaches read off ``groups``.
 
         Pre: ``groups`` as :meth:`Geometry.from_groups` (a SLIDING group then needs only its
-        window). Post and refusal: those of ``__init__`` (:class:`ConfigError` naming the
-        field, nothing built).
+        window); ``eagle_groups`` as ``__init__``. Post and refusal: those of ``__init__``
+        (:class:`ConfigError` naming the field, nothing built).
         """
         reaches = Geometry.from_groups(planner, groups).reaches
         return cls(
@@ -196,6 +201,7 @@ class ReferenceConnector:
             planner.chunk_size,
             sliding_windows=reaches,
             load_mode=load_mode,
+            eagle_groups=eagle_groups,
         )
 
     # ----------------------------------------------------------------- claims

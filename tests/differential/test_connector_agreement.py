@@ -12,7 +12,8 @@ Events: a seeded host store (a prefix of some prompt, some groups only), arrival
 completions (success or failure: load and store faults), aborts. Configurations draw the group
 layout (full, sliding, mamba, mixed block sizes), hash block, chunk, a small GPU pool
 (preemption), a small host store (eviction pressure and NO_SPACE), the recovery mode, a load
-deadline (abandoned loads), async or sync loads, known or unknown window reaches, and
+deadline (abandoned loads), async or sync loads, known or unknown window reaches, the groups
+vLLM drops EAGLE's block from (none, every group or one: their claims need a proof unit), and
 vLLM-exact mode. After every event the two sides must agree on:
 
 - the hook log: every claim, every metadata (load and store jobs: id, kind, request, sync,
@@ -165,6 +166,7 @@ class Setup:
     sync: bool
     windows: bool
     seed: tuple[int, int, tuple[int, ...]] | None  # (request index, tokens, groups)
+    eagle_groups: tuple[int, ...] = ()  # the groups vLLM drops EAGLE's block from
 
 
 @st.composite
@@ -233,7 +235,10 @@ def setups(draw: st.DrawFn, policy: str, mix: str = "mixed") -> Setup:
         store_capacity=capacity,
         max_model_len=MAX_MODEL_LEN,
     )
-    return Setup(config, policy, draw(st.booleans(), label="sync"), draw(st.booleans()), seed)
+    every = tuple(range(len(groups)))
+    eagle = draw(st.sampled_from(((), (), every, *((g,) for g in every))), label="eagle groups")
+    sync, windows = draw(st.booleans(), label="sync"), draw(st.booleans())
+    return Setup(config, policy, sync, windows, seed, eagle)
 
 
 def _seeded_units(
@@ -267,6 +272,7 @@ def _reference_engine(setup: Setup) -> tuple[Engine, Recorder]:
         config.chunk_size,
         sliding_windows=engine_adapter.window_reaches(groups) if setup.windows else (),
         load_mode=SpecLoadMode.SYNC if setup.sync else SpecLoadMode.ASYNC,
+        eagle_groups=setup.eagle_groups,
     )
     recorder = Recorder(connector)
     return Engine(config, Scheduler(config.scheduler, recorder), ReferenceWorker()), recorder
@@ -283,6 +289,7 @@ def _core_engine(setup: Setup) -> tuple[Engine, Recorder]:
         policy=setup.policy,
         load_mode=CoreLoadMode.SYNC if setup.sync else CoreLoadMode.ASYNC,
         windows=setup.windows,
+        eagle_groups=setup.eagle_groups,
     )
     recorder = Recorder(connector)
     worker = engine_adapter.TrackerWorker()
@@ -390,6 +397,7 @@ def test_core_and_reference_agree_after_every_event(
     policy: str, mix: str, data: st.DataObject
 ) -> None:
     setup = data.draw(setups(policy, mix), label="setup")
+    event("eagle groups" if setup.eagle_groups else "no eagle group")
     ref, ref_log = _reference_engine(setup)
     fast, fast_log = _core_engine(setup)
     if setup.seed is not None:

@@ -7,8 +7,9 @@ claim almost never meets one. Here a hand-rolled driver calls the hooks itself, 
 STORING keys, claims that start past 0), allocations that accept a claim whole or cut short,
 prefill and decode stores into tables with null slots (sliding windows, dropped mamba states),
 tokens that grow between calls, job completions and failures in any order, finishes with
-stores in flight, seeded hosts, and calls that break a pre-condition (alloc with no ask, a
-misaligned ask, an unknown job). Both sides pin through their own counting pool.
+stores in flight, seeded hosts, EAGLE groups (a claim then needs the unit past its end stored),
+and calls that break a pre-condition (alloc with no ask, a misaligned ask, an unknown job). Both
+sides pin through their own counting pool.
 
 After every call: the same answer (or an error with the same ``field``), equal connector
 snapshots (host store included), worker snapshots, pinned blocks and pool counts, and the
@@ -107,6 +108,7 @@ def _sides(layout: str, hash_block: int, chunk: int, policy: str, **opts: Any) -
         chunk,
         sliding_windows=windows,
         load_mode=SpecLoadMode.SYNC if opts["sync"] else SpecLoadMode.ASYNC,
+        eagle_groups=opts["eagle"],
     )
     core = engine_adapter.build_core(
         groups,
@@ -117,8 +119,16 @@ def _sides(layout: str, hash_block: int, chunk: int, policy: str, **opts: Any) -
         policy=policy,
         load_mode=CoreLoadMode.SYNC if opts["sync"] else CoreLoadMode.ASYNC,
         windows=opts["windows"],
+        eagle_groups=opts["eagle"],
     )
     return [Side(reference, ReferenceWorker()), Side(core, engine_adapter.TrackerWorker())]
+
+
+def eagle_groups(num_groups: int) -> st.SearchStrategy[tuple[int, ...]]:
+    """The groups vLLM drops EAGLE's block from: none (no EAGLE/MTP, or lookahead hashes) half
+    the time, else every group (vLLM's fallback when none is flagged) or the flagged one."""
+    every = tuple(range(num_groups))
+    return st.sampled_from(((), (), every, *((g,) for g in every)))
 
 
 class Driver:
@@ -134,8 +144,10 @@ class Driver:
             "capacity": data.draw(st.sampled_from((2, 4, 8, 16, 32)), label="capacity"),
             "sync": data.draw(st.booleans(), label="sync"),
             "windows": data.draw(st.booleans(), label="windows"),
+            "eagle": data.draw(eagle_groups(len(groups)), label="eagle groups"),
         }
         self.groups = groups
+        self.eagle = bool(opts["eagle"])
         self.block = math.lcm(*(g.block_size for g in groups))
         self.sides = _sides(layout, hash_block, chunk, policy, **opts)
         base = data.draw(st.lists(st.integers(1, 3), min_size=4, max_size=16), label="prefix")
@@ -220,6 +232,8 @@ class Driver:
             start += 1  # a misaligned ask: both refuse it
         claim = self.same("get_num_new_matched_tokens", self.view(rid), start)
         event(f"claim {claim[0] if claim[0] == 'error' else claim[0][1]}")
+        if self.eagle:
+            event(f"eagle claim {claim[0] if claim[0] == 'error' else claim[0][1]}")
         if claim[0] != "error" and claim[0][1] in (ClaimKind.SYNC.value, ClaimKind.ASYNC.value):
             n = claim[1][1]
             if self.data.draw(st.booleans()):

@@ -44,7 +44,9 @@ Traces: ``_random_trace`` of ``test_hybridkv_inprocess.py`` on mamba+full, slidi
 groups, the profile's ``max_examples`` split over the three (ci: 201, nightly: 2,001), with load
 and store faults, tight pools (preemptions), aborts during loads, a cache salt on a quarter of
 the requests, both eviction policies, ``offload_decode_state`` off on every third trace and
-``kv_load_failure_policy="fail"`` on every fifth; and the multi-turn chat of those tests. Guard
+``kv_load_failure_policy="fail"`` on every fifth; the same traces (a quarter as many, at least
+6) under EAGLE and EAGLE-3, the reference then built with the groups vLLM's coordinator drops
+EAGLE's block from; and the multi-turn chat of those tests. Guard
 tests make the facade drift four ways (five under async scheduling) and see the shadow name
 the hook.
 """
@@ -66,6 +68,7 @@ import pytest
 pytestmark = pytest.mark.vllm
 pytest.importorskip("vllm.v1.core.sched.scheduler", reason="vLLM 0.33 is not installed")
 
+from _explorer import _draft_dir  # noqa: E402
 from _random_traces import smallest_pool, step_budget  # noqa: E402
 from diffharness.layouts import RECIPES, Layout  # noqa: E402
 from hypothesis import settings  # noqa: E402
@@ -103,6 +106,7 @@ from spec.store import HostStore as SpecStore  # noqa: E402
 
 HOST_BYTES = 64 << 20
 TRACES_PER_LAYOUT = max(10, -(-settings.default.max_examples // len(SHAPES)))
+EAGLE_TRACES_PER_LAYOUT = max(6, TRACES_PER_LAYOUT // 4)
 _HOOKS = (
     "get_num_new_matched_tokens",
     "update_state_after_alloc",
@@ -280,7 +284,10 @@ class ReferenceShadow:
         )
         slot = max(len(g.layer_names) * g.kv_cache_spec.real_page_size_bytes for g in vllm_groups)
         store = SpecStore(extra["host_memory_bytes"] // slot, extra.get("eviction_policy", "lru"))
-        return ReferenceConnector.from_groups(planner, store, groups)
+        # The groups vLLM's own prefix cache drops EAGLE's block from, as its coordinator
+        # holds them (empty without EAGLE/MTP or with lookahead hashes).
+        eagle = sorted(engine.scheduler.kv_cache_manager.coordinator.drop_eagle_group_ids)
+        return ReferenceConnector.from_groups(planner, store, groups, eagle_groups=eagle)
 
     # ---------------------------------------------------------- the hooks
     def _shadowed(self, name: str, real: Callable[..., Any]) -> Callable[..., Any]:
@@ -329,6 +336,13 @@ class ReferenceShadow:
     def _ref_get_num_new_matched_tokens(self, request: Any, num_computed: int) -> Any:
         claim = self.reference.get_num_new_matched_tokens(_view(request), num_computed)
         self.claimed[request.request_id] = claim.num_tokens
+        if self.reference.geometry.proof_groups:
+            # What the same host would give without EAGLE's proof unit (a copy asked).
+            twin = self.reference.clone()
+            twin.geometry = dataclasses.replace(twin.geometry, eagle=())
+            unproven = twin.get_num_new_matched_tokens(_view(request), num_computed)
+            self.counts["claims under EAGLE"] += 1
+            self.counts["claims the proof unit shortened"] += unproven != claim
         return claim.as_vllm()
 
     def _ref_update_state_after_alloc(self, request: Any, blocks: Any, n: int) -> None:
@@ -493,12 +507,14 @@ def _diff(facade: Any, reference: Any) -> str:
 @dataclass(frozen=True, slots=True)
 class Options:
     """A trace's options: the eviction policy, ``offload_decode_state``, vLLM's
-    ``kv_load_failure_policy`` and ``load_deadline_steps``."""
+    ``kv_load_failure_policy``, ``load_deadline_steps`` and the speculative method (``none``
+    or EAGLE's: vLLM then drops EAGLE's block from its prefix-cache hits)."""
 
     policy: str = "lru"
     decode_state: bool = True
     on_load_failure: str = "recompute"
     deadline: int | None = None
+    speculative: str = "none"
 
     @classmethod
     def of_seed(cls, seed: int) -> Options:
@@ -513,12 +529,15 @@ class Options:
 def _engine(shape: Shape, rng: random.Random, seed: int, options: Options) -> InProcessEngine:
     recipe = RECIPES[shape.layout]
     settings_ = EngineSettings(
-        num_gpu_blocks=smallest_pool(shape) + rng.choice((0, 1, 3, 8)),
+        # EAGLE's draft layer takes KV cache too: twice the smallest pool leaves it room.
+        num_gpu_blocks=smallest_pool(shape) * (1 if options.speculative == "none" else 2)
+        + rng.choice((0, 1, 3, 8)),
         max_model_len=recipe.max_model_len,
         block_size=recipe.block_size,
         max_num_seqs=shape.max_seqs,
         max_num_batched_tokens=step_budget(shape),
         max_steps=600,
+        speculative=None if options.speculative == "none" else _eagle(recipe, options.speculative),
     )
     plan = FaultPlan(seed, load_rate=rng.choice((0.0, 0.3, 0.6)), store_rate=rng.choice((0.0, 0.3)))
     # A small host tier (a few requests' worth) makes evictions and refused stores common.
@@ -538,6 +557,22 @@ def _engine(shape: Shape, rng: random.Random, seed: int, options: Options) -> In
     )
     adapter = HybridKVOnCPU(faults=plan, delay=rng.choice((0, 1, 2, 3)))
     return InProcessEngine(recipe.config_json(), settings_, transfer, adapter)
+
+
+def _eagle(recipe: Any, method: str) -> dict[str, Any]:
+    """EAGLE or EAGLE-3 with two drafts over a one-layer Llama draft config (the explorer's,
+    never built)."""
+    text = recipe.config_json()
+    text = text.get("text_config", text)
+    heads = int(text.get("num_attention_heads", 4))
+    draft = _draft_dir(
+        int(text["hidden_size"]),
+        heads,
+        int(text.get("num_key_value_heads", heads)),
+        int(text.get("head_dim") or text["hidden_size"] // heads),
+        int(text.get("vocab_size", 32000)),
+    )
+    return {"method": method, "model": draft, "num_speculative_tokens": 2}
 
 
 @dataclass(slots=True)
@@ -661,6 +696,34 @@ def test_facade_and_reference_agree_call_by_call(layout: Layout) -> None:
         # Async: a decode step completing a unit computes the previous step's sampled token,
         # still a placeholder; the comparisons ran on the replayed steps' stores.
         assert reached["deferred steps replayed"] > 0, dict(reached)
+
+
+@pytest.mark.parametrize("layout", list(SHAPES), ids=lambda lay: lay.value)
+def test_facade_and_reference_agree_under_eagle(layout: Layout) -> None:
+    """The random traces with EAGLE and EAGLE-3 (alternating): vLLM's coordinator drops the
+    block past every prefix-cache hit from its EAGLE groups, and the reference, built with
+    those groups (read off vLLM's coordinator), claims only ends whose next unit is stored.
+    Every call agrees, and some claims are shorter than the same host would give without the
+    proof (so the rule, not only the plumbing, is compared).
+
+    Under async scheduling every decode step carries draft placeholders, and the facade holds
+    such a step until vLLM verified its drafts (:mod:`hybridkv.vllm.deferred`), which the
+    shadow does not model: there the traces store the prompt's units only
+    (``offload_decode_state=false``), so no store reads a draft slot. The synchronous stand-in
+    runner proposes no drafts: there the options are drawn as above."""
+    shape = SHAPES[layout]
+    reached: Counter[str] = Counter()
+    for seed in range(EAGLE_TRACES_PER_LAYOUT):
+        options = dataclasses.replace(
+            Options.of_seed(seed), speculative=("eagle", "eagle3")[seed % 2]
+        )
+        if default_async_scheduling():
+            options = dataclasses.replace(options, decode_state=False)
+        played = _play(shape, seed, options)
+        reached.update(played.reached)
+    print(f"\n{layout.value} under EAGLE: {dict(reached)}")
+    assert reached["claims under EAGLE"] > 0, dict(reached)
+    assert reached["claims the proof unit shortened"] > 0, dict(reached)
 
 
 @pytest.mark.parametrize("layout", list(CHAT), ids=lambda lay: lay.value)
