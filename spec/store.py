@@ -10,6 +10,11 @@ an :class:`~spec.policies.EvictionPolicy` only orders resident keys and picks vi
 - Keys passed in one call are in prefix order, head first. The store feeds them to the policy
   tail first, so the head of a prefix ends most recently used and tails are evicted first (as
   vLLM's request-ordered ranks do).
+- A store request that reserves keys also refreshes the keys it names that are already
+  present (issue 28; recency only, as of a chunk not yet loadable: a store is not a read):
+  they are chunks of the unit its request just computed, as recent as the chunks it adds.
+  Otherwise the next eviction takes the older part first and splits the unit, and a split
+  unit is never claimed (a claim needs every group's chunk of a unit).
 - Admission (issue 18): a store request carries a :class:`StorePriority`, and an entry keeps
   the priority it was reserved with. NORMAL, the default, evicts as before (any class). LOW is
   for units less likely to be claimed than a prompt's prefix (the connector sends continuation
@@ -40,11 +45,12 @@ Snapshot schema (``snapshot()``; the optimized store exports the same plain dict
 The ST-* predicates (:mod:`spec.invariants.store`) read exactly this.
 
 Deviations from vLLM 0.33's ``CPUOffloadingManager`` (each keeps the model small or the frame
-exact): no request contexts (recency comes from :meth:`HostStore.touch`; vLLM commits it at
-request finish), no admission threshold (the priority classes above are this project's own),
-no chunk ids, no ``reset_cache``; a refused ``prepare_store`` adapts nothing (vLLM's ARC learns
-from the offer's ghost hits even then); ``take_events`` returns every event as it happened
-(vLLM filters a ``removed`` key that a retry re-reserved before the drain).
+exact): no request contexts (recency comes from :meth:`HostStore.touch` and from the present
+keys a store names, at the call; vLLM commits it at request finish), no admission threshold
+(the priority classes above are this project's own), no chunk ids, no ``reset_cache``; a
+refused ``prepare_store`` adapts nothing (vLLM's ARC learns from the offer's ghost hits even
+then); ``take_events`` returns every event as it happened (vLLM filters a ``removed`` key that
+a retry re-reserved before the drain).
 """
 
 from __future__ import annotations
@@ -282,11 +288,22 @@ class HostStore:
 
         Pre: distinct bytes keys; ``priority`` a :class:`StorePriority` (field ``priority``).
         Post: every absent key is STORING with ``priority`` (``keys_to_store``, in the given
-        order); keys already present are skipped and untouched (their priority too); if the
-        free slots fall short, the policy's victims among READY, unpinned entries that are not
-        in ``keys`` were evicted (``evicted_keys``, one EVICTED event); a LOW request evicts
-        nothing. Refusal NO_SPACE when that cannot make room; a refused call changes nothing,
-        the policy included.
+        order); keys already present keep their entry (state, pins, priority), and when some
+        key is reserved they are accessed as not loadable (``on_access(ready=False)``: recency,
+        no ARC promotion) in the same tail-first walk as the inserts, so the whole call ends
+        in prefix order with its head most recent (a call that reserves nothing changes
+        nothing); if the free slots fall short, the policy's
+        victims among READY, unpinned entries that are not in ``keys`` were evicted first
+        (``evicted_keys``, one EVICTED event); a LOW request evicts nothing. Refusal NO_SPACE
+        when that cannot make room; a refused call changes nothing, the policy included.
+
+        Why present keys are accessed: a call names the chunks of one unit, every group's,
+        that its request just computed. Left at their old recency, the chunks already present
+        are the next victims, and evicting them splits the unit again, so the chunks this
+        call adds are never claimable (a claim needs every group's chunk of a unit). A store
+        is not a read (its request recomputed the chunks), so ARC does not promote them to
+        T2, which would part the unit across T1 and T2; a call that adds nothing repairs no
+        unit and changes nothing.
         """
         if not isinstance(priority, StorePriority):
             raise ConfigError(
@@ -312,9 +329,13 @@ class HostStore:
         for key in tail_first:
             self._policy.on_miss(key)
         self._evict(victims)
-        for key in tail_first:
-            self._entries[key] = _Entry(EntryState.STORING, 0, priority)
-            self._policy.on_insert(key)
+        fresh = set(incoming)
+        for key in checked[::-1]:
+            if key in fresh:
+                self._entries[key] = _Entry(EntryState.STORING, 0, priority)
+                self._policy.on_insert(key)
+            else:  # a store is not a read: recency only (ARC keeps it in its list)
+                self._policy.on_access(key, ready=False)
         self._counters["reserved"] += len(incoming)
         return PrepareStoreOutput(incoming, victims)
 

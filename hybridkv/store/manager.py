@@ -17,6 +17,9 @@ The contract in brief:
   the one it was reserved with. A LOW call (the connector's continuation units and far
   sliding-window units) takes free slots only and displaces nothing, so a full host keeps
   what it holds and a LOW unit is stored where there is room;
+- a store that reserves keys refreshes its keys already present with them (issue 28;
+  recency only, a store is not a read): a unit's chunks of every group stay equally recent,
+  so an eviction does not split the unit just completed;
 - a refusal is a :class:`Refusal` value and leaves everything as it was; a call with bad
   arguments raises :class:`HybridKVConfigError` before touching anything.
 
@@ -219,7 +222,10 @@ class HostStore:
     ) -> PrepareStoreOutput | Refusal:
         """Reserve a STORING entry and a slot for each absent key, evicting if the host is full.
 
-        ``keys``: distinct; present ones are left as they are (priority included).
+        ``keys``: distinct; present ones keep their entry (state, pins, priority); when the
+        call reserves any key, the policy sees its present keys accessed as not loadable
+        (``on_access(ready=False)``: recency, no ARC promotion), in one tail-first walk with
+        the inserts (the comment there says why).
         ``priority`` (field ``priority``): the class the new entries keep; a LOW call
         evicts nothing (free slots only). The victims, chosen by the policy among READY
         unpinned entries the call does not name, leave in one EVICTED event
@@ -238,13 +244,29 @@ class HostStore:
         victims = self._victims_for(valid, new, priority)
         if victims is None:
             return Refusal.NO_SPACE
-        policy, reverse = self._policy, new[::-1]
-        for key in reverse:
+        policy = self._policy
+        for key in new[::-1]:
             policy.on_miss(key)
         self._leave(victims, EventKind.EVICTED)
-        for key in reverse:
-            state[key] = _STORING
-            policy.on_insert(key)
+        if len(new) == len(valid):
+            for key in new[::-1]:
+                state[key] = _STORING
+                policy.on_insert(key)
+        else:
+            # The call's present keys are refreshed in the same tail-first walk as the
+            # inserts (issue 28). A call names the chunks of one unit, every group's; a unit
+            # is claimed only whole. Left at their old recency, the chunks already here are
+            # the next victims, and evicting them splits the unit again: the chunks this call
+            # adds could never be claimed. A store is not a read (its request recomputed the
+            # chunks), so the refresh is an access as of a chunk not yet loadable: recency
+            # only, never ARC's promotion to T2, which would part the unit across T1 and T2.
+            # A call that adds nothing repairs no unit and changes nothing.
+            for key in valid[::-1]:
+                if key in state:
+                    policy.on_access(key, ready=False)
+                else:
+                    state[key] = _STORING
+                    policy.on_insert(key)
         if priority is _LOW:
             self._low.update(new)
         slots = self._slots

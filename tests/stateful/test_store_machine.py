@@ -99,8 +99,14 @@ class StoreMachine(RuleBasedStateMachine):
         if victims:
             self.pending.append(("evicted", tuple(victims)))
             self.counters["evicted"] += len(victims)
-        for key in reversed(incoming):  # the tail reaches the policy first
-            self.entries[key] = [STORING, 0]
+        # The tail reaches the policy first; when the call reserves any key, a named key
+        # already present is accessed in the same walk (issue 28: a unit's chunks stay
+        # equally recent).
+        for key in reversed(keys if incoming else []):
+            if key in incoming:
+                self.entries[key] = [STORING, 0]
+            else:
+                self.recency.remove(key)
             self.recency.append(key)
         if low:
             self.low.update(incoming)

@@ -248,3 +248,36 @@ def test_contract_breaches_are_named_and_change_nothing(
     assert caught.value.field == field
     assert store.snapshot() == before
     assert store.slots([A, B, C]) == (0, 1, 2)
+
+
+def _split_unit(policy: str) -> HostStore:
+    """Units (a, b) and (c, d) stored; a dropped (bad data: no ghost), so (a, b) is split."""
+    store = HostStore(4, policy)
+    _stored(store, [A, B])  # tail first: b, then a
+    _stored(store, [C, D])
+    assert store.evict([A]) == (A,)
+    return store
+
+
+def test_a_store_completing_a_split_unit_refreshes_its_present_chunks() -> None:
+    """Issue 28: re-storing a, b stays present and is refreshed in the same tail-first walk,
+    so the unit is the most recent; left behind, b was the next victim and split it again."""
+    store = _split_unit("lru")
+    assert store.snapshot()["policy"]["resident"] == (B.hex(), D.hex(), C.hex())
+    _stored(store, [A, B])  # reserves a only
+    assert store.snapshot()["policy"]["resident"] == (D.hex(), C.hex(), B.hex(), A.hex())
+    out = store.prepare_store([E])
+    assert isinstance(out, PrepareStoreOutput)
+    assert out.evicted_keys == (D,)
+
+
+def test_the_refresh_is_recency_only_and_a_call_that_reserves_nothing_changes_nothing() -> None:
+    """A store is not a read: ARC keeps the refreshed READY b in T1 (its MRU end, before the
+    new a), never promotes it to T2. A call whose keys are all present changes nothing."""
+    store = _split_unit("arc")
+    _stored(store, [A, B])
+    extra = store.snapshot()["policy"]["extra"]
+    assert (extra["t1"], extra["t2"]) == ((D.hex(), C.hex(), B.hex(), A.hex()), ())
+    before = store.snapshot()
+    assert store.prepare_store([C, D]) == PrepareStoreOutput((), ())
+    assert store.snapshot() == before
