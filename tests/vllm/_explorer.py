@@ -205,6 +205,12 @@ def _speculative(config: Config, model: dict[str, Any]) -> dict[str, Any] | None
         return {"method": "ngram", "num_speculative_tokens": k, "prompt_lookup_max": 3}
     if config.speculative == "mtp":
         return {"method": "mtp", "num_speculative_tokens": k}
+    return eagle_speculative(model, config.speculative, k)
+
+
+def eagle_speculative(model: dict[str, Any], method: str, k: int) -> dict[str, Any]:
+    """vLLM's ``speculative_config`` for EAGLE or EAGLE-3 (``method``) with ``k`` drafts over
+    a one-layer Llama draft config sized from the target's ``model`` config (never built)."""
     text = model.get("text_config", model)
     heads = int(text.get("num_attention_heads", 4))
     draft = _draft_dir(
@@ -214,7 +220,7 @@ def _speculative(config: Config, model: dict[str, Any]) -> dict[str, Any] | None
         int(text.get("head_dim") or text["hidden_size"] // heads),
         int(text.get("vocab_size", 32000)),
     )
-    return {"method": config.speculative, "model": draft, "num_speculative_tokens": k}
+    return {"method": method, "model": draft, "num_speculative_tokens": k}
 
 
 def _transfer(config: Config) -> KVTransferConfig:

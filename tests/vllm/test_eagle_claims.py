@@ -33,7 +33,7 @@ import pytest
 pytestmark = pytest.mark.vllm
 pytest.importorskip("vllm.v1.core.sched.scheduler", reason="vLLM 0.33 is not installed")
 
-from _explorer import _draft_dir  # noqa: E402
+from _explorer import eagle_speculative  # noqa: E402
 from diffharness.layouts import RECIPES, Layout  # noqa: E402
 from vllm.config import KVTransferConfig  # noqa: E402
 
@@ -48,17 +48,8 @@ BLOCK = 32
 
 
 def _eagle(config: dict[str, Any], method: str) -> dict[str, Any]:
-    """EAGLE or EAGLE-3 over a one-layer Llama draft config (the explorer's; never built)."""
-    text = config.get("text_config", config)
-    heads = int(text.get("num_attention_heads", 4))
-    draft = _draft_dir(
-        int(text["hidden_size"]),
-        heads,
-        int(text.get("num_key_value_heads", heads)),
-        int(text.get("head_dim") or text["hidden_size"] // heads),
-        int(text.get("vocab_size", 32000)),
-    )
-    return {"method": method, "model": draft, "num_speculative_tokens": 2}
+    """EAGLE or EAGLE-3 with two drafts (the explorer's draft config; never built)."""
+    return eagle_speculative(config, method, 2)
 
 
 def _engine(method: str) -> InProcessEngine:

@@ -68,7 +68,7 @@ import pytest
 pytestmark = pytest.mark.vllm
 pytest.importorskip("vllm.v1.core.sched.scheduler", reason="vLLM 0.33 is not installed")
 
-from _explorer import _draft_dir  # noqa: E402
+from _explorer import eagle_speculative  # noqa: E402
 from _random_traces import smallest_pool, step_budget  # noqa: E402
 from diffharness.layouts import RECIPES, Layout  # noqa: E402
 from hypothesis import settings  # noqa: E402
@@ -560,19 +560,8 @@ def _engine(shape: Shape, rng: random.Random, seed: int, options: Options) -> In
 
 
 def _eagle(recipe: Any, method: str) -> dict[str, Any]:
-    """EAGLE or EAGLE-3 with two drafts over a one-layer Llama draft config (the explorer's,
-    never built)."""
-    text = recipe.config_json()
-    text = text.get("text_config", text)
-    heads = int(text.get("num_attention_heads", 4))
-    draft = _draft_dir(
-        int(text["hidden_size"]),
-        heads,
-        int(text.get("num_key_value_heads", heads)),
-        int(text.get("head_dim") or text["hidden_size"] // heads),
-        int(text.get("vocab_size", 32000)),
-    )
-    return {"method": method, "model": draft, "num_speculative_tokens": 2}
+    """EAGLE or EAGLE-3 with two drafts (the explorer's draft config, never built)."""
+    return eagle_speculative(recipe.config_json(), method, 2)
 
 
 @dataclass(slots=True)
