@@ -168,10 +168,15 @@ def caught(
     ``every_level``: go on past the first violating level (the broken part's own invariant
     may break a level before the end-to-end one).
     """
-    result = explore(model(engines), depth, stop_at_first=not every_level)
+    return shortest(explore(model(engines), depth, stop_at_first=not every_level), inv_id, depth)
+
+
+def shortest(result: Any, inv_id: str, depth: int) -> Found:
+    """The shortest of ``result``'s counterexamples naming ``inv_id`` (asserted found), with
+    every id it found; ``result`` is what :func:`spec.explorer.explore` returned (any model)."""
     ids = tuple(sorted({v.invariant_id for v in result.violations}))
     hits = [v for v in result.violations if v.invariant_id == inv_id]
     assert hits, f"{result.states} states to depth {depth}: found {ids or 'nothing'}"
-    shortest = min(hits, key=lambda v: len(v.trace))
-    trace = " | ".join(str(action) for action in shortest.trace) or "(initial state)"
-    return Found(trace, shortest.messages, ids, result.states)
+    first = min(hits, key=lambda v: len(v.trace))
+    trace = " | ".join(str(action) for action in first.trace) or "(initial state)"
+    return Found(trace, first.messages, ids, result.states)

@@ -7,7 +7,7 @@ counterexample naming one id, as :func:`explorer_harness.caught` does for the en
 
 from __future__ import annotations
 
-from explorer_harness import Found
+from explorer_harness import Found, shortest
 
 from spec.explorer import explore
 from spec.scheduler.pool_model import ClaimRule, PoolModel, PoolScenario
@@ -22,10 +22,4 @@ claims the prefix as its own async load (the claim rule before the admission rul
 def caught(inv_id: str, scenario: PoolScenario, depth: int) -> Found:
     """Explore ``scenario`` to ``depth`` past every violating level and return the shortest
     counterexample naming ``inv_id`` (asserted found)."""
-    result = explore(PoolModel(scenario), depth, stop_at_first=False)
-    ids = tuple(sorted({v.invariant_id for v in result.violations}))
-    hits = [v for v in result.violations if v.invariant_id == inv_id]
-    assert hits, f"{result.states} states to depth {depth}: found {ids or 'nothing'}"
-    shortest = min(hits, key=lambda v: len(v.trace))
-    trace = " | ".join(str(action) for action in shortest.trace) or "(initial state)"
-    return Found(trace, shortest.messages, ids, result.states)
+    return shortest(explore(PoolModel(scenario), depth, stop_at_first=False), inv_id, depth)

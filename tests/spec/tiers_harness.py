@@ -7,7 +7,7 @@ as explorer_harness.caught does for the engine.
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from explorer_harness import Found, shortest
 
 from spec.explorer import explore
 from spec.tiers.model import TierModel, TierScenario, TierStart
@@ -19,22 +19,9 @@ CONTROLS = {"empty": (EMPTY, 6), "shared": (SHARED, 5)}
 """Each scenario and the depth the correct model is explored to (>= every mutation's depth)."""
 
 
-class Found(NamedTuple):
-    """The shortest counterexample naming one id, as the explorer reported it."""
-
-    trace: str
-    messages: tuple[str, ...]
-    ids: tuple[str, ...]
-    states: int
-
-
 def caught(inv_id: str, scenario: TierScenario, depth: int, *, every_level: bool = False) -> Found:
     """Explore ``scenario`` to ``depth`` and return the counterexample naming ``inv_id``
     (asserted found). ``every_level``: go on past the first violating level."""
-    result = explore(TierModel(scenario), depth, stop_at_first=not every_level)
-    ids = tuple(sorted({v.invariant_id for v in result.violations}))
-    hits = [v for v in result.violations if v.invariant_id == inv_id]
-    assert hits, f"{result.states} states to depth {depth}: found {ids or 'nothing'}"
-    shortest = min(hits, key=lambda v: len(v.trace))
-    trace = " | ".join(str(action) for action in shortest.trace) or "(initial state)"
-    return Found(trace, shortest.messages, ids, result.states)
+    return shortest(
+        explore(TierModel(scenario), depth, stop_at_first=not every_level), inv_id, depth
+    )
