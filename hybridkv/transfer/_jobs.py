@@ -77,6 +77,12 @@ class JobBook:
         with self._cond:
             self._cond.wait_for(lambda: not any(j in self._in_flight for j in ids))
 
+    def wait_progress(self, timeout_s: float) -> None:
+        """Block until a job finishes, for at most ``timeout_s``; at once when none is in
+        flight or a finished one is unreported. The wait releases the GIL."""
+        with self._cond:
+            self._cond.wait_for(lambda: self._unreported or not self._in_flight, timeout_s)
+
     def _issued(self, job: object) -> bool:
         # Callers may pass anything; checked as a plain object (a bool is no id).
         return isinstance(job, int) and not isinstance(job, bool) and 1 <= job < self._next

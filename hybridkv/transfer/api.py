@@ -16,6 +16,8 @@ Semantics both engines share:
   that needs it (loading a slot a store is still writing) waits for the first job.
 - A store reads its source only after all work already submitted on the compute stream (on the
   CPU, work is synchronous, so this holds trivially).
+- ``wait_progress`` is a hint a caller with nothing else to do gives the engine: it may block
+  for at most its timeout and never changes what ``poll`` reports, only when.
 """
 
 from __future__ import annotations
@@ -78,6 +80,21 @@ class TransferEngine(ABC):
         nothing.
         """
 
+    def wait_progress(self, timeout_s: float) -> None:
+        """Block until some job finishes, at most ``timeout_s`` seconds; a caller's idle turn.
+
+        Returns at once when no job is in flight or a finished job awaits ``poll``. A caller
+        that loops on ``poll`` with nothing else to do (vLLM's engine on a step that runs no
+        forward) calls it so the engine's copies run: an engine whose copies need the
+        caller's thread to step aside (the CPU engine's copy thread needs the GIL) blocks here,
+        releasing it. This default returns at once, right for an engine whose copies progress
+        without the caller (the CUDA engine: the GPU copies while Python spins, and ``poll``
+        only queries events).
+
+        Pre: ``timeout_s >= 0``. Frame: starts, finishes and reports nothing itself.
+        """
+        return
+
     def abandon(self, job_ids: Iterable[JobId]) -> None:
         """Stop the named jobs: when this returns, none of them moves another byte.
 
@@ -123,6 +140,9 @@ class EngineWrapper(TransferEngine):
 
     def wait(self, job_ids: Iterable[JobId]) -> None:
         self.inner.wait(job_ids)
+
+    def wait_progress(self, timeout_s: float) -> None:
+        self.inner.wait_progress(timeout_s)
 
     def abandon(self, job_ids: Iterable[JobId]) -> None:
         self.inner.abandon(job_ids)

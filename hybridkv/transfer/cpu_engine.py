@@ -12,6 +12,12 @@ the planner: a ``Tensor.copy_`` costs several microseconds of dispatch per run, 
 call well under one, and ctypes releases the GIL during it. Indexed copies (``index_select``
 into scratch, then ``index_copy_``) were measured slower on this path: 0.05-0.10 of one copy
 for 16-256 KB rows against 0.54-1.14 for the ``memmove`` loop (docs/benchmarks).
+
+Each ``memmove`` hands the GIL back and must win it again. A caller thread that spins on
+``poll`` without blocking (vLLM's engine loop with loads in flight and nothing to compute) keeps
+it until the interpreter's switch interval (5 ms) forces a switch, so a job of many runs took
+about runs x 5 ms. ``wait_progress`` is the spinning caller's way to step aside: it waits on the
+job book's condition, which releases the GIL, until a job finishes or its timeout passes.
 """
 
 from __future__ import annotations
@@ -82,6 +88,9 @@ class CpuTransferEngine(TransferEngine):
 
     def wait(self, job_ids: Iterable[JobId]) -> None:
         self._book.wait_done(job_ids)
+
+    def wait_progress(self, timeout_s: float) -> None:
+        self._book.wait_progress(timeout_s)
 
     def abandon(self, job_ids: Iterable[JobId]) -> None:
         ids = self._book.check_known(job_ids)

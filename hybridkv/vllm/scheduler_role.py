@@ -237,7 +237,9 @@ class SchedulerRole:
             meta = core.build_connector_meta(step)
         else:  # no request completes a unit (most decode steps): no view of the step
             meta = core.build_unit_free_meta(no_unit)
-        return self._metadata(core, meta, scheduled)
+        metadata = self._metadata(core, meta, scheduled)
+        metadata.no_forward = scheduler_output.total_num_scheduled_tokens == 0
+        return metadata
 
     def _metadata(
         self, core: ConnectorCore, meta: Any, scheduled: list[ScheduledRequest]

@@ -27,13 +27,17 @@ __all__ = ["HybridKVMetadata", "HybridKVWorkerMeta", "MetaSlots"]
 
 @dataclass
 class HybridKVMetadata(KVConnectorMetadata):
-    """One step's jobs, the host slot of every key they name (the worker has no store), and
-    the load jobs past their deadline, to abandon."""
+    """One step's jobs, the host slot of every key they name (the worker has no store), the
+    load jobs past their deadline, to abandon, and whether the step runs no forward
+    (``no_forward``: vLLM schedules no token, so the worker's hooks are all its step does and
+    it may give its copy thread a turn; the worker cannot tell on its own, since the runner
+    calls the same hooks either way)."""
 
     meta: ConnectorMeta
     slots: dict[bytes, int]
     abandon: tuple[int, ...] = ()
     remote: RemoteOrders | None = None
+    no_forward: bool = False
 
 
 @dataclass

@@ -39,6 +39,14 @@ __all__ = ["WorkerRole"]
 
 logger = logging.getLogger("vllm.hybridkv")  # under vLLM's logger: its handlers print it
 
+# The longest a step that runs no forward waits for a copy to finish before reporting. vLLM's
+# engine loop with loads in flight and nothing to compute spins through such steps without
+# blocking, so the CPU engine's copy thread got the GIL only when the interpreter's switch
+# interval (5 ms) forced it: one run per 5 ms. Waiting releases the GIL; a few milliseconds let
+# many runs (or a whole job) through, and bound the delay a request arriving meanwhile sees
+# before the loop schedules it. A constant, not a setting: nothing a user knows tunes it.
+IDLE_STEP_WAIT_S = 0.002
+
 
 class WorkerRole:
     """The worker-side hooks of :class:`~hybridkv.vllm.connector.HybridKVConnector` (module
@@ -58,6 +66,8 @@ class WorkerRole:
     _fetched: tuple[FetchReport, ...]
     _meter: TransferMeter
     _vllm_config: Any  # vLLM's, set by KVConnectorBase_V1
+    # Whether this step's metadata said the step runs no forward (set by start_load_kv).
+    _idle_step: bool = False
 
     def _worker(self) -> TransferWorker:
         if self.worker is None:
@@ -151,6 +161,7 @@ class WorkerRole:
         worker.bind_connector_metadata(metadata.meta)
         stores = metadata.meta.store_jobs if self.sharding.writes(self.rank) else ()
         self._meter.bound((*metadata.meta.load_jobs, *stores))  # bytes this rank moves
+        self._idle_step = metadata.no_forward
 
     def wait_for_layer_load(self, layer_name: str) -> None:
         # Step granularity (start_load_kv): an async load's request is not in this forward.
@@ -169,7 +180,14 @@ class WorkerRole:
         return results.finished_sending, results.finished_recving
 
     def get_transfer_results(self, finished_req_ids: set[str]) -> KVConnectorTransferResults:
-        output = self._worker().get_transfer_results()
+        worker = self._worker()
+        if self._idle_step:
+            # Nothing to compute this step: give the copies a turn before reporting (see
+            # IDLE_STEP_WAIT_S). Returns at once with no job in flight; a step that runs a
+            # forward never waits.
+            self._idle_step = False
+            self._engine.wait_progress(IDLE_STEP_WAIT_S)
+        output = worker.get_transfer_results()
         self._reported = (*self._reported, *output.completed_jobs)
         self._meter.reported(output.completed_jobs)
         return KVConnectorTransferResults(
