@@ -11,7 +11,6 @@ runner every forward, in one log, so each wait is matched to the step it ran in.
 
 from __future__ import annotations
 
-import random
 from typing import Any
 
 import pytest
@@ -19,15 +18,14 @@ import pytest
 pytestmark = pytest.mark.vllm
 pytest.importorskip("vllm.v1.core.sched.scheduler", reason="vLLM 0.33 is not installed")
 
-from _held_reports import HoldingAdapter  # noqa: E402
-from diffharness.layouts import RECIPES, Layout  # noqa: E402
-from vllm.config import KVTransferConfig  # noqa: E402
+from _held_reports import (  # noqa: E402
+    HoldingAdapter,
+    held_load_engine,
+    hold_loads_of,
+    start_a_held_load,
+)
 
-from hybridkv.connector.api import TransferJob, TransferKind  # noqa: E402
-from hybridkv.transfer import Direction  # noqa: E402
 from hybridkv.transfer.api import EngineWrapper  # noqa: E402
-from hybridkv.vllm.harness.engine_config import EngineSettings  # noqa: E402
-from hybridkv.vllm.harness.inprocess import InProcessEngine  # noqa: E402
 from hybridkv.vllm.worker_role import IDLE_STEP_WAIT_S  # noqa: E402
 
 Log = list[tuple[str, int]]
@@ -47,7 +45,7 @@ class _RecordsWaits(EngineWrapper):
 
 class _Adapter(HoldingAdapter):
     def __init__(self, log: Log) -> None:
-        super().__init__(_hold_b_loads)
+        super().__init__(hold_loads_of("b"))
         self.log = log
 
     def _wrap(self, engine: Any) -> Any:
@@ -55,24 +53,10 @@ class _Adapter(HoldingAdapter):
         return _RecordsWaits(super()._wrap(engine), self.log)
 
 
-def _hold_b_loads(job: TransferJob) -> Direction | None:
-    return Direction.LOAD if job.kind is TransferKind.LOAD and job.request_id == "b" else None
-
-
 def test_the_worker_waits_on_steps_without_a_forward_only() -> None:
     log: Log = []
     adapter = _Adapter(log)
-    transfer = KVTransferConfig(
-        kv_connector="HybridKVConnector",
-        kv_connector_module_path="hybridkv.vllm",
-        kv_role="kv_both",
-        kv_connector_extra_config={"host_memory_bytes": 64 << 20, "chunk_size": 32},
-    )
-    settings = EngineSettings(
-        num_gpu_blocks=48, max_model_len=512, block_size=32, max_num_batched_tokens=128
-    )
-    config = RECIPES[Layout.SLIDING_FULL].config_json()
-    engine = InProcessEngine(config, settings, transfer, adapter)
+    engine = held_load_engine(adapter)
     forward = engine._forward
 
     def logged_forward(output: Any) -> Any:
@@ -81,20 +65,8 @@ def test_the_worker_waits_on_steps_without_a_forward_only() -> None:
 
     engine._forward = logged_forward  # type: ignore[method-assign]
     try:
-        rng = random.Random(1)
-        prompt = [rng.randint(3, 999) for _ in range(200)]
-        engine.add("a", prompt, 2)
-        while engine.busy():
-            engine.step()
-        assert engine.scheduler.reset_prefix_cache()  # vLLM's GPU cache only: b loads
-        engine.add("b", [*prompt, 5, 6, 7], 3)
-        for _ in range(30):
-            engine.step()
-            if engine.status("b") == "WAITING_FOR_REMOTE_KVS":
-                break
-        assert engine.status("b") == "WAITING_FOR_REMOTE_KVS"
+        start_a_held_load(engine, adapter, steps=30)
         assert adapter.hold is not None
-        assert adapter.hold.held
         for _ in range(5):  # the load is held: the loop spins through steps that run nothing
             engine.step()
         adapter.hold.release(None)

@@ -13,43 +13,25 @@ empty.
 from __future__ import annotations
 
 import logging
-import random
 
 import pytest
 
 pytestmark = pytest.mark.vllm
 pytest.importorskip("vllm.v1.core.sched.scheduler", reason="vLLM 0.33 is not installed")
 
-from _held_reports import HoldingAdapter  # noqa: E402
-from diffharness.layouts import RECIPES, Layout  # noqa: E402
-from vllm.config import KVTransferConfig  # noqa: E402
+from _held_reports import (  # noqa: E402
+    HoldingAdapter,
+    held_load_engine,
+    hold_loads_of,
+    start_a_held_load,
+)
 
-from hybridkv.connector.api import TransferJob, TransferKind  # noqa: E402
-from hybridkv.transfer import Direction  # noqa: E402
-from hybridkv.vllm.harness.engine_config import EngineSettings  # noqa: E402
 from hybridkv.vllm.harness.inprocess import InProcessEngine  # noqa: E402
 
 
-def _hold_b_loads(job: TransferJob) -> Direction | None:
-    return Direction.LOAD if job.kind is TransferKind.LOAD and job.request_id == "b" else None
-
-
 def _engine() -> tuple[InProcessEngine, HoldingAdapter]:
-    adapter = HoldingAdapter(_hold_b_loads)
-    transfer = KVTransferConfig(
-        kv_connector="HybridKVConnector",
-        kv_connector_module_path="hybridkv.vllm",
-        kv_role="kv_both",
-        kv_load_failure_policy="recompute",
-        kv_connector_extra_config={"host_memory_bytes": 64 << 20, "chunk_size": 32},
-    )
-    settings = EngineSettings(
-        num_gpu_blocks=48, max_model_len=512, block_size=32, max_num_batched_tokens=128
-    )
-    engine = InProcessEngine(
-        RECIPES[Layout.SLIDING_FULL].config_json(), settings, transfer, adapter
-    )
-    return engine, adapter
+    adapter = HoldingAdapter(hold_loads_of("b"))
+    return held_load_engine(adapter), adapter
 
 
 def _entries(engine: InProcessEngine) -> tuple[object, ...]:
@@ -61,20 +43,8 @@ def test_a_pause_with_a_load_in_flight_fails_before_the_host_tier_is_touched(
 ) -> None:
     engine, adapter = _engine()
     try:
-        rng = random.Random(1)
-        prompt = [rng.randint(3, 999) for _ in range(200)]
-        engine.add("a", prompt, 2)
-        while engine.busy():
-            engine.step()
-        assert engine.scheduler.reset_prefix_cache()  # vLLM's GPU cache only: b loads
-        engine.add("b", [*prompt, 5, 6, 7], 3)
-        for _ in range(10):
-            engine.step()
-            if engine.status("b") == "WAITING_FOR_REMOTE_KVS":
-                break
-        assert engine.status("b") == "WAITING_FOR_REMOTE_KVS"
+        start_a_held_load(engine, adapter, steps=10)
         assert adapter.hold is not None
-        assert adapter.hold.held
         core = engine.scheduler.connector.core
         entries = _entries(engine)
         assert entries  # a's units
