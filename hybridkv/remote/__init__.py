@@ -2,7 +2,8 @@
 the host store. One idea per module: :mod:`.values`, :mod:`.config`, :mod:`.codec` (chunk keys
 and verified values), :mod:`.client` (redis-py, faults returned), :mod:`.tier` (write-behind,
 lookups, fetches, counters), :mod:`.slots` (host slot bytes), :mod:`.identity` (the model
-identity and weights version scoped into chunk keys) and :mod:`.two_tier` (the host store
+identity and weights version scoped into chunk keys), :mod:`.shards` (a chunk's tensor-parallel
+shards: one key each, held only when all are) and :mod:`.two_tier` (the host store
 composed with the tier). Needs the ``remote`` extra (redis-py).
 """
 
@@ -21,6 +22,13 @@ from hybridkv.remote.codec import (
 )
 from hybridkv.remote.config import RemoteConfig
 from hybridkv.remote.identity import EPOCH_BYTES, ModelIdentity, scoped_namespace
+from hybridkv.remote.shards import (
+    ShardPlan,
+    combined_outcome,
+    held_on_every_shard,
+    shard_keys,
+    shard_namespaces,
+)
 from hybridkv.remote.slots import SlotBuffer
 from hybridkv.remote.tier import RemoteTier
 from hybridkv.remote.two_tier import Promotion, TwoTierStore
@@ -55,14 +63,19 @@ __all__ = [
     "RedisClient",
     "RemoteConfig",
     "RemoteTier",
+    "ShardPlan",
     "SlotBuffer",
     "TwoTierStore",
     "WriteOutcome",
     "chunk_key",
+    "combined_outcome",
     "decode_chunk",
     "encode_chunk",
     "fault_of",
+    "held_on_every_shard",
     "make_chunk",
     "redis_key",
     "scoped_namespace",
+    "shard_keys",
+    "shard_namespaces",
 ]
