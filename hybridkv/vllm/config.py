@@ -8,7 +8,8 @@ Every key, its default and what it does (docs/howto/serve.md repeats this table)
   rank's shard), so the store holds ``host_memory_bytes // (slot_bytes * world_size)`` chunks
   and each rank holds that many slots. Ranks holding identical KV (vLLM's ``kv_tp_replicas``,
   MLA) share one copy: the division is by the distinct shards, ``world_size //
-  kv_tp_replicas`` (:class:`hybridkv.vllm.ranks.HostSharding`).
+  kv_tp_replicas`` (:class:`hybridkv.vllm.ranks.HostSharding`). Per engine: under data
+  parallelism each DP engine allocates all of it for its own ranks.
 - ``chunk_size`` (int or null, default null = the recommendation of
   :func:`hybridkv.vllm.layout.recommended_chunk_size`): the offload chunk in tokens.
 - ``eviction_policy`` (``"lru"`` | ``"arc"``, default ``"lru"``): the host store's policy.
@@ -39,7 +40,8 @@ docs/howto/share-prefix-cache.md):
 
 - ``remote_url`` (``"redis://host:port"`` or ``"redis://host:port/0"``, or null = no remote
   tier): the Redis/Valkey server engines share. Only database 0 (chunks are namespaced by
-  ``remote_namespace`` instead). Tensor parallelism > 1 is refused with a remote tier.
+  ``remote_namespace`` instead). Under tensor parallelism each rank shares its own shard of
+  every chunk (:mod:`hybridkv.remote.shards`).
 - ``remote_namespace`` (non-empty str, default ``"hybridkv"``): mixed into every chunk key;
   engines share chunks only under equal namespaces (and equal models and salts).
 - ``remote_ttl_s`` (int >= 0, default 0 = none): the TTL of each written chunk on the server.
