@@ -85,9 +85,9 @@ from hybridkv.remote import (
     ClientFault,
     ModelIdentity,
     PromoteOutcome,
-    RedisClient,
     RemoteConfig,
     RemoteTier,
+    client_for,
     decode_chunk,
     make_chunk,
     redis_key,
@@ -127,6 +127,7 @@ def remote_config(settings: RemoteSettings) -> RemoteConfig:
         ttl_s=settings.ttl_s,
         max_pending=settings.max_pending_writes,
         namespace=settings.namespace.encode(),
+        cluster_nodes=settings.cluster_nodes,
     )
 
 
@@ -193,17 +194,17 @@ class SchedulerRemote:
         *,
         identity: ModelIdentity,
     ) -> None:
-        """Lookups go through ``client`` (default: a :class:`RedisClient` on ``config``'s
-        server; this side only asks EXISTS); every chunk key is scoped by ``identity`` and the
-        weights version, 0 until the first :meth:`reset`, after which the engine's own epoch
-        (random, drawn at the first reset) scopes it too."""
+        """Lookups go through ``client`` (default: :func:`hybridkv.remote.client_for`'s, on
+        ``config``'s server or cluster; this side only asks EXISTS); every chunk key is scoped
+        by ``identity`` and the weights version, 0 until the first :meth:`reset`, after which
+        the engine's own epoch (random, drawn at the first reset) scopes it too."""
         self.core = core
         self.config = config
         self.identity = identity
         self.weights_version = 0
         self.epoch = b""  # shared with every engine of this identity until a reset
         self.namespace = scoped_namespace(config.namespace, identity, 0)
-        self._client = client if client is not None else RedisClient(config)
+        self._client = client if client is not None else client_for(config)
         self._step = 0
         self._promotions: dict[bytes, _Promotion] = {}
         self._failed: OrderedDict[bytes, None] = OrderedDict()
@@ -443,7 +444,7 @@ class WorkerRemote:
     ) -> None:
         self.config = config
         self.host = host
-        self._client = client if client is not None else RedisClient(config)
+        self._client = client if client is not None else client_for(config)
         self.tier = RemoteTier(config, self._client, background=background)
         self._lock = threading.Lock()
         self.count = dict.fromkeys(WORKER_COUNTERS, 0)
