@@ -104,12 +104,12 @@ def started_server(workdir: Path) -> Iterator[RedisServer]:
 
 
 def transfer(
-    shape: Shape, port: int | None, *, namespace: str = "hybridkv", timeout_ms: int = 200
+    shape: Shape, port: int | str | None, *, namespace: str = "hybridkv", timeout_ms: int = 200
 ) -> Any:
     extra: dict[str, Any] = {"host_memory_bytes": HOST_BYTES, "chunk_size": shape.chunk}
     if port is not None:
         extra |= {
-            "remote_url": f"redis://127.0.0.1:{port}/0",
+            "remote_url": port if isinstance(port, str) else f"redis://127.0.0.1:{port}/0",
             "remote_namespace": namespace,
             "remote_timeout_ms": timeout_ms,
         }
@@ -122,9 +122,12 @@ def transfer(
     )
 
 
-def build(shape: Shape, port: int | None, *, model: str = "model", **kw: Any) -> InProcessEngine:
-    """One engine (its own host tier) on the shared server at ``port`` (None: no remote),
-    serving the model named ``model`` (another name: another model of the same geometry)."""
+def build(
+    shape: Shape, port: int | str | None, *, model: str = "model", **kw: Any
+) -> InProcessEngine:
+    """One engine (its own host tier) on the shared server at ``port`` (None: no remote; a
+    str: the ``remote_url`` itself, e.g. a cluster's), serving the model named ``model``
+    (another name: another model of the same geometry)."""
     engine = InProcessEngine(
         RECIPES[shape.layout].config_json(),
         dataclasses.replace(shape.settings, model_name=model),
