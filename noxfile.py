@@ -318,7 +318,7 @@ def remote(session: nox.Session) -> None:
     HybridKVConnector, the faults between lookup and load, the random two-engine traces), the
     same on a Redis Cluster (tests/remote/test_cluster.py and tests/vllm/test_remote_cluster.py:
     3 primaries and 3 replicas created with ``redis-cli --cluster create``, a primary killed,
-    a shard added while clients run; about 1.5 minutes of the session on 2 cores).
+    a shard added while clients run; about a minute of the session on 2 cores).
 
     The tests start ``redis-server`` on 127.0.0.1 themselves (free ports, no persistence)
     and stop it; with HYBRIDKV_REQUIRE_REDIS=1 a missing binary fails the run instead of

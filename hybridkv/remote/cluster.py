@@ -161,6 +161,8 @@ class ClusterClient:
             return future.result(timeout=self._budget_s)
         except concurrent.futures.TimeoutError:
             return ClientFault.TIMEOUT
+        except concurrent.futures.CancelledError:  # closed while the call waited to start
+            return ClientFault.FAULT
 
     def _run(self, ask: Callable[[Any], _T]) -> _T | ClientFault:
         try:

@@ -197,7 +197,8 @@ def test_two_engines_on_a_cluster_through_a_killed_primary_and_a_new_shard(
             f"chunks meanwhile; keys per primary now {per_shard}; "
             f"invariant checks {sum(ch.situations['steps_checked'] for ch in checkers)} steps"
         )
-        assert per_shard[added] > 0
+        assert cluster.topology()[added][2] == 1024  # the new shard owns the moved slots
+        assert per_shard[added] > 0  # and the chunks that lived in them
         assert promoted_during > 0
         for engine in engines:
             _settled(engine)
