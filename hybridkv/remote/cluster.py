@@ -20,7 +20,9 @@ one of the client's :data:`CALL_THREADS` call threads and the caller waits at mo
 one reply). Past it the call answers :attr:`ClientFault.TIMEOUT` and finishes on its thread,
 its answer dropped (a late SET lands an identical value: harmless). While every call thread is
 still busy, a call answers TIMEOUT at once instead of queueing behind them. redis-py's reruns
-after a connection error are off (``Retry(NoBackoff(), 0)``): one attempt per call.
+after a connection error are off (``Retry(NoBackoff(), 0)``): one attempt per call. (Older
+redis-py versions take the cluster's reruns from ``cluster_error_retry_attempts``, 3 by
+default, instead: those reruns run on the call thread, and the caller's wait stays bounded.)
 
 Failover. When a primary dies, calls on its slots fault (connection refused, or CLUSTERDOWN on
 every slot where the servers run with ``cluster-require-full-coverage yes``) until its replica
