@@ -1,15 +1,17 @@
 """The remote tier (issue 12): content-addressed chunks on a shared Redis/Valkey server under
 the host store. One idea per module: :mod:`.values`, :mod:`.config`, :mod:`.codec` (chunk keys
-and verified values), :mod:`.client` (redis-py, faults returned), :mod:`.tier` (write-behind,
-lookups, fetches, counters), :mod:`.slots` (host slot bytes), :mod:`.identity` (the model
-identity and weights version scoped into chunk keys), :mod:`.shards` (a chunk's tensor-parallel
-shards: one key each, held only when all are) and :mod:`.two_tier` (the host store
-composed with the tier). Needs the ``remote`` extra (redis-py).
+and verified values), :mod:`.client` (redis-py, faults returned), :mod:`.cluster` (the same on
+a Redis/Valkey Cluster), :mod:`.tier` (write-behind, lookups, fetches, counters), :mod:`.slots`
+(host slot bytes), :mod:`.identity` (the model identity and weights version scoped into chunk
+keys), :mod:`.shards` (a chunk's tensor-parallel shards: one key each, held only when all are)
+and :mod:`.two_tier` (the host store composed with the tier). Needs the ``remote`` extra
+(redis-py).
 """
 
 from __future__ import annotations
 
 from hybridkv.remote.client import ChunkClient, RedisClient, fault_of
+from hybridkv.remote.cluster import ClusterClient, client_for
 from hybridkv.remote.codec import (
     FORMAT_VERSION,
     MAGIC,
@@ -53,6 +55,7 @@ __all__ = [
     "Chunk",
     "ChunkClient",
     "ClientFault",
+    "ClusterClient",
     "Corruption",
     "Decoded",
     "Fetched",
@@ -68,6 +71,7 @@ __all__ = [
     "TwoTierStore",
     "WriteOutcome",
     "chunk_key",
+    "client_for",
     "combined_outcome",
     "decode_chunk",
     "encode_chunk",

@@ -96,11 +96,11 @@ from hybridkv.remote import (
     ClientFault,
     ModelIdentity,
     PromoteOutcome,
-    RedisClient,
     RemoteConfig,
     RemoteTier,
     ShardPlan,
     chunk_key,
+    client_for,
     combined_outcome,
     decode_chunk,
     held_on_every_shard,
@@ -143,6 +143,7 @@ def remote_config(settings: RemoteSettings) -> RemoteConfig:
         ttl_s=settings.ttl_s,
         max_pending=settings.max_pending_writes,
         namespace=settings.namespace.encode(),
+        cluster_nodes=settings.cluster_nodes,
     )
 
 
@@ -219,11 +220,12 @@ class SchedulerRemote:
         identity: ModelIdentity,
         shards: ShardPlan | None = None,
     ) -> None:
-        """Lookups go through ``client`` (default: a :class:`RedisClient` on ``config``'s
-        server; this side only asks EXISTS); every chunk key is scoped by ``identity`` and the
-        weights version, 0 until the first :meth:`reset`, after which the engine's own epoch
-        (random, drawn at the first reset) scopes it too. ``shards``: how the TP ranks map onto
-        each chunk's shards (default: one per rank of ``identity.tp_size``, private memory)."""
+        """Lookups go through ``client`` (default: :func:`hybridkv.remote.client_for`'s, on
+        ``config``'s server or cluster; this side only asks EXISTS); every chunk key is scoped
+        by ``identity`` and the weights version, 0 until the first :meth:`reset`, after which
+        the engine's own epoch (random, drawn at the first reset) scopes it too. ``shards``:
+        how the TP ranks map onto each chunk's shards (default: one per rank of
+        ``identity.tp_size``, private memory)."""
         self.core = core
         self.config = config
         self.identity = identity
@@ -231,7 +233,7 @@ class SchedulerRemote:
         self.weights_version = 0
         self.epoch = b""  # shared with every engine of this identity until a reset
         self._scope()
-        self._client = client if client is not None else RedisClient(config)
+        self._client = client if client is not None else client_for(config)
         self._step = 0
         self._promotions: dict[bytes, _Promotion] = {}
         self._failed: OrderedDict[bytes, None] = OrderedDict()
@@ -509,7 +511,7 @@ class WorkerRemote:
             )
         self.rank = rank
         self.shard = self.shards.shard_of(rank)  # which of an order's shard keys is ours
-        self._client = client if client is not None else RedisClient(config)
+        self._client = client if client is not None else client_for(config)
         self.tier = RemoteTier(config, self._client, background=background)
         self._lock = threading.Lock()
         self.count = dict.fromkeys(WORKER_COUNTERS, 0)

@@ -105,12 +105,12 @@ def started_server(workdir: Path) -> Iterator[RedisServer]:
 
 
 def transfer(
-    shape: Shape, port: int | None, *, namespace: str = "hybridkv", timeout_ms: int = 200
+    shape: Shape, port: int | str | None, *, namespace: str = "hybridkv", timeout_ms: int = 200
 ) -> Any:
     extra: dict[str, Any] = {"host_memory_bytes": HOST_BYTES, "chunk_size": shape.chunk}
     if port is not None:
         extra |= {
-            "remote_url": f"redis://127.0.0.1:{port}/0",
+            "remote_url": port if isinstance(port, str) else f"redis://127.0.0.1:{port}/0",
             "remote_namespace": namespace,
             "remote_timeout_ms": timeout_ms,
         }
@@ -143,15 +143,16 @@ def config_json(shape: Shape, tp: int) -> dict[str, Any]:
 
 def build(
     shape: Shape,
-    port: int | None,
+    port: int | str | None,
     *,
     model: str = "model",
     tp: int = 1,
     replicated: bool = False,
     **kw: Any,
 ) -> InProcessEngine:
-    """One engine (its own host tier) on the shared server at ``port`` (None: no remote),
-    serving the model named ``model`` (another name: another model of the same geometry), on
+    """One engine (its own host tier) on the shared server at ``port`` (None: no remote; a
+    str: the ``remote_url`` itself, e.g. a cluster's), serving the model named ``model``
+    (another name: another model of the same geometry), on
     ``tp`` tensor-parallel ranks simulated in process (``replicated``: the ranks hold
     replicated KV, as an MLA model's; each rank reports its jobs a step apart from the last)."""
     settings = dataclasses.replace(
