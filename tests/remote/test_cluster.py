@@ -293,7 +293,9 @@ def test_a_paused_cluster_costs_each_call_at_most_its_budget(cluster: LocalClust
     budget = config.connect_timeout_s + config.deadline_s
     client = ClusterClient(config)
     key = b"hybridkv:test:paused"
-    assert client.set(key, b"v", 0) is None
+    # The first call builds the slot map, which can take longer than this short budget on a
+    # loaded machine: a few tries, so the paused phase starts from a client that works.
+    assert any(client.set(key, b"v", 0) is None for _ in range(20))
     callers = 2 * CALL_THREADS
     start = threading.Barrier(callers)
     waits: list[float] = []
