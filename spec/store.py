@@ -15,6 +15,11 @@ an :class:`~spec.policies.EvictionPolicy` only orders resident keys and picks vi
   they are chunks of the unit its request just computed, as recent as the chunks it adds.
   Otherwise the next eviction takes the older part first and splits the unit, and a split
   unit is never claimed (a claim needs every group's chunk of a unit).
+- Dead weight first (issue 28): a store request may bind some of its keys to its unit
+  (``bound``): keys no claim can read once another key of the request is gone (the connector
+  binds a unit's mamba and sliding chunks to its full-attention chunk). Victims are taken one
+  at a time in the policy's order, a bound key whose unit lost a key first, so the rest of a
+  split unit leaves before the policy splits another.
 - Admission (issue 18): a store request carries a :class:`StorePriority`, and an entry keeps
   the priority it was reserved with. NORMAL, the default, evicts as before (any class). LOW is
   for units less likely to be claimed than a prompt's prefix (the connector sends continuation
@@ -176,6 +181,8 @@ class _Entry:
     state: EntryState
     pins: int
     priority: StorePriority = StorePriority.NORMAL
+    # A bound key's unit: the keys of the call that last reserved and bound it (empty: free).
+    unit: frozenset[bytes] = frozenset()
 
 
 class HostStore:
@@ -282,7 +289,10 @@ class HostStore:
     # --- stores ---
 
     def prepare_store(
-        self, keys: Sequence[bytes], priority: StorePriority = StorePriority.NORMAL
+        self,
+        keys: Sequence[bytes],
+        priority: StorePriority = StorePriority.NORMAL,
+        bound: Sequence[bytes] = (),
     ) -> PrepareStoreOutput | Refusal:
         """Reserve STORING entries for the absent ``keys``, evicting to make room.
 
@@ -304,12 +314,24 @@ class HostStore:
         is not a read (its request recomputed the chunks), so ARC does not promote them to
         T2, which would part the unit across T1 and T2; a call that adds nothing repairs no
         unit and changes nothing.
+
+        ``bound``: keys of ``keys`` (field ``bound`` otherwise) that no claim can read once
+        another key of the call is gone (the connector binds a unit's mamba and sliding
+        chunks to its full-attention chunk). A reserving call binds each to the call's keys.
+        A bound key whose unit lost a key is dead weight; victims are taken one at a time in
+        the policy's order, a dead key first (a key of its unit chosen earlier in the same
+        call counts as gone), else the policy's next key.
         """
         if not isinstance(priority, StorePriority):
             raise ConfigError(
                 "priority", priority, "is not a StorePriority", "pass StorePriority.NORMAL"
             )
         checked = _checked_keys(keys, distinct=True)
+        binding = frozenset(bound)
+        if not binding <= set(checked):
+            raise ConfigError(
+                "bound", bound, "names a key the call does not", "bind only keys of the call"
+            )
         incoming = tuple(key for key in checked if key not in self._entries)
         if not incoming:
             return PrepareStoreOutput((), ())
@@ -323,19 +345,23 @@ class HostStore:
         shortfall = max(0, len(incoming) - (self._capacity - len(self._entries)))
         if shortfall and priority is StorePriority.LOW:
             return Refusal.NO_SPACE  # a LOW unit takes free slots only
-        victims = self._policy.victims(shortfall, evictable, tail_first)
-        if len(victims) < shortfall:
+        ranked = self._policy.victims(len(self._entries), evictable, tail_first)
+        if len(ranked) < shortfall:
             return Refusal.NO_SPACE
+        victims = self._dead_weight_first(ranked, shortfall)
         for key in tail_first:
             self._policy.on_miss(key)
         self._evict(victims)
         fresh = set(incoming)
+        unit = frozenset(checked)
         for key in checked[::-1]:
             if key in fresh:
                 self._entries[key] = _Entry(EntryState.STORING, 0, priority)
                 self._policy.on_insert(key)
             else:  # a store is not a read: recency only (ARC keeps it in its list)
                 self._policy.on_access(key, ready=False)
+            if key in binding:
+                self._entries[key] = replace(self._entries[key], unit=unit)
         self._counters["reserved"] += len(incoming)
         return PrepareStoreOutput(incoming, victims)
 
@@ -454,7 +480,8 @@ class HostStore:
         operation reads them. Frame: nothing changes."""
         entries = tuple(
             sorted(
-                (key, e.state.value, e.pins, e.priority.value) for key, e in self._entries.items()
+                (key, e.state.value, e.pins, e.priority.value, tuple(sorted(e.unit)))
+                for key, e in self._entries.items()
             )
         )
         return (self._capacity, entries, self._policy.freeze())
@@ -474,6 +501,23 @@ class HostStore:
         twin._events = list(self._events)
         twin._taken = dict(self._taken)
         return twin
+
+    def _dead_weight_first(self, ranked: tuple[bytes, ...], count: int) -> tuple[bytes, ...]:
+        """``count`` victims from the policy's order ``ranked`` (every evictable key), one at
+        a time: the first ranked key that is dead weight (bound, some key of its unit absent
+        or already chosen), else the first ranked key not chosen."""
+        victims: list[bytes] = []
+        while len(victims) < count:
+            remaining = [key for key in ranked if key not in victims]
+            dead = [
+                key
+                for key in remaining
+                if any(
+                    mate not in self._entries or mate in victims for mate in self._entries[key].unit
+                )
+            ]
+            victims.append((dead or remaining)[0])
+        return tuple(victims)
 
     def _evict(self, victims: tuple[bytes, ...]) -> None:
         if not victims:

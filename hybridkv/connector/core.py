@@ -85,6 +85,21 @@ __all__ = ["ConnectorCore", "ConnectorStats", "LoadMode"]
 
 _LOAD, _STORE = TransferKind.LOAD, TransferKind.STORE
 _NORMAL, _LOW = StorePriority.NORMAL, StorePriority.LOW
+_FULL = GroupKind.FULL
+
+
+def _bound_keys(geometry: ConnectorGeometry, items: Sequence[TransferItem]) -> list[bytes]:
+    """The keys of a store call bound to its unit (``HostStore.prepare_store``'s ``bound``):
+    its mamba and sliding chunks when the call holds a full-attention chunk. Without that
+    chunk no claim through the unit's position can be served, and a mamba state or a
+    sliding chunk serves only claims through it; the full chunk itself still serves every
+    longer claim, so it is never bound."""
+    kinds = geometry.kinds
+    if all(kinds[item.group_idx] is not _FULL for item in items):
+        return []
+    return [item.key for item in items if kinds[item.group_idx] is not _FULL]
+
+
 # Values, so one of each serves every lookup (a Claim checks its fields when built).
 _DEFER, _NONE = Claim(ClaimKind.DEFER), Claim(ClaimKind.NONE)
 _NO_IDS: frozenset[RequestId] = frozenset()
@@ -616,7 +631,8 @@ class ConnectorCore(CoreQueries, OutsideWork):
             for items, priority in calls:
                 if not items:
                     continue
-                prepared = store.prepare_store([item.key for item in items], priority)
+                bound = _bound_keys(self.geometry, items)
+                prepared = store.prepare_store([item.key for item in items], priority, bound)
                 if not isinstance(prepared, PrepareStoreOutput):
                     self._count["stores_refused"] += 1
                     ended = priority is _NORMAL or items[0].end_token > prompt

@@ -20,6 +20,11 @@ The contract in brief:
 - a store that reserves keys refreshes its keys already present with them (issue 28;
   recency only, a store is not a read): a unit's chunks of every group stay equally recent,
   so an eviction does not split the unit just completed;
+- dead weight first (issue 28): a store call may bind some of its keys to its unit
+  (``bound``: the connector binds a unit's mamba and sliding chunks, never its full-attention
+  chunk). A bound key whose unit lost a key is dead weight, and victims are taken one at a
+  time in the policy's order, dead weight first; so the rest of a split unit leaves before
+  the policy's choice splits another;
 - a refusal is a :class:`Refusal` value and leaves everything as it was; a call with bad
   arguments raises :class:`HybridKVConfigError` before touching anything.
 
@@ -30,7 +35,9 @@ Where the speed comes from:
   :meth:`HostStore.stats` costs O(1) (ST-2, ST-5 and ST-6 recount them);
 - a store that could not make room even by evicting every candidate is refused in O(1), before
   the policy walks anything;
-- every call costs O(its keys + victims + the unevictable keys the policy walks past).
+- every call costs O(its keys + victims + the unevictable keys the policy walks past), except
+  an evicting store while some key is bound: the policy's whole order, O(resident keys), and
+  O(victims x resident) to pick the dead weight from it.
 
 Host slots (not in the snapshot): from reservation until it leaves, an entry owns a slot in
 ``[0, capacity)`` (:meth:`HostStore.slots`) where the transfer engine puts its bytes. A slot is
@@ -40,7 +47,7 @@ a failed store), so no copy in flight ever reads or writes a reused slot.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable, Sequence
 from typing import Any, cast
 
 from hybridkv.errors import HybridKVConfigError
@@ -88,6 +95,8 @@ class HostStore:
         self._state: dict[bytes, EntryState] = {}
         self._pins: dict[bytes, int] = {}  # pinned keys only (count >= 1)
         self._low: set[bytes] = set()  # resident keys reserved LOW
+        # Bound resident keys only: the keys of the last call that reserved and bound them.
+        self._unit: dict[bytes, tuple[bytes, ...]] = {}
         self._storing = 0
         self._slots: dict[bytes, int] = {}
         self._recycled: list[int] = []  # slots given back by departed entries
@@ -218,7 +227,10 @@ class HostStore:
     # --- stores ---
 
     def prepare_store(
-        self, keys: Sequence[bytes], priority: StorePriority = StorePriority.NORMAL
+        self,
+        keys: Sequence[bytes],
+        priority: StorePriority = StorePriority.NORMAL,
+        bound: Collection[bytes] = (),
     ) -> PrepareStoreOutput | Refusal:
         """Reserve a STORING entry and a slot for each absent key, evicting if the host is full.
 
@@ -231,12 +243,18 @@ class HostStore:
         unpinned entries the call does not name, leave in one EVICTED event
         (``evicted_keys``); ``keys_to_store`` lists the reserved keys in the given order.
         NO_SPACE when no such victims make room; then nothing changes, the policy included.
+        ``bound`` (field ``bound``): keys of ``keys`` useless once another key of the call is
+        gone (a mamba state or a sliding-window chunk without its unit's full-attention
+        chunk). When the call reserves, each becomes bound to the call's keys, and a bound
+        key with a key of its call gone (dead weight: no claim can read it) is evicted
+        before any other, in the policy's order (:meth:`_dead_first`).
         """
         if not isinstance(priority, StorePriority):
             raise HybridKVConfigError(
                 "priority", priority, "is not a StorePriority", "pass StorePriority.NORMAL"
             )
         valid = _valid_keys(keys, distinct=True)
+        _check_bound(bound, valid)
         state = self._state
         new = tuple(key for key in valid if key not in state)
         if not new:
@@ -269,6 +287,7 @@ class HostStore:
                     policy.on_insert(key)
         if priority is _LOW:
             self._low.update(new)
+        self._unit.update(dict.fromkeys(bound, valid))
         slots = self._slots
         for key in new:
             slots[key] = self._free_slot()
@@ -378,6 +397,7 @@ class HostStore:
             _state=dict(self._state),
             _pins=dict(self._pins),
             _low=set(self._low),
+            _unit=dict(self._unit),
             _storing=self._storing,
             _slots=dict(self._slots),
             _recycled=list(self._recycled),
@@ -405,8 +425,35 @@ class HostStore:
         if missing > len(self._state) - self._storing - len(self._pins):
             return None
         named = frozenset(valid) if len(new) != len(valid) else frozenset()
-        chosen = self._policy.victims(missing, self._candidate(named), new[::-1])
-        return chosen if len(chosen) == missing else None
+        evictable = self._candidate(named)
+        if not self._unit:  # nothing bound: the policy's choice as it is
+            chosen = self._policy.victims(missing, evictable, new[::-1])
+            return chosen if len(chosen) == missing else None
+        order = self._policy.victims(len(self._state), evictable, new[::-1])
+        return self._dead_first(order, missing) if len(order) >= missing else None
+
+    def _dead_first(self, order: tuple[bytes, ...], missing: int) -> tuple[bytes, ...]:
+        """``missing`` victims from the policy's whole ``order``, one at a time: the first
+        dead key of the order (bound, with a key of its call absent or already a victim),
+        else the first key left. A dead key can serve no claim: taking it costs no hit, and
+        the bound mates of a victim follow it rather than a chunk of another unit."""
+        state, unit = self._state, self._unit
+        gone: set[bytes] = set()
+        picked: list[bytes] = []
+        left = list(order)
+        while len(picked) < missing:
+            pick = next(
+                (
+                    key
+                    for key in left
+                    if key in unit and any(mate in gone or mate not in state for mate in unit[key])
+                ),
+                left[0],
+            )
+            left.remove(pick)
+            gone.add(pick)
+            picked.append(pick)
+        return tuple(picked)
 
     def _candidate(self, named: frozenset[bytes]) -> Evictable:
         """The evictability test handed to the policy (``named``: resident keys of the call)."""
@@ -430,6 +477,10 @@ class HostStore:
             del state[key]
             self._recycled.append(slots.pop(key))
         self._low.difference_update(keys)
+        unit = self._unit
+        if unit:
+            for key in keys:
+                unit.pop(key, None)
         self._events.append(StoreEvent(kind, keys))
         self._counters[kind.value] += len(keys)
 
@@ -456,6 +507,13 @@ def _fresh_policy(policy: str | EvictionPolicy, capacity: int) -> EvictionPolicy
 
 _LISTS = (list, tuple)  # containers that are surely key sequences, checked without isinstance
 _BYTES_ONLY = frozenset({bytes})
+
+
+def _check_bound(bound: Collection[bytes], valid: tuple[bytes, ...]) -> None:
+    if bound and not set(bound) <= set(valid):
+        raise HybridKVConfigError(
+            "bound", bound, "names a key the call does not", "bind only keys of the call"
+        )
 
 
 def _valid_key(field: str, key: object) -> bytes:

@@ -578,7 +578,12 @@ class ReferenceConnector:
             for items, priority in by_class:
                 if not items:
                     continue
-                prepared = self.store.prepare_store([item.key for item in items], priority)
+                # A mamba state or a sliding chunk is useless without its unit's full-attention
+                # chunk: bound to the call when the call holds one (the full chunk is never
+                # bound: it still serves every longer claim).
+                full = [i for i in items if self.geometry.kinds[i.group_idx] is GroupKind.FULL]
+                bound = [i.key for i in items if i not in full] if full else []
+                prepared = self.store.prepare_store([item.key for item in items], priority, bound)
                 if isinstance(prepared, PrepareStoreOutput):
                     kept.update(prepared.keys_to_store)
                     continue

@@ -191,6 +191,9 @@ def _draw_operation(
     if name == "prepare_store" and data.draw(_sampled((False, True))):
         # Admission classes: a LOW store takes free slots only.
         kwargs["priority"] = data.draw(_sampled(("normal", "low")))
+    if name == "prepare_store" and isinstance(keys, list) and data.draw(_sampled((False, True))):
+        # Unit binding: dead-weight victims (a bound key whose call lost a key) go first.
+        kwargs["bound"] = [key for key in keys if data.draw(_sampled((False, True)))]
     return name, (keys,), kwargs
 
 
