@@ -85,19 +85,19 @@ __all__ = ["ConnectorCore", "ConnectorStats", "LoadMode"]
 
 _LOAD, _STORE = TransferKind.LOAD, TransferKind.STORE
 _NORMAL, _LOW = StorePriority.NORMAL, StorePriority.LOW
-_FULL = GroupKind.FULL
+_MAMBA = GroupKind.MAMBA
 
 
 def _bound_keys(geometry: ConnectorGeometry, items: Sequence[TransferItem]) -> list[bytes]:
     """The keys of a store call bound to its unit (``HostStore.prepare_store``'s ``bound``):
-    its mamba and sliding chunks when the call holds a full-attention chunk. Without that
-    chunk no claim through the unit's position can be served, and a mamba state or a
-    sliding chunk serves only claims through it; the full chunk itself still serves every
-    longer claim, so it is never bound."""
+    its mamba states, when the call holds another chunk too. A mamba state at a unit's end
+    serves only a claim ending there, and that claim loads every attention chunk of the unit
+    (a GPU hit reaching the unit would have held the state too), so without them it is dead.
+    A sliding chunk is not bound: it also serves claims whose GPU hit covers its unit's
+    full-attention chunk (binding it cost 448 prefill tokens on one bench row)."""
     kinds = geometry.kinds
-    if all(kinds[item.group_idx] is not _FULL for item in items):
-        return []
-    return [item.key for item in items if kinds[item.group_idx] is not _FULL]
+    mamba = [item.key for item in items if kinds[item.group_idx] is _MAMBA]
+    return mamba if len(mamba) < len(items) else []
 
 
 # Values, so one of each serves every lookup (a Claim checks its fields when built).

@@ -578,11 +578,11 @@ class ReferenceConnector:
             for items, priority in by_class:
                 if not items:
                     continue
-                # A mamba state or a sliding chunk is useless without its unit's full-attention
-                # chunk: bound to the call when the call holds one (the full chunk is never
-                # bound: it still serves every longer claim).
-                full = [i for i in items if self.geometry.kinds[i.group_idx] is GroupKind.FULL]
-                bound = [i.key for i in items if i not in full] if full else []
+                # A mamba state serves only a claim ending at its unit, which loads the unit's
+                # attention chunks too: bound to them when the call holds any.
+                kinds = self.geometry.kinds
+                mamba = [i.key for i in items if kinds[i.group_idx] is GroupKind.MAMBA]
+                bound = mamba if len(mamba) < len(items) else []
                 prepared = self.store.prepare_store([item.key for item in items], priority, bound)
                 if isinstance(prepared, PrepareStoreOutput):
                     kept.update(prepared.keys_to_store)
