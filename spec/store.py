@@ -293,6 +293,18 @@ class HostStore:
             else:
                 self._policy.on_access(key, ready=entry.state is EntryState.READY)
 
+    def refresh(self, keys: Sequence[bytes]) -> None:
+        """Record that ``keys`` (head first) belong to a request that just finished.
+
+        Pre: bytes keys (repeats allowed). Post: the resident ones are refreshed tail first as
+        accesses of keys not loadable (recency only: ARC moves none to T2), so ``keys[0]`` ends
+        most recent; absent keys change nothing (no ghost learns from them). Frame: entries,
+        pins, counters and events never change.
+        """
+        for key in reversed(_checked_keys(keys, distinct=False)):
+            if key in self._entries:
+                self._policy.on_access(key, ready=False)
+
     # --- stores ---
 
     def prepare_store(

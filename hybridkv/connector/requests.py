@@ -86,6 +86,13 @@ class RequestKeys:
         return new
 
     @property
+    def hashed_tokens(self) -> int:
+        """Tokens the chain's hashes cover (whole hash blocks): :meth:`key` reaches any unit
+        ending there or before."""
+        hashes = self._given if self._hashes is None else self._hashes
+        return len(hashes) * self._geometry.planner.hash_block_size
+
+    @property
     def hashes_computed(self) -> int:
         """Block hashes this chain has computed in its life (each once)."""
         return 0 if self._hashes is None else self._hashes.hashes_computed

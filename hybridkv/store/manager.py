@@ -228,6 +228,18 @@ class HostStore:
             else:
                 policy.on_access(key, ready=found is _READY)
 
+    def refresh(self, keys: Sequence[bytes]) -> None:
+        """Recency only for the present ones of ``keys`` (head first, repeats allowed): the
+        policy sees them tail first as accesses of chunks not loadable, so ``keys[0]`` ends the
+        most recent and ARC promotes none to T2; absent keys are skipped (no ghost learns from
+        them). A finished request's chunks, head most recent: the next victims are the tails
+        of the least recent requests, which shortens a prefix instead of breaking it. Only the
+        policy changes."""
+        state, policy = self._state, self._policy
+        for key in reversed(_valid_keys(keys, distinct=False)):
+            if key in state:
+                policy.on_access(key, ready=False)
+
     # --- stores ---
 
     def prepare_store(

@@ -51,6 +51,7 @@ OPERATIONS = (
     *("complete_store",) * 4,
     *("complete_load",) * 2,
     *("touch",) * 2,
+    "refresh",
     "lookup",
     "status",
     "prepare_load",
@@ -66,6 +67,7 @@ PRESSURE = (
     *("prepare_store",) * 3,
     *("complete_store",) * 3,
     *("touch",) * 3,
+    *("refresh",) * 2,
     "prepare_load",
     "complete_load",
     "evict",
@@ -184,7 +186,7 @@ def _draw_operation(
         state, pinned = AIM[name]
         pool = _in_state(ref, state, pinned=pinned)
     size = data.draw(_sampled(SIZES.get(name, ((0, 5),))))
-    keys = _draw_keys(data, pool, distinct=name not in ("lookup", "touch"), size=size)
+    keys = _draw_keys(data, pool, distinct=name not in ("lookup", "touch", "refresh"), size=size)
     kwargs: dict[str, Any] = {}
     if name == "complete_store":
         kwargs["success"] = data.draw(_sampled((True, True, True, False)))
@@ -201,7 +203,15 @@ def _draw_junk(data: st.DataObject) -> tuple[str, tuple[Any, ...], dict]:
     """A call that breaks a pre-condition: both sides must refuse it the same way."""
     target = data.draw(
         st.sampled_from(
-            ("lookup", "prepare_store", "prepare_load", "complete_load", "touch", "evict")
+            (
+                "lookup",
+                "prepare_store",
+                "prepare_load",
+                "complete_load",
+                "touch",
+                "refresh",
+                "evict",
+            )
         )
     )
     shape = data.draw(_sampled(("bad_key", "repeat", "not_a_list", "bad_success")))
@@ -260,7 +270,15 @@ def test_the_two_stores_are_different_code() -> None:
     assert SpecStore is not FastStore
     assert SpecStore.__module__ == "spec.store"
     assert FastStore.__module__ == "hybridkv.store.manager"
-    for method in ("lookup", "prepare_load", "complete_load", "touch", "prepare_store", "evict"):
+    for method in (
+        "lookup",
+        "prepare_load",
+        "complete_load",
+        "touch",
+        "refresh",
+        "prepare_store",
+        "evict",
+    ):
         slow_code = getattr(SpecStore, method).__code__
         fast_code = getattr(FastStore, method).__code__
         assert slow_code.co_filename != fast_code.co_filename
@@ -323,10 +341,11 @@ def _draw_unit_operation(data: st.DataObject, ref: SpecStore) -> tuple[str, tupl
         keys = _draw_keys(data, storing, distinct=True, size=(1, 6))
         return name, (keys,), {"success": data.draw(_sampled((True, True, True, False)))}
     pool = _in_state(ref, "ready") or list(KEYS)
-    return name, (_draw_keys(data, pool, distinct=name != "touch", size=(1, 2)),), {}
+    distinct = name not in ("touch", "refresh")
+    return name, (_draw_keys(data, pool, distinct=distinct, size=(1, 2)),), {}
 
 
-UNIT_OTHERS = ("touch", "evict", "prepare_load")
+UNIT_OTHERS = ("touch", "refresh", "evict", "prepare_load")
 
 
 @pytest.mark.parametrize("policy", ["lru", "arc"])

@@ -779,7 +779,7 @@ _stats = HostStore.stats
 
 
 def _prepare_store_over_capacity(
-    self: HostStore, keys: Any, priority: StorePriority = StorePriority.NORMAL
+    self: HostStore, keys: Any, priority: StorePriority = StorePriority.NORMAL, bound: Any = ()
 ) -> PrepareStoreOutput:
     incoming = tuple(key for key in keys if key not in self._entries)
     for key in reversed(incoming):
@@ -831,10 +831,10 @@ def test_st3_failed_store_leaves_a_tombstone(monkeypatch: pytest.MonkeyPatch) ->
 
 
 def _prepare_store_overwriting(
-    self: HostStore, keys: Any, priority: StorePriority = StorePriority.NORMAL
+    self: HostStore, keys: Any, priority: StorePriority = StorePriority.NORMAL, bound: Any = ()
 ) -> Any:
     present = [k for k in keys if k in self._entries and self._entries[k].state is EntryState.READY]
-    prepared = _prepare_store(self, keys, priority)
+    prepared = _prepare_store(self, keys, priority, bound)
     if not isinstance(prepared, PrepareStoreOutput):
         return prepared
     for key in present:
@@ -853,12 +853,12 @@ def test_st4_store_rewrites_an_entry_a_load_pins(monkeypatch: pytest.MonkeyPatch
 
 
 def _prepare_store_evicting_pinned(
-    self: HostStore, keys: Any, priority: StorePriority = StorePriority.NORMAL
+    self: HostStore, keys: Any, priority: StorePriority = StorePriority.NORMAL, bound: Any = ()
 ) -> Any:
     pinned = {key: entry for key, entry in self._entries.items() if entry.pins}
     # The victim choice no longer sees the pins.
     self._entries.update({key: _Entry(e.state, 0, e.priority) for key, e in pinned.items()})
-    prepared = _prepare_store(self, keys, priority)
+    prepared = _prepare_store(self, keys, priority, bound)
     self._entries.update({key: e for key, e in pinned.items() if key in self._entries})
     return prepared
 
