@@ -460,8 +460,8 @@ class ConnectorCore(CoreQueries, OutsideWork):
         request's id is read, neither its tokens nor ``block_ids`` (vLLM frees the blocks).
         """
         rid = request.request_id
-        if self._asked.pop(rid, None) is not None:  # never asked: nothing of it to refresh
-            self._refresh_finished(request)
+        self._refresh_finished(request)
+        self._asked.pop(rid, None)
         self._requests.pop(rid, None)
         self._claim_memo.pop(rid, None)
         self._restarting.discard(rid)

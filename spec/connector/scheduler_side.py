@@ -346,17 +346,17 @@ class ReferenceConnector:
         stores' sources stay pinned until they report. Never refuses.
         """
         rid = request.request_id
-        if self._asked.pop(rid, None) is not None:  # never asked: nothing of it to refresh
-            # Its units on the host, head most recent (HostStore.refresh): the next victims
-            # are the tails of the least recent requests, which shortens their prefixes
-            # instead of breaking them.
-            hashes = self._hashes(request)
-            refs = sorted(
-                (ref for g in range(self.geometry.num_groups)
-                 for ref in self.geometry.units_ending_in(g, 0, len(request.token_ids))),
-                key=lambda ref: (ref.end, ref.group_idx),
-            )  # fmt: skip
-            self.store.refresh([self.geometry.key(hashes, ref) for ref in refs])
+        # Its units on the host, head most recent (HostStore.refresh): the next victims are
+        # the tails of the least recent requests, which shortens their prefixes instead of
+        # breaking them.
+        hashes = self._hashes(request)
+        refs = sorted(
+            (ref for g in range(self.geometry.num_groups)
+             for ref in self.geometry.units_ending_in(g, 0, len(request.token_ids))),
+            key=lambda ref: (ref.end, ref.group_idx),
+        )  # fmt: skip
+        self.store.refresh([self.geometry.key(hashes, ref) for ref in refs])
+        self._asked.pop(rid, None)
         record = self._loads.get(rid)
         if record is not None:
             if record.in_flight:

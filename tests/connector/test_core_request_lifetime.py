@@ -108,10 +108,12 @@ def test_finishing_forgets_the_asked_position_at_once() -> None:
 
 
 def test_a_request_never_asked_finishes_with_nothing_to_forget() -> None:
+    """Nothing changes but the hashes its finish computed (its units are looked for on the
+    host, to refresh them: none are there)."""
     core = mamba_full_core(64)
     before = core.stats()
     assert core.request_finished_all_groups(_view("never"), TABLE) is False
-    assert core.stats() == before
+    assert core.stats()._replace(hashes_computed=0) == before._replace(hashes_computed=0)
 
 
 def test_a_request_id_used_again_is_a_new_request() -> None:
