@@ -2,12 +2,24 @@
 the host store. One idea per module: :mod:`.values`, :mod:`.config`, :mod:`.codec` (chunk keys
 and verified values), :mod:`.client` (redis-py, faults returned), :mod:`.tier` (write-behind,
 lookups, fetches, counters), :mod:`.slots` (host slot bytes), :mod:`.identity` (the model
-identity and weights version scoped into chunk keys) and :mod:`.two_tier` (the host store
-composed with the tier). Needs the ``remote`` extra (redis-py).
+identity and weights version scoped into chunk keys), :mod:`.two_tier` (the host store
+composed with the tier), and, so that a slow or dead server never stalls vLLM's scheduler
+(issue 30): :mod:`.lookups` (EXISTS asked off the caller's thread), :mod:`.lookup_book` (per
+request, the lookup asked and the bounded wait for it), :mod:`.fetches` (fetches side by side,
+a late one a miss) and :mod:`.breaker` (a circuit breaker that skips a server seen down).
+Needs the ``remote`` extra (redis-py).
 """
 
 from __future__ import annotations
 
+from hybridkv.remote.breaker import (
+    BreakerConfig,
+    BreakerCounts,
+    BreakerState,
+    CircuitBreaker,
+    GuardedClient,
+    breaker_counters,
+)
 from hybridkv.remote.client import ChunkClient, RedisClient, fault_of
 from hybridkv.remote.codec import (
     FORMAT_VERSION,
@@ -20,7 +32,10 @@ from hybridkv.remote.codec import (
     redis_key,
 )
 from hybridkv.remote.config import RemoteConfig
+from hybridkv.remote.fetches import LATE, FetchPool, Late
 from hybridkv.remote.identity import EPOCH_BYTES, ModelIdentity, scoped_namespace
+from hybridkv.remote.lookup_book import Consult, Consulted, LookupBook, LookupMode, LookupPolicy
+from hybridkv.remote.lookups import Lookup, LookupCounts, LookupQueue
 from hybridkv.remote.slots import SlotBuffer
 from hybridkv.remote.tier import RemoteTier
 from hybridkv.remote.two_tier import Promotion, TwoTierStore
@@ -39,15 +54,31 @@ from hybridkv.remote.values import (
 __all__ = [
     "EPOCH_BYTES",
     "FORMAT_VERSION",
+    "LATE",
     "MAGIC",
     "REMOTE_COUNTER_NAMES",
     "Admission",
+    "BreakerConfig",
+    "BreakerCounts",
+    "BreakerState",
     "Chunk",
     "ChunkClient",
+    "CircuitBreaker",
     "ClientFault",
+    "Consult",
+    "Consulted",
     "Corruption",
     "Decoded",
+    "FetchPool",
     "Fetched",
+    "GuardedClient",
+    "Late",
+    "Lookup",
+    "LookupBook",
+    "LookupCounts",
+    "LookupMode",
+    "LookupPolicy",
+    "LookupQueue",
     "ModelIdentity",
     "PromoteOutcome",
     "PromoteRefusal",
@@ -58,6 +89,7 @@ __all__ = [
     "SlotBuffer",
     "TwoTierStore",
     "WriteOutcome",
+    "breaker_counters",
     "chunk_key",
     "decode_chunk",
     "encode_chunk",

@@ -3,6 +3,9 @@ scheduler and without a server: a :class:`ConnectorCore` each, an in-memory serv
 (tests/remote/_fake_client.py) between them, the orders and reports passed by hand as the
 connector metadata and worker metadata carry them.
 
+Lookups run off the caller's thread (issue 30): ``Engine.ask`` asks again while the request
+waits for its lookup's answer, as vLLM does each step.
+
 - Engine A's store reports become write orders; its worker copies the host slots and SETs one
   chunk per prefix step; engine B's claim promotes them, its worker fetches and verifies them
   into B's own slots (byte-equal to A's), and B's claim then covers them.
@@ -86,6 +89,13 @@ class Engine:
         self.host = HostMemory(64 * SLOT, SLOT, PinMode.OFF)
         self.worker = WorkerRemote(CONFIG, self.host, client=server, background=False)
 
+    def ask(self, view: RequestView, start: int) -> None:
+        """The scheduler side's lookup for ``view``'s claim, asked again while it waits for
+        its answer (vLLM asks a deferred request again each step): a server that answers
+        within one step."""
+        while self.remote.before_claim(view, start):
+            assert self.remote.settle_lookups(5.0)
+
     def step(self, reports: tuple[FetchReport, ...] = ()) -> tuple[FetchReport, ...]:
         """Build the orders, run them on the worker (writes flushed), fold the reports."""
         orders = self.remote.orders()
@@ -130,7 +140,7 @@ def test_b_promotes_what_a_wrote_byte_for_byte() -> None:
     assert a.worker.counters()["remote_written"] == 8
     assert len(server.data) == 8
     view = _view("b")
-    b.remote.before_claim(view, 0)
+    b.ask(view, 0)
     assert b.remote.count["promotions_started"] == 8
     assert b.core.get_num_new_matched_tokens(view, 0).kind is ClaimKind.DEFER
     b.step()
@@ -144,7 +154,7 @@ def test_b_promotes_what_a_wrote_byte_for_byte() -> None:
             assert bytes(b.host.slot(slot).numpy()) == _content(key)
     # Asked again with nothing changed: no second lookup.
     lookups = b.remote.count["remote_lookups"]
-    b.remote.before_claim(view, 0)
+    b.ask(view, 0)
     assert b.remote.count["remote_lookups"] == lookups
 
 
@@ -153,7 +163,7 @@ def test_an_unreported_promotion_times_out_and_a_late_report_is_ignored() -> Non
     a, b = Engine(server), Engine(server)
     _serve_and_write(a)
     view = _view("b")
-    b.remote.before_claim(view, 0)
+    b.ask(view, 0)
     orders = b.remote.orders()  # sent, never run: the report is lost
     assert orders is not None
     assert len(orders.fetches) == 8
@@ -169,7 +179,7 @@ def test_an_unreported_promotion_times_out_and_a_late_report_is_ignored() -> Non
     assert b.remote.count["late_reports"] == 1
     assert b.core.get_num_new_matched_tokens(view, 0).kind is ClaimKind.NONE
     # Failed chunks are remembered: the same request never promotes them again.
-    b.remote.before_claim(view, 0)
+    b.ask(view, 0)
     assert b.remote.count["promotions_started"] == 8
 
 
@@ -189,7 +199,7 @@ def test_another_model_identity_finds_none_of_the_chunks(field: str) -> None:
     b = Engine(server, ModelIdentity(**{**fields, field: other[field]}))
     view = _view("b")
     assert b.core.chunk_members(view, 32) == a.core.chunk_members(view, 32)
-    b.remote.before_claim(view, 0)
+    b.ask(view, 0)
     assert b.remote.count["remote_lookups"] == 1
     assert b.remote.count["remote_chunks_found"] == 0
     assert b.remote.count["promotions_started"] == 0
@@ -211,7 +221,7 @@ def test_after_a_reset_no_chunk_written_before_it_is_asked_for() -> None:
     assert a.remote.namespace != before
     a.core.reset_cache()
     view = _view("again")
-    a.remote.before_claim(view, 0)
+    a.ask(view, 0)
     assert a.remote.count["remote_lookups"] == 1
     assert a.remote.count["remote_chunks_found"] == 0
     assert a.core.get_num_new_matched_tokens(view, 0).kind is ClaimKind.NONE
@@ -221,7 +231,7 @@ def test_after_a_reset_no_chunk_written_before_it_is_asked_for() -> None:
     replica.remote.reset()  # one reset too: perhaps a sleep, on the old weights
     assert replica.remote.weights_version == a.remote.weights_version == 1
     assert replica.remote.namespace != a.remote.namespace
-    replica.remote.before_claim(_view("r"), 0)
+    replica.ask(_view("r"), 0)
     assert replica.remote.count["remote_chunks_found"] == 0
     assert replica.remote.count["promotions_started"] == 0
     fresh = Engine(server)  # never reset: the checkpoint's weights, like A before its reset
@@ -243,7 +253,7 @@ def test_a_failed_fetch_ends_the_claim_before_its_chunk(fault: object, outcome: 
     a, b = Engine(server), Engine(server)
     _serve_and_write(a)
     view = _view("b")
-    b.remote.before_claim(view, 0)
+    b.ask(view, 0)
     orders = b.remote.orders()
     assert orders is not None
     third = redis_key(orders.fetches[2].chunk_key)  # the chunk ending at token 12
@@ -296,7 +306,7 @@ def test_a_lookup_fault_promotes_nothing() -> None:
     a, b = Engine(server), Engine(server)
     _serve_and_write(a)
     server.fail_next["exists"] = ClientFault.TIMEOUT
-    b.remote.before_claim(_view("b"), 0)
+    b.ask(_view("b"), 0)
     assert b.remote.count["remote_lookup_faults"] == 1
     assert b.remote.count["promotions_started"] == 0
     assert b.core.store.stats().reserved == 0
@@ -311,7 +321,7 @@ def test_orders_and_reports_cross_processes_by_pickle() -> None:
     server = FakeClient()
     a, b = Engine(server), Engine(server)
     _serve_and_write(a)
-    b.remote.before_claim(_view("b"), 0)
+    b.ask(_view("b"), 0)
     orders = b.remote.orders()
     assert orders is not None
     assert pickle.loads(pickle.dumps(orders)) == orders

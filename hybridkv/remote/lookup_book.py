@@ -1,0 +1,201 @@
+"""Per request, the remote lookup asked for its claim and what to do while it is unanswered.
+
+The scheduler side asks the server which chunks it holds (:mod:`hybridkv.remote.lookups` asks
+off the scheduler thread) and must answer vLLM at once. :class:`LookupBook` keeps, per request,
+its latest lookup, and tells the caller (:meth:`LookupBook.consult`):
+
+- READY: an answered lookup covers every chunk asked now; here is what the server holds.
+- WAIT: the lookup is not answered, and the request has waited less than ``wait_s`` in all:
+  defer the request (vLLM's ``get_num_new_matched_tokens`` answers None and asks again next
+  step).
+- GO: nothing to wait for: the request goes on without the remote tier's hit. The lookup is
+  not answered and the request's wait is spent; or the queue is full; or the circuit breaker
+  is open (:mod:`hybridkv.remote.breaker`: no server call at all).
+
+Bounded deferral (liveness, SC-10..12): a request is deferred for its lookups for at most
+``wait_s`` seconds in all, counted from its first WAIT, however many lookups it asks (a
+preempted or re-asked request does not get a new budget); after that it is never WAITed again.
+So a paused or dead server delays each request at most ``wait_s`` and never wedges one.
+
+Deterministic answers: an answer, once in, is the request's answer for every chunk it covers,
+however often vLLM asks; a new lookup is asked only for chunks no lookup of the request asked
+(its prefix grew, the host lost a chunk). A late answer still serves a request that is still
+waiting when it comes in. ``SYNC`` mode asks on the caller's thread (the path before issue 30,
+kept for the stall benchmark's comparison): always READY or GO.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from enum import Enum
+
+from hybridkv.errors import HybridKVConfigError
+from hybridkv.remote.breaker import CircuitBreaker
+from hybridkv.remote.codec import redis_key
+from hybridkv.remote.lookups import Lookup, LookupQueue
+from hybridkv.remote.values import ClientFault
+
+__all__ = ["Consult", "Consulted", "LookupBook", "LookupMode", "LookupPolicy"]
+
+
+class LookupMode(Enum):
+    """Where a lookup's EXISTS runs: on the lookup threads (ASYNC) or the caller's (SYNC)."""
+
+    ASYNC = "async"
+    SYNC = "sync"
+
+
+@dataclass(frozen=True, slots=True)
+class LookupPolicy:
+    """How lookups are asked and how long a request may wait for one.
+
+    Attributes:
+        mode: ASYNC (default) or SYNC (:class:`LookupMode`).
+        wait_s: the longest a request is deferred, in all, waiting for its lookups (>= 0;
+            0: never deferred, a request whose answer is not in goes on without the hit).
+        workers: lookup threads (>= 1).
+        max_queued: lookups waiting for a thread at most (>= 1); beyond it a request goes on
+            without the remote tier.
+    """
+
+    mode: LookupMode = LookupMode.ASYNC
+    wait_s: float = 0.02
+    workers: int = 2
+    max_queued: int = 64
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.mode, LookupMode):
+            raise HybridKVConfigError("lookup_mode", self.mode, "is not a LookupMode", "ASYNC")
+        wait = self.wait_s
+        if isinstance(wait, bool) or not isinstance(wait, (int, float)) or not 0 <= wait <= 60:
+            raise HybridKVConfigError(
+                "remote_lookup_wait_ms", wait, "must be seconds in [0, 60]", "e.g. 0.02"
+            )
+
+
+class Consult(Enum):
+    """What the caller does with a request's claim now (module docstring)."""
+
+    READY = "ready"
+    WAIT = "wait"
+    GO = "go"
+
+
+@dataclass(frozen=True, slots=True)
+class Consulted:
+    """:meth:`LookupBook.consult`'s answer.
+
+    Attributes:
+        verdict: READY, WAIT or GO.
+        present: READY: the asked chunk keys the server holds (empty on a fault).
+        fault: READY: the fault that answered the lookup, or None.
+        first: READY: whether this is the first time this lookup's answer is read.
+    """
+
+    verdict: Consult
+    present: frozenset[bytes] = frozenset()
+    fault: ClientFault | None = None
+    first: bool = False
+
+
+_WAIT = Consulted(Consult.WAIT)
+_GO = Consulted(Consult.GO)
+
+
+class _Asked:
+    __slots__ = ("chunk_keys", "covered", "late", "lookup", "read")
+
+    def __init__(self, lookup: Lookup, chunk_keys: tuple[bytes, ...]) -> None:
+        self.lookup = lookup
+        self.chunk_keys = chunk_keys
+        self.covered = frozenset(chunk_keys)
+        self.read = False  # the answer was handed out once
+        self.late = False  # the request went on without it
+
+
+class LookupBook:
+    """The module's per-request records over ``queue`` (``breaker``: skip while open)."""
+
+    def __init__(
+        self,
+        queue: LookupQueue,
+        policy: LookupPolicy,
+        *,
+        breaker: CircuitBreaker | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.queue = queue
+        self.policy = policy
+        self.breaker = breaker
+        self._clock = clock
+        self._asked: dict[str, _Asked] = {}
+        self._waiting_since: dict[str, float] = {}
+        self.count = {"asked": 0, "refused": 0, "waits": 0, "late": 0}
+
+    def consult(self, rid: str, chunk_keys: Sequence[bytes]) -> Consulted:
+        """What ``rid``'s claim over ``chunk_keys`` (non-empty) does now (module docstring).
+
+        Post: a lookup of ``chunk_keys`` is asked (``asked`` grew) unless an earlier one of
+        the request covers them, the queue refused it (``refused``) or the breaker is open
+        (the breaker counts a skip); a WAIT counts ``waits``; the first GO of an unanswered
+        lookup counts ``late``.
+        """
+        asked = self._asked.get(rid)
+        if asked is None or not asked.covered.issuperset(chunk_keys):
+            fresh = self._ask(tuple(chunk_keys))
+            if fresh is None:
+                return _GO
+            self._asked[rid] = asked = fresh
+        if asked.lookup.ready():
+            return self._read(asked)
+        if self.policy.mode is LookupMode.ASYNC:
+            now = self._clock()
+            since = self._waiting_since.setdefault(rid, now)
+            if now - since < self.policy.wait_s:
+                self.count["waits"] += 1
+                return _WAIT
+        if not asked.late:
+            asked.late = True
+            self.count["late"] += 1
+        return _GO
+
+    def forget(self, rid: str) -> None:
+        """The request finished: drop its lookup (answered later, it is read by no one)."""
+        self._asked.pop(rid, None)
+        self._waiting_since.pop(rid, None)
+
+    def clear(self) -> None:
+        """Forget every request's lookup (a reset: the keys asked are of the old namespace);
+        each request's wait so far still counts against its bound."""
+        self._asked.clear()
+
+    def settle(self, timeout_s: float) -> bool:
+        """Wait up to ``timeout_s`` for every asked lookup to be answered (tests, benches)."""
+        return self.queue.settle(timeout_s)
+
+    def _ask(self, chunk_keys: tuple[bytes, ...]) -> _Asked | None:
+        breaker = self.breaker
+        if breaker is not None and breaker.skipping():
+            breaker.skipped()
+            return None
+        keys = [redis_key(key) for key in chunk_keys]
+        if self.policy.mode is LookupMode.SYNC:
+            lookup: Lookup | None = self.queue.ask_now(keys)
+        else:
+            lookup = self.queue.ask(keys)
+        if lookup is None:
+            self.count["refused"] += 1
+            return None
+        self.count["asked"] += 1
+        return _Asked(lookup, chunk_keys)
+
+    @staticmethod
+    def _read(asked: _Asked) -> Consulted:
+        first, asked.read = not asked.read, True
+        answer = asked.lookup.answer()
+        if isinstance(answer, ClientFault):
+            return Consulted(Consult.READY, fault=answer, first=first)
+        present = frozenset(k for k, yes in zip(asked.chunk_keys, answer, strict=True) if yes)
+        return Consulted(Consult.READY, present, first=first)
