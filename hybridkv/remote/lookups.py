@@ -118,7 +118,13 @@ class LookupQueue:
         with self._lock:
             return self._lock.wait_for(lambda: not self._queue and not self._running, timeout_s)
 
+    def queued(self) -> int:
+        """Lookups waiting for a thread now (not those a thread is asking)."""
+        with self._lock:
+            return len(self._queue)
+
     def counts(self) -> LookupCounts:
+        """The monotone counts now. Frame: nothing changes."""
         with self._lock:
             return LookupCounts(self._asked, self._refused, self._answered)
 

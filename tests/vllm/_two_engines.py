@@ -134,7 +134,28 @@ def build(shape: Shape, port: int | None, *, model: str = "model", **kw: Any) ->
     remote = engine.scheduler.connector.remote
     if remote is not None:
         remote.record = True  # keep the (chunk, salt) logs the tenant checks read
+        answer_within_a_step(engine)
     return engine
+
+
+def answer_within_a_step(engine: InProcessEngine) -> None:
+    """Before each engine step, wait until the scheduler side's remote lookups are answered.
+
+    Lookups run off the scheduler thread (issue 30): a request whose lookup is not answered
+    waits at most ``remote_lookup_wait_ms``, then goes on without the remote hit. These traces
+    check what the remote tier loads, so they model a server that answers within one engine
+    step (as a healthy one does: an EXISTS is well under a millisecond, a step is not):
+    deferred at the step that asks, answered at the next. How a slow server's late answers
+    play is tests/vllm/test_remote_stall.py's.
+    """
+    remote = engine.scheduler.connector.remote
+    step = engine.step
+
+    def answered_step() -> list[Any]:
+        assert remote.settle_lookups(10.0)  # each EXISTS is bounded by remote_timeout_ms
+        return step()
+
+    engine.step = answered_step  # type: ignore[method-assign]
 
 
 @dataclass(frozen=True, slots=True)

@@ -18,7 +18,9 @@ from __future__ import annotations
 
 import hashlib
 import sys
+import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -28,7 +30,7 @@ pytest.importorskip("vllm.v1.core.sched.scheduler", reason="vLLM 0.33 is not ins
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "remote"))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "connector"))
 
-from _fake_chunk_client import FakeClient  # noqa: E402
+from _fake_chunk_client import FakeClient, SlowClient  # noqa: E402
 from small_core import mamba_full_core  # noqa: E402
 
 from hybridkv.connector import (  # noqa: E402
@@ -45,8 +47,11 @@ from hybridkv.hostmem import HostMemory, PinMode  # noqa: E402
 from hybridkv.kinds import GroupKind  # noqa: E402
 from hybridkv.remote import (  # noqa: E402
     Admission,
+    BreakerConfig,
     Chunk,
     ClientFault,
+    LookupMode,
+    LookupPolicy,
     ModelIdentity,
     RemoteConfig,
     redis_key,
@@ -83,9 +88,11 @@ def _content(key: bytes) -> bytes:
 class Engine:
     """One engine's scheduler side and worker side over one fake server."""
 
-    def __init__(self, server: FakeClient, identity: ModelIdentity = IDENTITY) -> None:
+    def __init__(
+        self, server: FakeClient, identity: ModelIdentity = IDENTITY, **remote: Any
+    ) -> None:
         self.core = _core()
-        self.remote = SchedulerRemote(self.core, CONFIG, server, identity=identity)
+        self.remote = SchedulerRemote(self.core, CONFIG, server, identity=identity, **remote)
         self.host = HostMemory(64 * SLOT, SLOT, PinMode.OFF)
         self.worker = WorkerRemote(CONFIG, self.host, client=server, background=False)
 
@@ -341,3 +348,142 @@ def test_a_remote_tier_refuses_tensor_parallelism() -> None:
     refuse_tensor_parallel(1)
     with pytest.raises(HybridKVConfigError, match="remote_url"):
         refuse_tensor_parallel(2)
+
+
+# ------------------------------------------------------------------ issue 30: never stall
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_a_slow_lookup_defers_the_request_a_bounded_time_then_goes_without() -> None:
+    """The server holds A's chunks but answers EXISTS late: B's request waits (vLLM's None)
+    for at most the lookup wait, then is claimed from the host alone (nothing), and is never
+    deferred again; the late answer promotes the chunks if the request is still waiting."""
+    server = SlowClient()
+    a = Engine(server)
+    _serve_and_write(a)
+    clock = Clock()
+    b = Engine(server, lookups=LookupPolicy(wait_s=0.05), clock=clock)
+    view = _view("b")
+    server.release.clear()  # the server stops answering EXISTS
+    started = time.monotonic()
+    assert b.remote.before_claim(view, 0)  # asked off this thread: wait
+    clock.now = 0.049
+    assert b.remote.before_claim(view, 0)
+    clock.now = 0.05
+    assert not b.remote.before_claim(view, 0)  # the wait is spent: no remote hit
+    assert time.monotonic() - started < 0.5  # no call waited on the server
+    assert b.core.get_num_new_matched_tokens(view, 0).kind is ClaimKind.NONE
+    for _ in range(100):  # vLLM asks every step: never deferred again
+        clock.now += 1.0
+        assert not b.remote.before_claim(view, 0)
+    count = b.remote.count
+    assert (count["remote_lookups_waited"], count["remote_lookups_late"]) == (2, 1)
+    assert count["promotions_started"] == 0
+    server.release.set()  # the answer comes in while the request still waits
+    assert b.remote.settle_lookups(5.0)
+    assert not b.remote.before_claim(view, 0)
+    assert b.remote.count["promotions_started"] == 8
+    assert b.remote.count["remote_lookups"] == 1
+
+
+def test_a_ready_answer_gives_the_hit_and_the_sync_path_asks_inline() -> None:
+    server = FakeClient()
+    a = Engine(server)
+    _serve_and_write(a)
+    b = Engine(server)
+    b.ask(_view("b"), 0)
+    sync = Engine(server, lookups=LookupPolicy(mode=LookupMode.SYNC))
+    assert not sync.remote.before_claim(_view("s"), 0)  # answered on this thread
+    for engine in (b, sync):
+        assert engine.remote.count["promotions_started"] == 8
+        assert engine.remote.count["remote_lookups_waited"] == (1 if engine is b else 0)
+
+
+def test_a_dead_server_opens_the_lookup_breaker_and_lookups_stop_asking() -> None:
+    server = FakeClient()
+    a = Engine(server)
+    _serve_and_write(a)
+    clock = Clock()
+    b = Engine(server, breaker=BreakerConfig(failures=2, backoff_s=5.0), clock=clock)
+    for i in range(2):
+        server.fail_next["exists"] = ClientFault.FAULT
+        b.ask(_view(f"f{i}"), 0)
+    assert b.remote.count["remote_lookup_breaker_trips"] == 1
+    asked = server.calls["exists"]
+    for i in range(5):  # answered at once, no wait, the server not asked
+        assert not b.remote.before_claim(_view(f"s{i}"), 0)
+    assert server.calls["exists"] == asked
+    assert b.remote.count["remote_lookup_breaker_skips"] == 5
+    assert b.remote.count["remote_lookup_faults"] == 2
+    clock.now = 5.0  # the backoff is over: one probe, which succeeds and closes it
+    b.ask(_view("probe"), 0)
+    count = b.remote.count
+    assert (count["remote_lookup_breaker_probes"], count["remote_lookup_breaker_closes"]) == (1, 1)
+    assert count["promotions_started"] == 8
+
+
+def test_fetches_run_side_by_side() -> None:
+    server = SlowClient()
+    a = Engine(server)
+    _serve_and_write(a)
+    b = Engine(server)
+    b.ask(_view("b"), 0)
+    server.get_delay_s = 0.1
+    started = time.monotonic()
+    b.step()  # 8 fetches of 100 ms on 4 threads
+    elapsed = time.monotonic() - started
+    assert b.remote.count["promoted"] == 8
+    assert elapsed < 0.6, elapsed  # one after another: 0.8 s
+
+
+def test_a_late_fetch_is_a_miss_and_loads_nothing() -> None:
+    server = SlowClient()
+    a = Engine(server)
+    _serve_and_write(a)
+    b = Engine(server)
+    b.worker = WorkerRemote(
+        RemoteConfig(namespace=b"t", deadline_s=0.05), b.host, client=server, background=False
+    )
+    b.ask(_view("b"), 0)
+    b.host.tensor.fill_(7)
+    server.get_delay_s = 0.08  # every GET returns whole, past the 50 ms deadline
+    b.step()
+    count = b.remote.count
+    assert (count["timeout"], count["promoted"]) == (8, 0)
+    counters = b.worker.counters()
+    assert (counters["remote_fetches_late"], counters["remote_fetched_bytes"]) == (8, 0)
+    assert bool((b.host.tensor == 7).all())  # not one byte of a slot written
+    assert b.core.get_num_new_matched_tokens(_view("b"), 0).kind is ClaimKind.NONE
+
+
+def test_a_dead_server_opens_the_worker_breaker_fetches_fail_fast_writes_drop() -> None:
+    server = FakeClient()
+    a = Engine(server)
+    _serve_and_write(a)
+    b = Engine(server)
+    b.worker = WorkerRemote(
+        CONFIG, b.host, client=server, background=False, breaker=BreakerConfig(3, 60.0)
+    )
+    b.ask(_view("b"), 0)
+    gets = server.calls["get"]
+    orders = b.remote.orders()
+    assert orders is not None
+    for order in orders.fetches[:3]:  # one at a time, each failing: the breaker opens
+        server.fail_next["get"] = ClientFault.FAULT
+        b.worker.run(RemoteOrders((), (order,)))
+    reports = b.worker.run(RemoteOrders((), orders.fetches[3:]))
+    assert server.calls["get"] == gets + 3  # the 5 others never asked the server
+    assert {r.outcome for r in reports} == {"fault"}
+    counters = b.worker.counters()
+    assert (counters["remote_breaker_trips"], counters["remote_breaker_skips"]) == (1, 5)
+    write = orders.fetches[0]
+    b.worker.run(RemoteOrders((write,), ()))
+    assert b.worker.counters()["remote_writes_skipped"] == 1
+    assert b.worker.counters()["remote_writes_enqueued"] == 0

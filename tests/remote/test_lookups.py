@@ -1,0 +1,222 @@
+"""Lookups off the caller's thread (hybridkv.remote.lookups, .lookup_book) and fetches side by
+side (hybridkv.remote.fetches), over a fake client whose EXISTS is held at a gate and whose GET
+sleeps: no call the caller makes waits on the server.
+
+- An unanswered lookup: WAIT while the request's wait lasts, then GO (no remote hit), never
+  again WAIT for that request (no wedge); a late answer still serves it when it comes in.
+- An answered lookup: READY with what the server holds, the same answer every time it is read
+  (vLLM asks again each step), and no new lookup while it covers the chunks asked.
+- The queue's bound refuses a lookup (GO); the breaker open: GO at once, the server not asked.
+- Fetches: n slow GETs in a pool of n threads take about one GET, not n; a GET past the deadline
+  is LATE; a call that never returns within the batch's wait is LATE and its result is dropped.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import pytest
+from _fake_chunk_client import FakeClient, SlowClient
+
+from hybridkv.errors import HybridKVConfigError
+from hybridkv.remote import (
+    LATE,
+    BreakerConfig,
+    CircuitBreaker,
+    ClientFault,
+    Consult,
+    FetchPool,
+    GuardedClient,
+    LookupBook,
+    LookupMode,
+    LookupPolicy,
+    LookupQueue,
+    redis_key,
+)
+
+A, B, C = b"a" * 32, b"b" * 32, b"c" * 32
+
+
+def GatedClient() -> SlowClient:  # noqa: N802 (reads as the class it builds)
+    """A slow server whose EXISTS waits until the test sets ``release``."""
+    client = SlowClient()
+    client.release.clear()
+    return client
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _book(client: FakeClient, wait_s: float = 0.02, **kw: object) -> tuple[LookupBook, Clock]:
+    clock = Clock()
+    policy = LookupPolicy(wait_s=wait_s, **kw)  # type: ignore[arg-type]
+    queue = LookupQueue(client, workers=policy.workers, max_queued=policy.max_queued)
+    return LookupBook(queue, policy, clock=clock), clock
+
+
+def test_an_unanswered_lookup_waits_a_bounded_time_then_goes_without() -> None:
+    server = GatedClient()
+    server.data[redis_key(A)] = b"x"
+    book, clock = _book(server, wait_s=0.02)
+    assert book.consult("r", [A, B]).verdict is Consult.WAIT
+    clock.now = 0.019
+    assert book.consult("r", [A, B]).verdict is Consult.WAIT
+    clock.now = 0.020
+    assert book.consult("r", [A, B]).verdict is Consult.GO  # the wait is spent
+    clock.now = 5.0
+    assert book.consult("r", [A, B]).verdict is Consult.GO
+    assert book.consult("r", [A, B, C]).verdict is Consult.GO  # a new lookup: no new wait
+    assert book.count == {"asked": 2, "refused": 0, "waits": 2, "late": 2}
+    # The late answer still serves the request while it waits.
+    server.release.set()
+    assert book.settle(5.0)
+    answer = book.consult("r", [A, B, C])
+    assert (answer.verdict, answer.present, answer.first) == (Consult.READY, {A}, True)
+    book.queue.close()
+
+
+def test_an_answered_lookup_is_the_requests_answer_every_time() -> None:
+    server = GatedClient()
+    server.release.set()
+    server.data[redis_key(B)] = b"x"
+    book, _ = _book(server)
+    assert book.consult("r", [A, B]).verdict is Consult.WAIT
+    assert book.settle(5.0)
+    first = book.consult("r", [A, B])
+    again = book.consult("r", [B])  # a subset (the host now holds A): no new lookup
+    assert (first.verdict, first.present, first.first) == (Consult.READY, {B}, True)
+    assert (again.verdict, again.present, again.first) == (Consult.READY, {B}, False)
+    server.data[redis_key(A)] = b"x"  # written later: this request's answer stands
+    assert book.consult("r", [A, B]).present == {B}
+    assert server.calls["exists"] == 1
+    assert book.count["asked"] == 1
+    book.forget("r")  # another request (or this one after it finished) asks afresh
+    assert book.consult("s", [A, B]).verdict is Consult.WAIT
+    assert book.settle(5.0)
+    assert book.consult("s", [A, B]).present == {A, B}
+    book.queue.close()
+
+
+def test_a_fault_answers_nothing_present() -> None:
+    server = FakeClient()
+    server.fail_next["exists"] = ClientFault.TIMEOUT
+    book, _ = _book(server)
+    book.consult("r", [A])
+    assert book.settle(5.0)
+    answer = book.consult("r", [A])
+    assert (answer.verdict, answer.fault, answer.present) == (
+        Consult.READY,
+        ClientFault.TIMEOUT,
+        frozenset(),
+    )
+    book.queue.close()
+
+
+def test_zero_wait_never_defers_and_sync_mode_answers_at_once() -> None:
+    server = GatedClient()
+    book, _ = _book(server, wait_s=0)
+    assert book.consult("r", [A]).verdict is Consult.GO
+    server.release.set()
+    book.queue.close()
+    sync, _ = _book(server, mode=LookupMode.SYNC)
+    server.data[redis_key(A)] = b"x"
+    answer = sync.consult("r", [A, B])
+    assert (answer.verdict, answer.present) == (Consult.READY, {A})
+    sync.queue.close()
+
+
+def test_a_full_queue_refuses_and_the_request_goes_without() -> None:
+    server = GatedClient()
+    book, _ = _book(server, workers=1, max_queued=1)
+    assert book.consult("r1", [A]).verdict is Consult.WAIT  # taken by the thread
+    assert _eventually(lambda: book.queue.queued() == 0)
+    assert book.consult("r2", [B]).verdict is Consult.WAIT  # queued
+    assert book.consult("r3", [C]).verdict is Consult.GO  # refused
+    assert book.count["refused"] == 1
+    assert book.queue.counts().refused == 1
+    server.release.set()
+    assert book.settle(5.0)
+    book.queue.close()
+    assert book.queue.ask([A]) is None  # closed
+
+
+def test_an_open_breaker_answers_go_at_once_without_asking() -> None:
+    server = FakeClient()
+    clock = Clock()
+    breaker = CircuitBreaker(BreakerConfig(failures=1, backoff_s=1.0), clock)
+    queue = LookupQueue(GuardedClient(server, breaker))
+    book = LookupBook(queue, LookupPolicy(), breaker=breaker, clock=clock)
+    server.fail_next["exists"] = ClientFault.FAULT
+    book.consult("r", [A])
+    assert book.settle(5.0)
+    assert book.consult("r", [A]).fault is ClientFault.FAULT
+    calls = server.calls["exists"]
+    assert book.consult("s", [B]).verdict is Consult.GO
+    assert server.calls["exists"] == calls
+    assert breaker.counts().skips == 1
+    clock.now = 1.0  # the backoff is over: the next lookup is the probe
+    assert book.consult("s", [B]).verdict is Consult.WAIT
+    assert book.settle(5.0)
+    assert book.consult("s", [B]).verdict is Consult.READY
+    assert breaker.counts().closes == 1
+    queue.close()
+
+
+def test_closing_answers_queued_lookups_fault() -> None:
+    server = GatedClient()
+    queue = LookupQueue(server, workers=1)
+    first = queue.ask([A])
+    assert _eventually(lambda: queue.queued() == 0)
+    second = queue.ask([B])
+    assert first is not None and second is not None
+    queue.close()
+    assert second.ready() and second.answer() is ClientFault.FAULT
+    with pytest.raises(HybridKVConfigError, match="lookup"):
+        first.answer()
+    server.release.set()
+    assert first.wait(5.0)
+
+
+def test_fetches_run_side_by_side_and_a_late_one_is_late() -> None:
+    pool = FetchPool(workers=4)
+    started = time.monotonic()
+    found = pool.run([lambda i=i: (time.sleep(0.1), i)[1] for i in range(4)], 1.0)
+    elapsed = time.monotonic() - started
+    assert found == [0, 1, 2, 3]
+    assert elapsed < 0.3, elapsed  # one after another: >= 0.4 s
+    # A result past the deadline is LATE even though it came back.
+    assert pool.run([lambda: (time.sleep(0.06), "x")[1], lambda: "y"], 0.05) == [LATE, "y"]
+    # A call still running when the batch's wait ends is LATE; its result is dropped.
+    hold = threading.Event()
+    started = time.monotonic()
+    assert pool.run([lambda: hold.wait(5.0), lambda: "z"], 0.05) == [LATE, "z"]
+    assert time.monotonic() - started < 1.0
+    hold.set()
+    assert pool.run([], 0.05) == []
+    pool.close()
+
+
+def test_bad_bounds_name_the_field() -> None:
+    with pytest.raises(HybridKVConfigError, match="fetch_workers"):
+        FetchPool(0)
+    with pytest.raises(HybridKVConfigError, match="lookup_queue"):
+        LookupQueue(FakeClient(), max_queued=0)
+    with pytest.raises(HybridKVConfigError, match="remote_lookup_wait_ms"):
+        LookupPolicy(wait_s=-1)
+    with pytest.raises(HybridKVConfigError, match="lookup_mode"):
+        LookupPolicy(mode="async")  # type: ignore[arg-type]
+
+
+def _eventually(predicate: object, timeout_s: float = 5.0) -> bool:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if predicate():  # type: ignore[operator]
+            return True
+        time.sleep(0.001)
+    return False
