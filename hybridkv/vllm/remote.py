@@ -40,7 +40,14 @@ writer: bounded, never blocking (a full queue drops the write, counted).
 Read-through (:class:`SchedulerRemote.before_claim`): before the core answers a claim, the
 chunks ending in ``(num_computed_tokens, claimable end]`` whose members are all absent from the
 host are asked of the server (one pipelined EXISTS over every end's variants, bounded by
-``remote_timeout_ms``; a fault answers none present); in prefix order, the ends the server
+``remote_timeout_ms``; a fault answers none present). The EXISTS never runs on the scheduler
+thread (issue 30): it is queued to the lookup threads (:class:`hybridkv.remote.LookupBook`),
+and until its answer is in the request waits (vLLM's None) for at most
+``remote_lookup_wait_ms`` in all, then goes on without the remote hit; an answer, once in, is
+the request's answer for every chunk it covers. A circuit breaker on each side
+(:mod:`hybridkv.remote.breaker`) skips a server seen down: lookups answer no hit at once,
+fetches resolve FAULT at once, writes are dropped, until a probe after the backoff succeeds.
+In prefix order, the ends the server
 holds up to the first it lacks are promoted (per end, the whole chunk if present, else the
 attention-only one): their members
 are reserved STORING through the core (:meth:`~hybridkv.connector.ConnectorCore.reserve_promotion`),
@@ -50,8 +57,10 @@ members (:func:`hybridkv.remote.decode_chunk`: magic, version, member keys, leng
 and each payload exactly one slot), writes the payloads into the reserved slots and reports the
 outcome: PROMOTED (members READY) or MISSING / FAULT / TIMEOUT / CORRUPT (members dropped; the
 chunk is remembered failed, so the claim ends before it and vLLM recomputes exactly what is
-missing). A fetch runs inside ``start_load_kv`` and its bytes land before the worker reports,
-so a report never precedes its writes.
+missing). A step's fetches run side by side on a few threads inside ``start_load_kv``
+(:class:`hybridkv.remote.FetchPool`); a result past the deadline is TIMEOUT, and the bytes of
+those in time are copied into their slots on the worker's thread before it reports, so a
+report never precedes its writes and a late fetch writes nothing.
 
 Termination (TT-4): a promotion not reported within ``PROMOTION_DEADLINE_STEPS`` engine steps
 (it cannot be, with vLLM's in-order outputs; the bound guards against a lost report) resolves
