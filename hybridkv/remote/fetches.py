@@ -90,7 +90,9 @@ class FetchPool:
         return found
 
     def close(self) -> None:
-        """Stop the threads without waiting on a call in flight (each ends at its deadline)."""
+        """Stop the threads: calls not started never run; a late call still running is
+        waited for (it ends at its own deadline), so the caller may then close what the calls
+        use."""
         if self._pool is not None:
-            self._pool.shutdown(wait=False, cancel_futures=True)
+            self._pool.shutdown(wait=True, cancel_futures=True)
             self._pool = None

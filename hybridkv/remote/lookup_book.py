@@ -13,9 +13,12 @@ its latest lookup, and tells the caller (:meth:`LookupBook.consult`):
   is open (:mod:`hybridkv.remote.breaker`: no server call at all).
 
 Bounded deferral (liveness, SC-10..12): a request is deferred for its lookups for at most
-``wait_s`` seconds in all, counted from its first WAIT, however many lookups it asks (a
-preempted or re-asked request does not get a new budget); after that it is never WAITed again.
-So a paused or dead server delays each request at most ``wait_s`` and never wedges one.
+``wait_s`` seconds in all, counted from its first WAIT, and at most ``wait_asks`` WAIT answers
+(vLLM asks a waiting request once per step), however many lookups it asks (a preempted or
+re-asked request does not get a new budget); after either it is never WAITed again. So a
+paused or dead server delays each request at most ``wait_s`` and never wedges one, and a waiting
+request holds no block and stays idle at most ``wait_asks`` steps: under SC-12's window on vLLM
+(48 steps) even when the engine spins through empty steps faster than the server answers.
 
 Deterministic answers: an answer, once in, is the request's answer for every chunk it covers,
 however often vLLM asks; a new lookup is asked only for chunks no lookup of the request asked
@@ -55,6 +58,8 @@ class LookupPolicy:
         mode: ASYNC (default) or SYNC (:class:`LookupMode`).
         wait_s: the longest a request is deferred, in all, waiting for its lookups (>= 0;
             0: never deferred, a request whose answer is not in goes on without the hit).
+        wait_asks: the most WAIT answers a request gets in all (>= 1): the same bound in
+            steps.
         workers: lookup threads (>= 1).
         max_queued: lookups waiting for a thread at most (>= 1); beyond it a request goes on
             without the remote tier.
@@ -62,6 +67,7 @@ class LookupPolicy:
 
     mode: LookupMode = LookupMode.ASYNC
     wait_s: float = 0.02
+    wait_asks: int = 16
     workers: int = 2
     max_queued: int = 64
 
@@ -73,6 +79,9 @@ class LookupPolicy:
             raise HybridKVConfigError(
                 "remote_lookup_wait_ms", wait, "must be seconds in [0, 60]", "e.g. 0.02"
             )
+        asks = self.wait_asks
+        if isinstance(asks, bool) or not isinstance(asks, int) or asks < 1:
+            raise HybridKVConfigError("wait_asks", asks, "must be an int >= 1", "e.g. 16")
 
 
 class Consult(Enum):
@@ -131,7 +140,7 @@ class LookupBook:
         self.breaker = breaker
         self._clock = clock
         self._asked: dict[str, _Asked] = {}
-        self._waiting_since: dict[str, float] = {}
+        self._waited: dict[str, tuple[float, int]] = {}  # first WAIT's time, WAITs so far
         self.count = {"asked": 0, "refused": 0, "waits": 0, "late": 0}
 
     def consult(self, rid: str, chunk_keys: Sequence[bytes]) -> Consulted:
@@ -150,12 +159,9 @@ class LookupBook:
             self._asked[rid] = asked = fresh
         if asked.lookup.ready():
             return self._read(asked)
-        if self.policy.mode is LookupMode.ASYNC:
-            now = self._clock()
-            since = self._waiting_since.setdefault(rid, now)
-            if now - since < self.policy.wait_s:
-                self.count["waits"] += 1
-                return _WAIT
+        if self.policy.mode is LookupMode.ASYNC and self._may_wait(rid):
+            self.count["waits"] += 1
+            return _WAIT
         if not asked.late:
             asked.late = True
             self.count["late"] += 1
@@ -164,7 +170,16 @@ class LookupBook:
     def forget(self, rid: str) -> None:
         """The request finished: drop its lookup (answered later, it is read by no one)."""
         self._asked.pop(rid, None)
-        self._waiting_since.pop(rid, None)
+        self._waited.pop(rid, None)
+
+    def _may_wait(self, rid: str) -> bool:
+        """Whether ``rid`` may wait once more, counting this WAIT (module docstring)."""
+        now = self._clock()
+        since, asks = self._waited.get(rid, (now, 0))
+        if now - since >= self.policy.wait_s or asks >= self.policy.wait_asks:
+            return False
+        self._waited[rid] = (since, asks + 1)
+        return True
 
     def clear(self) -> None:
         """Forget every request's lookup (a reset: the keys asked are of the old namespace);

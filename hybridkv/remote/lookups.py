@@ -14,6 +14,7 @@ each EXISTS waits at most the client's deadline, so every accepted lookup is ans
 from __future__ import annotations
 
 import threading
+import time
 from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -128,9 +129,10 @@ class LookupQueue:
         with self._lock:
             return LookupCounts(self._asked, self._refused, self._answered)
 
-    def close(self) -> None:
-        """Stop taking lookups; queued ones are answered FAULT; threads end after their EXISTS
-        (daemon threads: a close never waits on the server)."""
+    def close(self, timeout_s: float = 0.0) -> bool:
+        """Stop taking lookups; queued ones are answered FAULT; wait up to ``timeout_s`` for
+        the threads to end (each after its EXISTS, bounded by the client's deadline), so the
+        caller may then close the client under none of them. Whether they all ended."""
         with self._lock:
             self._closed = True
             dropped = list(self._queue)
@@ -138,6 +140,10 @@ class LookupQueue:
             self._lock.notify_all()
         for lookup in dropped:
             lookup.resolve(ClientFault.FAULT)
+        deadline = time.monotonic() + timeout_s
+        for thread in self._threads:
+            thread.join(max(0.0, deadline - time.monotonic()))
+        return not any(thread.is_alive() for thread in self._threads)
 
     def _loop(self) -> None:
         while True:

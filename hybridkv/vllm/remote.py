@@ -477,7 +477,8 @@ class SchedulerRemote:
         return len(self._promotions)
 
     def close(self) -> None:
-        self.lookups.queue.close()
+        """Stop the lookup threads (each ends within the deadline), then disconnect."""
+        self.lookups.queue.close(self.config.deadline_s + self.config.connect_timeout_s)
         self._client.close()
 
     def _resolve(self, key: bytes, promotion: _Promotion, outcome: PromoteOutcome) -> None:

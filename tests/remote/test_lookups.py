@@ -2,8 +2,9 @@
 side (hybridkv.remote.fetches), over a fake client whose EXISTS is held at a gate and whose GET
 sleeps: no call the caller makes waits on the server.
 
-- An unanswered lookup: WAIT while the request's wait lasts, then GO (no remote hit), never
-  again WAIT for that request (no wedge); a late answer still serves it when it comes in.
+- An unanswered lookup: WAIT while the request's wait lasts (in time and in asks), then GO (no
+  remote hit), never again WAIT for that request (no wedge); a late answer still serves it when
+  it comes in.
 - An answered lookup: READY with what the server holds, the same answer every time it is read
   (vLLM asks again each step), and no new lookup while it covers the chunks asked.
 - The queue's bound refuses a lookup (GO); the breaker open: GO at once, the server not asked.
@@ -38,7 +39,7 @@ from hybridkv.remote import (
 A, B, C = b"a" * 32, b"b" * 32, b"c" * 32
 
 
-def GatedClient() -> SlowClient:  # noqa: N802 (reads as the class it builds)
+def GatedClient() -> SlowClient:
     """A slow server whose EXISTS waits until the test sets ``release``."""
     client = SlowClient()
     client.release.clear()
@@ -78,6 +79,18 @@ def test_an_unanswered_lookup_waits_a_bounded_time_then_goes_without() -> None:
     assert book.settle(5.0)
     answer = book.consult("r", [A, B, C])
     assert (answer.verdict, answer.present, answer.first) == (Consult.READY, {A}, True)
+    book.queue.close()
+
+
+def test_the_wait_is_bounded_in_asks_too() -> None:
+    """An engine that spins through empty steps faster than the server answers: the clock
+    hardly moves, and the request still stops waiting after ``wait_asks`` steps."""
+    server = GatedClient()
+    book, _ = _book(server, wait_s=60.0, wait_asks=3)
+    verdicts = [book.consult("r", [A]).verdict for _ in range(5)]
+    assert verdicts == [Consult.WAIT] * 3 + [Consult.GO] * 2
+    assert (book.count["waits"], book.count["late"]) == (3, 1)
+    server.release.set()
     book.queue.close()
 
 
@@ -174,9 +187,11 @@ def test_closing_answers_queued_lookups_fault() -> None:
     first = queue.ask([A])
     assert _eventually(lambda: queue.queued() == 0)
     second = queue.ask([B])
-    assert first is not None and second is not None
+    assert first is not None
+    assert second is not None
     queue.close()
-    assert second.ready() and second.answer() is ClientFault.FAULT
+    assert second.ready()
+    assert second.answer() is ClientFault.FAULT
     with pytest.raises(HybridKVConfigError, match="lookup"):
         first.answer()
     server.release.set()
@@ -209,6 +224,8 @@ def test_bad_bounds_name_the_field() -> None:
         LookupQueue(FakeClient(), max_queued=0)
     with pytest.raises(HybridKVConfigError, match="remote_lookup_wait_ms"):
         LookupPolicy(wait_s=-1)
+    with pytest.raises(HybridKVConfigError, match="wait_asks"):
+        LookupPolicy(wait_asks=0)
     with pytest.raises(HybridKVConfigError, match="lookup_mode"):
         LookupPolicy(mode="async")  # type: ignore[arg-type]
 

@@ -122,9 +122,12 @@ def transfer(
     )
 
 
-def build(shape: Shape, port: int | None, *, model: str = "model", **kw: Any) -> InProcessEngine:
+def build(
+    shape: Shape, port: int | None, *, model: str = "model", settled: bool = True, **kw: Any
+) -> InProcessEngine:
     """One engine (its own host tier) on the shared server at ``port`` (None: no remote),
-    serving the model named ``model`` (another name: another model of the same geometry)."""
+    serving the model named ``model`` (another name: another model of the same geometry);
+    ``settled``: its lookups are answered before each step (:func:`answer_within_a_step`)."""
     engine = InProcessEngine(
         RECIPES[shape.layout].config_json(),
         dataclasses.replace(shape.settings, model_name=model),
@@ -134,7 +137,8 @@ def build(shape: Shape, port: int | None, *, model: str = "model", **kw: Any) ->
     remote = engine.scheduler.connector.remote
     if remote is not None:
         remote.record = True  # keep the (chunk, salt) logs the tenant checks read
-        answer_within_a_step(engine)
+        if settled:
+            answer_within_a_step(engine)
     return engine
 
 
