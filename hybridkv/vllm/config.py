@@ -49,7 +49,8 @@ docs/howto/share-prefix-cache.md):
   (connect, EXISTS, GET, SET) waits; past it a fetch resolves TIMEOUT and is recomputed.
 - ``remote_lookup_wait_ms`` (int in [0, 60000], default 20): lookups run off the scheduler
   thread; a request whose lookup is not answered is deferred (vLLM asks again next step) for
-  at most this long in all, then scheduled without the remote hit. 0: never deferred.
+  at most this long (and 16 steps) in all, then scheduled without the remote hit. 0: never
+  deferred.
 - ``remote_breaker_failures`` (int >= 1, default 3) and ``remote_breaker_backoff_ms`` (int in
   [1, 3600000], default 5000): that many consecutive failed server calls open each side's
   circuit breaker; the tier is then skipped (lookups answer no hit at once, fetches fail at
