@@ -81,9 +81,11 @@ class BreakerCounts:
 
     Attributes:
         state: the state now.
-        trips: times it opened (from CLOSED, or from HALF_OPEN on a failed probe).
+        trips: times it opened from CLOSED (a failed probe opens it again, not counted here:
+            ``trips - closes`` is 1 exactly while it is not CLOSED).
         closes: times a probe succeeded and closed it.
-        probes: calls let through in HALF_OPEN.
+        probes: calls let through as probes (``probes - closes`` failed, counting one in
+            flight).
         skips: calls answered SKIPPED without asking the server.
     """
 
@@ -152,11 +154,12 @@ class CircuitBreaker:
                     self._state, self._failures = BreakerState.CLOSED, 0
                     self._closes += 1
                 else:
-                    self._open()
+                    self._open()  # open again: not a new trip (trips - closes stays 1)
             elif state is BreakerState.CLOSED:
                 self._failures = 0 if ok else self._failures + 1
                 if self._failures >= self.config.failures:
                     self._open()
+                    self._trips += 1
 
     def counts(self) -> BreakerCounts:
         """The state and the counts now. Frame: nothing changes."""
@@ -166,7 +169,6 @@ class CircuitBreaker:
     def _open(self) -> None:
         self._state, self._failures = BreakerState.OPEN, 0
         self._opened_at = self._clock()
-        self._trips += 1
 
     def _backoff_over(self) -> bool:
         return self._clock() - self._opened_at >= self.config.backoff_s

@@ -124,8 +124,8 @@ REMOTE_COUNTERS: dict[str, str] = {
     "remote_lookups_late": "remote lookups not answered within that wait: the request went on "
     "without the remote hit (a late answer still serves it if it is still waiting)",
     "remote_lookups_refused": "remote lookups not asked because the lookup queue was full",
-    "remote_lookup_breaker_trips": "times the scheduler side's circuit breaker opened "
-    "(trips - closes is 1 while the tier is skipped or probed)",
+    "remote_lookup_breaker_trips": "times the scheduler side's circuit breaker opened after a "
+    "run of failures (trips - closes is 1 while the tier is skipped or probed)",
     "remote_lookup_breaker_closes": "times a probe closed the scheduler side's breaker",
     "remote_lookup_breaker_probes": "lookups let through to probe the server after a backoff",
     "remote_lookup_breaker_skips": "lookups answered no hit at once, the breaker open",
@@ -140,8 +140,8 @@ REMOTE_COUNTERS: dict[str, str] = {
     "remote_fetches": "fetch orders of promoted chunks resolved (worker)",
     "remote_fetches_late": "of those, the ones whose result came past remote_timeout_ms: "
     "TIMEOUT, nothing loaded",
-    "remote_breaker_trips": "times the worker side's circuit breaker opened (trips - closes is "
-    "1 while the tier is skipped or probed)",
+    "remote_breaker_trips": "times the worker side's circuit breaker opened after a run of "
+    "failures (trips - closes is 1 while the tier is skipped or probed)",
     "remote_breaker_closes": "times a probe closed the worker side's breaker",
     "remote_breaker_probes": "fetches or writes let through to probe the server after a backoff",
     "remote_breaker_skips": "fetches (resolved FAULT) and writes (dropped) that did not ask the "

@@ -82,7 +82,7 @@ def test_the_probe_closes_it_or_opens_it_again(probe_ok: bool, state: BreakerSta
     breaker.record(probe_ok)
     counts = breaker.counts()
     assert counts.state is state
-    assert (counts.trips, counts.closes) == ((1, 1) if probe_ok else (2, 0))
+    assert (counts.trips, counts.closes, counts.probes) == (1, 1 if probe_ok else 0, 1)
     if not probe_ok:  # a fresh backoff from the failed probe
         clock.now += 0.5
         assert not breaker.allow()
