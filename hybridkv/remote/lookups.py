@@ -8,7 +8,9 @@ the caller does, on its own thread (the host store is not thread-safe).
 
 Bounds: at most ``max_queued`` lookups waiting for a thread (a question beyond it is refused,
 :meth:`LookupQueue.ask` returns None, and the caller goes on without the remote tier), and
-each EXISTS waits at most the client's deadline, so every accepted lookup is answered.
+each EXISTS waits at most the client's deadline, so every accepted lookup is answered. A
+thread takes every lookup waiting when it wakes and asks them in one pipelined EXISTS (one
+round trip for a burst); a fault answers each of them.
 """
 
 from __future__ import annotations
@@ -151,14 +153,28 @@ class LookupQueue:
                 self._lock.wait_for(lambda: bool(self._queue) or self._closed)
                 if not self._queue:
                     return
-                lookup = self._queue.popleft()
-                self._running += 1
-            answer: tuple[bool, ...] | ClientFault = ClientFault.FAULT
-            try:
-                answer = self._client.exists(lookup.keys)
-            finally:  # a client that raised (it must not) still answers: FAULT, no wedge
+                # Every lookup waiting now goes in one pipelined round trip: a burst of new
+                # requests (vLLM admits many at once) is answered in one EXISTS, not one each.
+                batch = list(self._queue)
+                self._queue.clear()
+                self._running += len(batch)
+            self._answer(batch)
+
+    def _answer(self, batch: list[Lookup]) -> None:
+        answers: list[tuple[bool, ...] | ClientFault] = [ClientFault.FAULT] * len(batch)
+        try:
+            found = self._client.exists([key for lookup in batch for key in lookup.keys])
+            at = 0
+            for i, lookup in enumerate(batch):
+                if isinstance(found, ClientFault):
+                    answers[i] = found
+                else:
+                    answers[i] = found[at : at + len(lookup.keys)]
+                    at += len(lookup.keys)
+        finally:  # a client that raised (it must not) still answers: FAULT, no wedge
+            for lookup, answer in zip(batch, answers, strict=True):
                 lookup.resolve(answer)
-                with self._lock:
-                    self._running -= 1
-                    self._answered += 1
-                    self._lock.notify_all()
+            with self._lock:
+                self._running -= len(batch)
+                self._answered += len(batch)
+                self._lock.notify_all()

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Sequence
 
 import pytest
 from _fake_chunk_client import FakeClient, SlowClient
@@ -157,6 +158,49 @@ def test_a_full_queue_refuses_and_the_request_goes_without() -> None:
     assert book.settle(5.0)
     book.queue.close()
     assert book.queue.ask([A]) is None  # closed
+
+
+def test_lookups_waiting_together_go_in_one_round_trip() -> None:
+    server = GatedClient()
+    server.data[redis_key(B)] = b"x"
+    queue = LookupQueue(server, workers=1)
+    first = queue.ask([redis_key(A)])
+    assert _eventually(lambda: queue.queued() == 0)  # the thread holds it at the gate
+    burst = [queue.ask([redis_key(k) for k in keys]) for keys in ([A, B], [C], [B, C, A])]
+    server.release.set()
+    assert queue.settle(5.0)
+    assert server.calls["exists"] == 2  # the first, then the burst of three in one
+    assert first is not None
+    assert first.answer() == (False,)
+    assert [lookup.answer() for lookup in burst if lookup is not None] == [
+        (False, True),
+        (False,),
+        (True, False, False),
+    ]
+    queue.close()
+
+
+class FaultOnBatch(SlowClient):
+    """Times out every EXISTS of more than one key."""
+
+    def exists(self, keys: Sequence[bytes]) -> tuple[bool, ...] | ClientFault:
+        answer = super().exists(keys)
+        return ClientFault.TIMEOUT if len(keys) > 1 else answer
+
+
+def test_a_fault_answers_every_lookup_of_its_round_trip() -> None:
+    server = FaultOnBatch()
+    server.release.clear()
+    queue = LookupQueue(server, workers=1)
+    first = queue.ask([redis_key(A)])
+    assert _eventually(lambda: queue.queued() == 0)
+    batch = [queue.ask([redis_key(A)]), queue.ask([redis_key(B)])]
+    server.release.set()
+    assert queue.settle(5.0)
+    assert first is not None
+    assert first.answer() == (False,)
+    assert [lookup.answer() for lookup in batch if lookup is not None] == [ClientFault.TIMEOUT] * 2
+    queue.close()
 
 
 def test_an_open_breaker_answers_go_at_once_without_asking() -> None:
