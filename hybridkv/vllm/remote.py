@@ -43,15 +43,14 @@ host are asked of the server (one pipelined EXISTS over every end's variants, bo
 ``remote_timeout_ms``; a fault answers none present). The EXISTS never runs on the scheduler
 thread (issue 30): it is queued to the lookup threads (:class:`hybridkv.remote.LookupBook`),
 and until its answer is in the request waits (vLLM's None) for at most
-``remote_lookup_wait_ms`` in all, then goes on without the remote hit; an answer, once in, is
-the request's answer for every chunk it covers. A circuit breaker on each side
+``remote_lookup_wait_ms`` and 16 steps in all, then goes on without the remote hit; an answer,
+once in, is the request's answer for every chunk it covers. A circuit breaker on each side
 (:mod:`hybridkv.remote.breaker`) skips a server seen down: lookups answer no hit at once,
 fetches resolve FAULT at once, writes are dropped, until a probe after the backoff succeeds.
-In prefix order, the ends the server
-holds up to the first it lacks are promoted (per end, the whole chunk if present, else the
-attention-only one): their members
-are reserved STORING through the core (:meth:`~hybridkv.connector.ConnectorCore.reserve_promotion`),
-so the claim DEFERs on them like on any STORING key, and the next metadata orders the fetch.
+In prefix order, the ends the server holds up to the first it lacks are promoted (per end, the
+whole chunk if present, else the attention-only one): their members are reserved STORING
+through the core (:meth:`~hybridkv.connector.ConnectorCore.reserve_promotion`), so the claim
+DEFERs on them like on any STORING key, and the next metadata orders the fetch.
 The worker GETs each chunk (bounded by the same timeout), verifies it against the expected
 members (:func:`hybridkv.remote.decode_chunk`: magic, version, member keys, lengths, digest,
 and each payload exactly one slot), writes the payloads into the reserved slots and reports the
