@@ -104,7 +104,12 @@ def started_server(workdir: Path) -> Iterator[RedisServer]:
 
 
 def transfer(
-    shape: Shape, port: int | None, *, namespace: str = "hybridkv", timeout_ms: int = 200
+    shape: Shape,
+    port: int | None,
+    *,
+    namespace: str = "hybridkv",
+    timeout_ms: int = 200,
+    breaker_backoff_ms: int = 5000,
 ) -> Any:
     extra: dict[str, Any] = {"host_memory_bytes": HOST_BYTES, "chunk_size": shape.chunk}
     if port is not None:
@@ -112,6 +117,7 @@ def transfer(
             "remote_url": f"redis://127.0.0.1:{port}/0",
             "remote_namespace": namespace,
             "remote_timeout_ms": timeout_ms,
+            "remote_breaker_backoff_ms": breaker_backoff_ms,
         }
     return KVTransferConfig(
         kv_connector="HybridKVConnector",
