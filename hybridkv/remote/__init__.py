@@ -1,13 +1,14 @@
 """The remote tier (issue 12): content-addressed chunks on a shared Redis/Valkey server under
 the host store. One idea per module: :mod:`.values`, :mod:`.config`, :mod:`.codec` (chunk keys
-and verified values), :mod:`.client` (redis-py, faults returned), :mod:`.tier` (write-behind,
-lookups, fetches, counters), :mod:`.slots` (host slot bytes), :mod:`.identity` (the model
-identity and weights version scoped into chunk keys), :mod:`.two_tier` (the host store
-composed with the tier), and, so that a slow or dead server never stalls vLLM's scheduler
-(issue 30): :mod:`.lookups` (EXISTS asked off the caller's thread), :mod:`.lookup_book` (per
-request, the lookup asked and the bounded wait for it), :mod:`.fetches` (fetches side by side,
-a late one a miss) and :mod:`.breaker` (a circuit breaker that skips a server seen down).
-Needs the ``remote`` extra (redis-py).
+and verified values), :mod:`.client` (redis-py, faults returned), :mod:`.cluster` (the same on
+a Redis/Valkey Cluster), :mod:`.tier` (write-behind, lookups, fetches, counters), :mod:`.slots`
+(host slot bytes), :mod:`.identity` (the model identity and weights version scoped into chunk
+keys), :mod:`.shards` (a chunk's tensor-parallel shards: one key each, held only when all are),
+:mod:`.two_tier` (the host store composed with the tier), and, so that a slow or dead server
+never stalls vLLM's scheduler (issue 30): :mod:`.lookups` (EXISTS asked off the caller's
+thread), :mod:`.lookup_book` (per request, the lookup asked and the bounded wait for it),
+:mod:`.fetches` (fetches side by side, a late one a miss) and :mod:`.breaker` (a circuit
+breaker that skips a server seen down). Needs the ``remote`` extra (redis-py).
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from hybridkv.remote.breaker import (
     breaker_counters,
 )
 from hybridkv.remote.client import ChunkClient, RedisClient, fault_of
+from hybridkv.remote.cluster import ClusterClient, client_for
 from hybridkv.remote.codec import (
     FORMAT_VERSION,
     MAGIC,
@@ -36,6 +38,14 @@ from hybridkv.remote.fetches import LATE, FetchPool, Late
 from hybridkv.remote.identity import EPOCH_BYTES, ModelIdentity, scoped_namespace
 from hybridkv.remote.lookup_book import Consult, Consulted, LookupBook, LookupMode, LookupPolicy
 from hybridkv.remote.lookups import Lookup, LookupCounts, LookupQueue
+from hybridkv.remote.shards import (
+    ShardPlan,
+    combined_outcome,
+    held_on_every_shard,
+    held_per_chunk,
+    shard_keys,
+    shard_namespaces,
+)
 from hybridkv.remote.slots import SlotBuffer
 from hybridkv.remote.tier import RemoteTier
 from hybridkv.remote.two_tier import Promotion, TwoTierStore
@@ -65,6 +75,7 @@ __all__ = [
     "ChunkClient",
     "CircuitBreaker",
     "ClientFault",
+    "ClusterClient",
     "Consult",
     "Consulted",
     "Corruption",
@@ -86,15 +97,22 @@ __all__ = [
     "RedisClient",
     "RemoteConfig",
     "RemoteTier",
+    "ShardPlan",
     "SlotBuffer",
     "TwoTierStore",
     "WriteOutcome",
     "breaker_counters",
     "chunk_key",
+    "client_for",
+    "combined_outcome",
     "decode_chunk",
     "encode_chunk",
     "fault_of",
+    "held_on_every_shard",
+    "held_per_chunk",
     "make_chunk",
     "redis_key",
     "scoped_namespace",
+    "shard_keys",
+    "shard_namespaces",
 ]

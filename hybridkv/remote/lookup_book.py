@@ -4,7 +4,9 @@ The scheduler side asks the server which chunks it holds (:mod:`hybridkv.remote.
 off the scheduler thread) and must answer vLLM at once. :class:`LookupBook` keeps, per request,
 its latest lookup, and tells the caller (:meth:`LookupBook.consult`):
 
-- READY: an answered lookup covers every chunk asked now; here is what the server holds.
+- READY: an answered lookup covers every chunk asked now; here is what the server holds: a
+  chunk only if it holds every one of the chunk's tensor-parallel shard keys (the all-ranks
+  rule, :func:`hybridkv.remote.shards.held_per_chunk`; one key per chunk at TP 1).
 - WAIT: the lookup is not answered, and the request has waited less than ``wait_s`` in all:
   defer the request (vLLM's ``get_num_new_matched_tokens`` answers None and asks again next
   step).
@@ -38,6 +40,7 @@ from hybridkv.errors import HybridKVConfigError
 from hybridkv.remote.breaker import CircuitBreaker
 from hybridkv.remote.codec import redis_key
 from hybridkv.remote.lookups import Lookup, LookupQueue
+from hybridkv.remote.shards import held_per_chunk
 from hybridkv.remote.values import ClientFault
 
 __all__ = ["Consult", "Consulted", "LookupBook", "LookupMode", "LookupPolicy"]
@@ -98,7 +101,8 @@ class Consulted:
 
     Attributes:
         verdict: READY, WAIT or GO.
-        present: READY: the asked chunk keys the server holds (empty on a fault).
+        present: READY: the asked chunk keys (first shard keys) whose every shard the server
+            holds (empty on a fault).
         fault: READY: the fault that answered the lookup, or None.
         first: READY: whether this is the first time this lookup's answer is read.
     """
@@ -114,12 +118,12 @@ _GO = Consulted(Consult.GO)
 
 
 class _Asked:
-    __slots__ = ("chunk_keys", "covered", "late", "lookup", "read")
+    __slots__ = ("chunks", "covered", "late", "lookup", "read")
 
-    def __init__(self, lookup: Lookup, chunk_keys: tuple[bytes, ...]) -> None:
+    def __init__(self, lookup: Lookup, chunks: tuple[tuple[bytes, ...], ...]) -> None:
         self.lookup = lookup
-        self.chunk_keys = chunk_keys
-        self.covered = frozenset(chunk_keys)
+        self.chunks = chunks  # per chunk its shard keys, the first naming it
+        self.covered = frozenset(keys[0] for keys in chunks)
         self.read = False  # the answer was handed out once
         self.late = False  # the request went on without it
 
@@ -143,17 +147,24 @@ class LookupBook:
         self._waited: dict[str, tuple[float, int]] = {}  # first WAIT's time, WAITs so far
         self.count = {"asked": 0, "refused": 0, "waits": 0, "late": 0}
 
-    def consult(self, rid: str, chunk_keys: Sequence[bytes]) -> Consulted:
-        """What ``rid``'s claim over ``chunk_keys`` (non-empty) does now (module docstring).
+    def consult(self, rid: str, chunks: Sequence[Sequence[bytes]]) -> Consulted:
+        """What ``rid``'s claim over ``chunks`` (non-empty; per chunk its shard keys, in shard
+        order, the first naming the chunk: :class:`Consulted` ``present`` holds those) does
+        now (module docstring).
 
-        Post: a lookup of ``chunk_keys`` is asked (``asked`` grew) unless an earlier one of
-        the request covers them, the queue refused it (``refused``) or the breaker is open
-        (the breaker counts a skip); a WAIT counts ``waits``; the first GO of an unanswered
-        lookup counts ``late``.
+        Post: a lookup of every shard key of ``chunks`` is asked (``asked`` grew) unless an
+        earlier one of the request covers the chunks, the queue refused it (``refused``) or
+        the breaker is open (the breaker counts a skip); a WAIT counts ``waits``; the first GO
+        of an unanswered lookup counts ``late``.
+        Errors: HybridKVConfigError (field ``chunks``) on a chunk with no key.
         """
+        if any(not keys for keys in chunks):
+            raise HybridKVConfigError(
+                "chunks", rid, "holds a chunk with no shard key", "pass every shard's key"
+            )
         asked = self._asked.get(rid)
-        if asked is None or not asked.covered.issuperset(chunk_keys):
-            fresh = self._ask(tuple(chunk_keys))
+        if asked is None or not asked.covered.issuperset(keys[0] for keys in chunks):
+            fresh = self._ask(tuple(tuple(keys) for keys in chunks))
             if fresh is None:
                 return _GO
             self._asked[rid] = asked = fresh
@@ -190,12 +201,12 @@ class LookupBook:
         """Wait up to ``timeout_s`` for every asked lookup to be answered (tests, benches)."""
         return self.queue.settle(timeout_s)
 
-    def _ask(self, chunk_keys: tuple[bytes, ...]) -> _Asked | None:
+    def _ask(self, chunks: tuple[tuple[bytes, ...], ...]) -> _Asked | None:
         breaker = self.breaker
         if breaker is not None and breaker.skipping():
             breaker.skipped()
             return None
-        keys = [redis_key(key) for key in chunk_keys]
+        keys = [redis_key(key) for shard_keys in chunks for key in shard_keys]
         if self.policy.mode is LookupMode.SYNC:
             lookup: Lookup | None = self.queue.ask_now(keys)
         else:
@@ -204,7 +215,7 @@ class LookupBook:
             self.count["refused"] += 1
             return None
         self.count["asked"] += 1
-        return _Asked(lookup, chunk_keys)
+        return _Asked(lookup, chunks)
 
     @staticmethod
     def _read(asked: _Asked) -> Consulted:
@@ -212,5 +223,6 @@ class LookupBook:
         answer = asked.lookup.answer()
         if isinstance(answer, ClientFault):
             return Consulted(Consult.READY, fault=answer, first=first)
-        present = frozenset(k for k, yes in zip(asked.chunk_keys, answer, strict=True) if yes)
+        held = held_per_chunk(answer, asked.chunks)
+        present = frozenset(keys[0] for keys, yes in zip(asked.chunks, held, strict=True) if yes)
         return Consulted(Consult.READY, present, first=first)

@@ -8,7 +8,8 @@ Every key, its default and what it does (docs/howto/serve.md repeats this table)
   rank's shard), so the store holds ``host_memory_bytes // (slot_bytes * world_size)`` chunks
   and each rank holds that many slots. Ranks holding identical KV (vLLM's ``kv_tp_replicas``,
   MLA) share one copy: the division is by the distinct shards, ``world_size //
-  kv_tp_replicas`` (:class:`hybridkv.vllm.ranks.HostSharding`).
+  kv_tp_replicas`` (:class:`hybridkv.vllm.ranks.HostSharding`). Per engine: under data
+  parallelism each DP engine allocates all of it for its own ranks.
 - ``chunk_size`` (int or null, default null = the recommendation of
   :func:`hybridkv.vllm.layout.recommended_chunk_size`): the offload chunk in tokens.
 - ``eviction_policy`` (``"lru"`` | ``"arc"``, default ``"lru"``): the host store's policy.
@@ -39,7 +40,10 @@ docs/howto/share-prefix-cache.md):
 
 - ``remote_url`` (``"redis://host:port"`` or ``"redis://host:port/0"``, or null = no remote
   tier): the Redis/Valkey server engines share. Only database 0 (chunks are namespaced by
-  ``remote_namespace`` instead). Tensor parallelism > 1 is refused with a remote tier.
+  ``remote_namespace`` instead). Under tensor parallelism each rank shares its own shard of
+  every chunk (:mod:`hybridkv.remote.shards`).
+  A Redis/Valkey Cluster: ``"redis+cluster://host1:port1,host2:port2"``, its seed nodes (one
+  is enough, the client learns every shard from the first that answers; no database).
 - ``remote_namespace`` (non-empty str, default ``"hybridkv"``): mixed into every chunk key;
   engines share chunks only under equal namespaces (and equal models and salts).
 - ``remote_ttl_s`` (int >= 0, default 0 = none): the TTL of each written chunk on the server.
@@ -94,6 +98,7 @@ DEFAULTS: dict[str, Any] = {
     "remote_breaker_backoff_ms": 5000,
 }
 _POLICIES = ("lru", "arc")
+CLUSTER_SCHEME = "redis+cluster://"
 _WHERE = "kv_connector_extra_config"
 
 
@@ -111,6 +116,7 @@ class RemoteSettings:
     lookup_wait_s: float = 0.02
     breaker_failures: int = 3
     breaker_backoff_s: float = 5.0
+    cluster_nodes: tuple[tuple[str, int], ...] = ()  # a cluster's seeds; host, port the first
 
 
 @dataclass(frozen=True, slots=True)
@@ -228,7 +234,8 @@ def _remote(values: Mapping[str, Any]) -> RemoteSettings | None:
                     'set "remote_url": "redis://host:port", or drop the key',
                 )  # fmt: skip
         return None
-    host, port = _redis_url(url)
+    seeds = _cluster_url(url) if str(url).startswith(CLUSTER_SCHEME) else ()
+    host, port = seeds[0] if seeds else _redis_url(url)
     namespace = values["remote_namespace"]
     if not isinstance(namespace, str) or not namespace:
         raise HybridKVConfigError(
@@ -249,6 +256,7 @@ def _remote(values: Mapping[str, Any]) -> RemoteSettings | None:
         lookup_wait_s=_int_at_most(values, "remote_lookup_wait_ms", 0, 60_000) / 1000,
         breaker_failures=_int(values, "remote_breaker_failures", low=1),
         breaker_backoff_s=_int_at_most(values, "remote_breaker_backoff_ms", 1, 3_600_000) / 1000,
+        cluster_nodes=seeds,
     )
 
 
@@ -264,7 +272,10 @@ def _int_at_most(values: Mapping[str, Any], key: str, low: int, high: int) -> in
 def _redis_url(url: object) -> tuple[str, int]:
     """``redis://host:port[/0]`` -> (host, port)."""
     field = f"{_WHERE}.remote_url"
-    fix = 'write "redis://HOST:PORT" (database 0; separate engines with remote_namespace)'
+    fix = (
+        'write "redis://HOST:PORT" (database 0; separate engines with remote_namespace), '
+        f'or "{CLUSTER_SCHEME}HOST:PORT,HOST:PORT" for a cluster'
+    )
     if not isinstance(url, str) or not url.startswith("redis://"):
         raise HybridKVConfigError(field, url, "is not a redis:// URL", fix)
     rest = url[len("redis://") :]
@@ -275,6 +286,27 @@ def _redis_url(url: object) -> tuple[str, int]:
     if not host or "@" in host or not port.isdigit() or not 1 <= int(port) <= 65535:
         raise HybridKVConfigError(field, url, "needs a host and a port 1..65535, no user", fix)
     return host, int(port)
+
+
+def _cluster_url(url: str) -> tuple[tuple[str, int], ...]:
+    """``redis+cluster://h1:p1,h2:p2[/0]`` -> the seeds ((h1, p1), (h2, p2))."""
+    field = f"{_WHERE}.remote_url"
+    fix = f'write "{CLUSTER_SCHEME}HOST:PORT,HOST:PORT" (the seed nodes, no user, no database)'
+    where, _, db = url[len(CLUSTER_SCHEME) :].partition("/")
+    if db not in ("", "0"):
+        raise HybridKVConfigError(field, url, f"names database {db!r}: a cluster has only 0", fix)
+    seeds = []
+    for node in where.split(","):
+        host, _, port = node.strip().rpartition(":")
+        number = port.isascii() and port.isdigit() and 1 <= int(port) <= 65535
+        if not host or "@" in host or not number:
+            raise HybridKVConfigError(
+                field, url, f"seed {node!r} needs a host and a port 1..65535, no user", fix
+            )
+        seeds.append((host, int(port)))
+    if len(set(seeds)) != len(seeds):
+        raise HybridKVConfigError(field, url, "names a seed twice", fix)
+    return tuple(seeds)
 
 
 def _refuse_unimplemented(config: HybridKVConfig) -> None:

@@ -67,8 +67,19 @@ TIMEOUT and its members are dropped; a late report of it is ignored (counted). E
 promoted at most once per request, so read-through cannot loop evicting what it promoted.
 Failed chunks are remembered (at most ``FAILED_MEMORY`` of them, oldest forgotten first).
 
-Not built: tensor parallelism > 1 with a remote tier (refused at start-up: each rank would need
-its own shard of every chunk), and writes on host eviction (writes happen on store).
+Tensor parallelism (:mod:`hybridkv.remote.shards`): each rank holds its own shard of every
+chunk, so a chunk is one server value per shard, each under its own key (the namespace scoped
+by an identity naming the shard's rank and the TP size). Orders carry every shard's key
+(``FetchOrder.shard_keys``); each rank's worker writes and fetches only its own. A lookup asks
+every shard's key in the same pipelined EXISTS and counts a chunk only if all are there, so a
+shard missing on one rank is a miss. A promotion resolves once every fetching rank reported it
+(vLLM's aggregator hands the scheduler every rank's worker metadata), PROMOTED only if each
+rank promoted its shard; a shard gone between the lookup and one rank's fetch fails the
+promotion, its members are dropped on every rank, and the claim ends before the chunk, before
+vLLM ever counted it: never a partial load. Replicated KV (MLA, ``kv_tp_replicas``) is one
+shard per group of replicas, written by the group's first rank only.
+
+Not built: writes on host eviction (writes happen on store).
 """
 
 from __future__ import annotations
@@ -104,17 +115,21 @@ from hybridkv.remote import (
     LookupQueue,
     ModelIdentity,
     PromoteOutcome,
-    RedisClient,
     RemoteConfig,
     RemoteTier,
+    ShardPlan,
     breaker_counters,
+    chunk_key,
+    client_for,
+    combined_outcome,
     decode_chunk,
     make_chunk,
     redis_key,
-    scoped_namespace,
+    shard_namespaces,
 )
 from hybridkv.store import LookupResult
 from hybridkv.vllm.config import RemoteSettings
+from hybridkv.vllm.ranks import HostSharding
 
 __all__ = [
     "DEFAULT_BREAKER",
@@ -130,9 +145,9 @@ __all__ = [
     "config_digest",
     "lookup_policy",
     "model_identity",
-    "refuse_tensor_parallel",
     "refuse_unshared_hashes",
     "remote_config",
+    "remote_shards",
 ]
 
 PROMOTION_DEADLINE_STEPS = 8
@@ -163,16 +178,22 @@ def remote_config(settings: RemoteSettings) -> RemoteConfig:
         ttl_s=settings.ttl_s,
         max_pending=settings.max_pending_writes,
         namespace=settings.namespace.encode(),
+        cluster_nodes=settings.cluster_nodes,
     )
 
 
 @dataclass(frozen=True, slots=True)
 class FetchOrder:
-    """One chunk's members and their host slots (a write copies from them, a fetch into them)."""
+    """One chunk's members and their host slots (a write copies from them, a fetch into them).
+
+    ``chunk_key`` names the chunk (its first shard's key: what reports name); ``shard_keys``
+    is every shard's server key in shard order (:mod:`hybridkv.remote.shards`; one at TP 1,
+    equal to ``chunk_key``), of which each rank writes or fetches its own."""
 
     chunk_key: bytes
     members: tuple[bytes, ...]
     slots: tuple[int, ...]
+    shard_keys: tuple[bytes, ...]
 
 
 @dataclass(frozen=True, slots=True)
@@ -186,8 +207,9 @@ class RemoteOrders:
 
 @dataclass(frozen=True, slots=True)
 class FetchReport:
-    """A fetch's outcome (worker metadata, worker -> scheduler): ``outcome`` is a
-    :class:`hybridkv.remote.PromoteOutcome` value."""
+    """One rank's fetch outcome (worker metadata, worker -> scheduler): ``outcome`` is a
+    :class:`hybridkv.remote.PromoteOutcome` value. Under tensor parallelism every fetching rank
+    reports each chunk; vLLM's aggregator concatenates them."""
 
     chunk_key: bytes
     outcome: str
@@ -196,9 +218,12 @@ class FetchReport:
 @dataclass(slots=True)
 class _Promotion:
     members: tuple[bytes, ...]
+    keys: tuple[bytes, ...]  # every shard's key, as looked up (a reset may come in between)
     salt: str | None
     born: int
     sent: bool = False
+    heard: int = 0  # fetching ranks that reported it
+    outcome: PromoteOutcome = PromoteOutcome.PROMOTED  # combined over those ranks
 
 
 SCHEDULER_COUNTERS = (
@@ -231,24 +256,28 @@ class SchedulerRemote:
         client: Any = None,
         *,
         identity: ModelIdentity,
+        shards: ShardPlan | None = None,
         lookups: LookupPolicy = DEFAULT_LOOKUPS,
         breaker: BreakerConfig | None = DEFAULT_BREAKER,
         clock: Callable[[], float] | None = None,
     ) -> None:
-        """Lookups go through ``client`` (default: a :class:`RedisClient` on ``config``'s
-        server; this side only asks EXISTS), asked as ``lookups`` says (off this thread by
-        default, :mod:`hybridkv.remote.lookup_book`) behind a circuit breaker of ``breaker``
-        (None: none); ``clock`` (seconds) times the lookup wait and the breaker's backoff
-        (tests pass a fake one). Every chunk key is scoped by ``identity`` and the weights
-        version, 0 until the first :meth:`reset`, after which the engine's own epoch (random,
-        drawn at the first reset) scopes it too."""
+        """Lookups go through ``client`` (default: :func:`hybridkv.remote.client_for`'s, on
+        ``config``'s server or cluster; this side only asks EXISTS), asked as ``lookups`` says
+        (off this thread by default, :mod:`hybridkv.remote.lookup_book`) behind a circuit
+        breaker of ``breaker`` (None: none); ``clock`` (seconds) times the lookup wait and the
+        breaker's backoff (tests pass a fake one). Every chunk key is scoped by ``identity``
+        and the weights version, 0 until the first :meth:`reset`, after which the engine's own
+        epoch (random, drawn at the first reset) scopes it too. ``shards``: how the TP ranks
+        map onto each chunk's shards (default: one per rank of ``identity.tp_size``, private
+        memory); a lookup asks every shard's key."""
         self.core = core
         self.config = config
         self.identity = identity
+        self.shards = shards if shards is not None else ShardPlan(identity.tp_size)
         self.weights_version = 0
         self.epoch = b""  # shared with every engine of this identity until a reset
-        self.namespace = scoped_namespace(config.namespace, identity, 0)
-        self._client = client if client is not None else RedisClient(config)
+        self._scope()
+        self._client = client if client is not None else client_for(config)
         now = clock if clock is not None else time.monotonic
         self.breaker = None if breaker is None else CircuitBreaker(breaker, now)
         asking = self._client if self.breaker is None else GuardedClient(self._client, self.breaker)
@@ -304,11 +333,13 @@ class SchedulerRemote:
         steps = self._steps(view, start, limit, tried)
         if not steps:
             return False
-        keys = tuple(c.key for o in steps for c in o)
-        question = (start, len(view.token_ids), keys)
+        asked = [c for options in steps for c in options]
+        question = (start, len(view.token_ids), tuple(c.key for c in asked))
         if self._asked.get(rid) == question:
             return False  # answered before and nothing changed: the answer stands
-        consulted = self.lookups.consult(rid, keys)
+        # Every shard's key of every chunk: a chunk is present only if all are (the all-ranks
+        # rule, :func:`hybridkv.remote.held_on_every_shard`), asked off this thread.
+        consulted = self.lookups.consult(rid, [self._shard_keys(c) for c in asked])
         if consulted.verdict is not Consult.READY:
             return consulted.verdict is Consult.WAIT
         self._asked[rid] = question
@@ -328,7 +359,9 @@ class SchedulerRemote:
                 self._count["promotions_refused"] += 1
                 break  # no room in the host: the claim simply ends here
             tried.add(chunk.key)
-            self._promotions[chunk.key] = _Promotion(chunk.members, view.cache_salt, self._step)
+            self._promotions[chunk.key] = _Promotion(
+                chunk.members, self._shard_keys(chunk), view.cache_salt, self._step
+            )
             self._count["promotions_started"] += 1
         return False
 
@@ -360,6 +393,19 @@ class SchedulerRemote:
             elif chunks:
                 break  # only failed or already-tried variants: the claim ends before them
         return steps
+
+    def _scope(self) -> None:
+        """Every shard's namespace for the current weights version and epoch; the chunk's own
+        (what names it) is the first shard's."""
+        self.namespaces = shard_namespaces(
+            self.config.namespace, self.identity, self.shards, self.weights_version, self.epoch
+        )
+        self.namespace = self.namespaces[0]
+
+    def _shard_keys(self, chunk: Chunk) -> tuple[bytes, ...]:
+        """Every shard's key of ``chunk`` (made under the first shard's namespace)."""
+        rest = (chunk_key(namespace, chunk.members) for namespace in self.namespaces[1:])
+        return (chunk.key, *rest)
 
     def _variants(self, view: RequestView, end: int) -> tuple[tuple[bytes, ...], ...]:
         """The chunk ending at ``end``, then (on a model with mamba groups) its attention-only
@@ -405,7 +451,8 @@ class SchedulerRemote:
         writes = []
         for key, (members, salt) in self._writes.items():
             if all(status(m) is _HIT for m in members):
-                writes.append(FetchOrder(key, members, core.store.slots(members)))
+                keys = self._shard_keys(Chunk(key, members))
+                writes.append(FetchOrder(key, members, core.store.slots(members), keys))
                 self._count["writes_ordered"] += 1
                 if self.record:
                     self.written_log.append((key, salt))
@@ -415,20 +462,29 @@ class SchedulerRemote:
             if not promotion.sent:
                 promotion.sent = True
                 members = promotion.members
-                fetches.append(FetchOrder(key, members, core.store.slots(members)))
+                slots = core.store.slots(members)
+                fetches.append(FetchOrder(key, members, slots, promotion.keys))
         self._step += 1
         if not writes and not fetches:
             return None
         return RemoteOrders(tuple(writes), tuple(fetches))
 
     def fold(self, reports: Iterable[FetchReport]) -> None:
-        """Resolve the promotions the worker reported, then those past their deadline."""
+        """Resolve the promotions every fetching rank reported (PROMOTED only if each rank
+        promoted its shard: :func:`~hybridkv.remote.combined_outcome`), then those past their
+        deadline. A promotion some ranks reported waits for the others."""
+        fetchers = self.shards.fetchers
         for report in reports:
-            promotion = self._promotions.pop(report.chunk_key, None)
+            promotion = self._promotions.get(report.chunk_key)
             if promotion is None:
                 self._count["late_reports"] += 1  # resolved TIMEOUT already
                 continue
-            self._resolve(report.chunk_key, promotion, PromoteOutcome(report.outcome))
+            promotion.heard += 1
+            reported = PromoteOutcome(report.outcome)
+            promotion.outcome = combined_outcome((promotion.outcome, reported))
+            if promotion.heard == fetchers:
+                del self._promotions[report.chunk_key]
+                self._resolve(report.chunk_key, promotion, promotion.outcome)
         late = [
             key
             for key, p in self._promotions.items()
@@ -454,9 +510,7 @@ class SchedulerRemote:
         self.weights_version += 1
         if not self.epoch:
             self.epoch = os.urandom(EPOCH_BYTES)
-        self.namespace = scoped_namespace(
-            self.config.namespace, self.identity, self.weights_version, self.epoch
-        )
+        self._scope()
         self._writes = {}
         self._job_chunks = {}
         self._job_salt = {}
@@ -518,7 +572,8 @@ FETCH_WORKERS = 4
 
 
 class WorkerRemote:
-    """The worker side's remote tier: copies and queues writes, runs verified fetches."""
+    """The worker side's remote tier: copies and queues writes, runs verified fetches, each of
+    this rank's own shard (:mod:`hybridkv.remote.shards`)."""
 
     def __init__(
         self,
@@ -530,13 +585,26 @@ class WorkerRemote:
         breaker: BreakerConfig | None = DEFAULT_BREAKER,
         fetch_workers: int = FETCH_WORKERS,
         clock: Callable[[], float] | None = None,
+        rank: int = 0,
+        shards: ShardPlan | None = None,
     ) -> None:
-        """Writes and fetches go through ``client`` (default: a :class:`RedisClient`) behind
-        a circuit breaker of ``breaker`` (None: none) timed by ``clock``; fetches run on
-        ``fetch_workers`` threads."""
+        """Writes and fetches go through ``client`` (default:
+        :func:`hybridkv.remote.client_for`'s) behind a circuit breaker of ``breaker`` (None:
+        none) timed by ``clock``; fetches run on ``fetch_workers`` threads. ``rank``: this
+        worker's tensor-parallel rank; ``shards``: how the ranks map onto a chunk's shards
+        (default: one rank). A rank that is not its shard's writer queues no write; a rank
+        whose shared host region its group's first rank fills runs no fetch and reports none
+        (the promotion waits for ``shards.fetchers`` reports)."""
         self.config = config
         self.host = host
-        raw = client if client is not None else RedisClient(config)
+        self.shards = shards if shards is not None else ShardPlan()
+        if not 0 <= rank < self.shards.tp_size:
+            raise HybridKVConfigError(
+                "rank", rank, f"must be in [0, {self.shards.tp_size})", "pass the worker's rank"
+            )
+        self.rank = rank
+        self.shard = self.shards.shard_of(rank)  # which of an order's shard keys is ours
+        raw = client if client is not None else client_for(config)
         now = clock if clock is not None else time.monotonic
         self.breaker = None if breaker is None else CircuitBreaker(breaker, now)
         self._client = raw if self.breaker is None else GuardedClient(raw, self.breaker)
@@ -551,22 +619,26 @@ class WorkerRemote:
 
     def run(self, orders: RemoteOrders) -> tuple[FetchReport, ...]:
         """Copy and queue every write (dropped while the breaker is open), then fetch every
-        chunk side by side and write the verified ones into their slots; the outcomes."""
+        chunk side by side and write the verified ones into their slots; the outcomes (this
+        rank's shard of each; none where this rank neither writes nor fetches)."""
         slot_bytes = self.host.slot_bytes
         breaker = self.breaker
-        for order in orders.writes:
+        writes = orders.writes if self.shards.writes(self.rank) else ()
+        for order in writes:
             if breaker is not None and breaker.skipping():
                 breaker.skipped()  # the server is seen down: no copy, no SET
                 self.count["remote_writes_skipped"] += 1
                 continue
             payloads = [bytes(self.host.slot(s).numpy()) for s in order.slots]  # the copy
-            chunk = Chunk(order.chunk_key, order.members)
+            chunk = Chunk(order.shard_keys[self.shard], order.members)
             verdict = self.tier.write_behind(chunk, payloads)
             if verdict is Admission.ENQUEUED:
                 self.count["remote_writes_enqueued"] += 1
                 self.count["remote_written_bytes"] += slot_bytes * len(payloads)
             elif verdict is Admission.DROPPED:
                 self.count["remote_writes_dropped"] += 1
+        if not self.shards.fetches(self.rank):
+            return ()  # the group's first rank fills the shared slots and reports
         return self._fetch_all(orders.fetches)
 
     def _fetch_all(self, fetches: tuple[FetchOrder, ...]) -> tuple[FetchReport, ...]:
@@ -593,14 +665,15 @@ class WorkerRemote:
             if outcome in (PromoteOutcome.MISSING, PromoteOutcome.CORRUPT):
                 # The server lost it (TTL, eviction, flush) or holds a bad copy: if this
                 # worker wrote it, the next store of it must write it again.
-                self.tier.forget(order.chunk_key)
+                self.tier.forget(order.shard_keys[self.shard])
             self.outcomes[outcome.value] += 1
             reports.append(FetchReport(order.chunk_key, outcome.value))
         return tuple(reports)
 
     def _get_verified(self, order: FetchOrder) -> Fetched:
-        """On a fetch thread: GET and verify ``order``'s chunk (touches no slot)."""
-        reply = self._client.get(redis_key(order.chunk_key))
+        """On a fetch thread: GET and verify this rank's shard of ``order``'s chunk (touches
+        no slot)."""
+        reply = self._client.get(redis_key(order.shard_keys[self.shard]))
         if reply is None:
             return Fetched(PromoteOutcome.MISSING)
         if isinstance(reply, ClientFault):
@@ -640,7 +713,7 @@ class WorkerRemote:
 def model_identity(vllm_config: Any, layout: Any, tp_rank: int = 0) -> ModelIdentity:
     """The :class:`~hybridkv.remote.ModelIdentity` of the engine ``vllm_config`` serves, over
     its :class:`~hybridkv.vllm.layout.VllmLayout`. ``tp_rank``: the rank whose shard the chunks
-    hold (0: a remote tier runs with one rank, :func:`refuse_tensor_parallel`)."""
+    hold (each shard's namespace names its own: :func:`hybridkv.remote.shard_namespaces`)."""
     model = vllm_config.model_config
     cache = vllm_config.cache_config
     groups = ";".join(
@@ -682,16 +755,13 @@ def config_digest(vllm_config: Any) -> str:
     return digest.hexdigest()
 
 
-def refuse_tensor_parallel(world_size: int) -> None:
-    """A remote tier needs one worker (module docstring)."""
-    if world_size != 1:
-        raise HybridKVConfigError(
-            "kv_connector_extra_config.remote_url",
-            world_size,
-            "a remote tier with tensor parallelism > 1 is not built (each rank would need its "
-            "own shard of every chunk)",
-            "drop remote_url, or serve with --tensor-parallel-size 1",
-        )
+def remote_shards(sharding: HostSharding, kv_cache_config: Any) -> ShardPlan:
+    """The shards of a chunk for vLLM's ranks: one per group of ranks holding identical KV
+    (``kv_tp_replicas``, whether or not the group shares a host region), fetched into a shared
+    region by its first rank only (``sharding``, :func:`hybridkv.vllm.ranks.host_sharding`,
+    which refused a replica count that does not divide the ranks)."""
+    replicas = int(getattr(kv_cache_config, "kv_tp_replicas", 1))
+    return ShardPlan(sharding.world_size, replicas, shared_host=sharding.replicas > 1)
 
 
 # vLLM's non-cryptographic block hashes (``_NON_CRYPTO_HASH_FUNCTIONS``,

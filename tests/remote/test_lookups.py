@@ -66,19 +66,19 @@ def test_an_unanswered_lookup_waits_a_bounded_time_then_goes_without() -> None:
     server = GatedClient()
     server.data[redis_key(A)] = b"x"
     book, clock = _book(server, wait_s=0.02)
-    assert book.consult("r", [A, B]).verdict is Consult.WAIT
+    assert book.consult("r", [(A,), (B,)]).verdict is Consult.WAIT
     clock.now = 0.019
-    assert book.consult("r", [A, B]).verdict is Consult.WAIT
+    assert book.consult("r", [(A,), (B,)]).verdict is Consult.WAIT
     clock.now = 0.020
-    assert book.consult("r", [A, B]).verdict is Consult.GO  # the wait is spent
+    assert book.consult("r", [(A,), (B,)]).verdict is Consult.GO  # the wait is spent
     clock.now = 5.0
-    assert book.consult("r", [A, B]).verdict is Consult.GO
-    assert book.consult("r", [A, B, C]).verdict is Consult.GO  # a new lookup: no new wait
+    assert book.consult("r", [(A,), (B,)]).verdict is Consult.GO
+    assert book.consult("r", [(A,), (B,), (C,)]).verdict is Consult.GO  # a new lookup: no new wait
     assert book.count == {"asked": 2, "refused": 0, "waits": 2, "late": 2}
     # The late answer still serves the request while it waits.
     server.release.set()
     assert book.settle(5.0)
-    answer = book.consult("r", [A, B, C])
+    answer = book.consult("r", [(A,), (B,), (C,)])
     assert (answer.verdict, answer.present, answer.first) == (Consult.READY, {A}, True)
     book.queue.close()
 
@@ -88,7 +88,7 @@ def test_the_wait_is_bounded_in_asks_too() -> None:
     hardly moves, and the request still stops waiting after ``wait_asks`` steps."""
     server = GatedClient()
     book, _ = _book(server, wait_s=60.0, wait_asks=3)
-    verdicts = [book.consult("r", [A]).verdict for _ in range(5)]
+    verdicts = [book.consult("r", [(A,)]).verdict for _ in range(5)]
     assert verdicts == [Consult.WAIT] * 3 + [Consult.GO] * 2
     assert (book.count["waits"], book.count["late"]) == (3, 1)
     server.release.set()
@@ -100,20 +100,48 @@ def test_an_answered_lookup_is_the_requests_answer_every_time() -> None:
     server.release.set()
     server.data[redis_key(B)] = b"x"
     book, _ = _book(server)
-    assert book.consult("r", [A, B]).verdict is Consult.WAIT
+    assert book.consult("r", [(A,), (B,)]).verdict is Consult.WAIT
     assert book.settle(5.0)
-    first = book.consult("r", [A, B])
-    again = book.consult("r", [B])  # a subset (the host now holds A): no new lookup
+    first = book.consult("r", [(A,), (B,)])
+    again = book.consult("r", [(B,)])  # a subset (the host now holds A): no new lookup
     assert (first.verdict, first.present, first.first) == (Consult.READY, {B}, True)
     assert (again.verdict, again.present, again.first) == (Consult.READY, {B}, False)
     server.data[redis_key(A)] = b"x"  # written later: this request's answer stands
-    assert book.consult("r", [A, B]).present == {B}
+    assert book.consult("r", [(A,), (B,)]).present == {B}
     assert server.calls["exists"] == 1
     assert book.count["asked"] == 1
     book.forget("r")  # another request (or this one after it finished) asks afresh
-    assert book.consult("s", [A, B]).verdict is Consult.WAIT
+    assert book.consult("s", [(A,), (B,)]).verdict is Consult.WAIT
     assert book.settle(5.0)
-    assert book.consult("s", [A, B]).present == {A, B}
+    assert book.consult("s", [(A,), (B,)]).present == {A, B}
+    book.queue.close()
+
+
+@pytest.mark.parametrize("mode", [LookupMode.ASYNC, LookupMode.SYNC])
+def test_a_chunk_is_present_only_if_every_shard_is(mode: LookupMode) -> None:
+    """Tensor parallelism (hybridkv.remote.shards): a chunk is asked as every shard's key and
+    is present only if the server holds all of them; a shard missing on one rank is a miss.
+    Two requests' lookups queued together still answer each its own chunks."""
+    server = GatedClient()
+    for key in (A, b"a1", B, b"c1"):  # B's rank 1 shard and C's rank 0 shard missing
+        server.data[redis_key(key)] = b"x"
+    book, _ = _book(server, mode=mode, workers=1)
+    if mode is LookupMode.ASYNC:
+        book.consult("first", [(C, b"c1")])  # taken by the thread, held at the gate
+        assert _eventually(lambda: book.queue.queued() == 0)
+        assert book.consult("r", [(A, b"a1"), (B, b"b1")]).verdict is Consult.WAIT
+        assert book.consult("s", [(C, b"c1"), (A, b"a1")]).verdict is Consult.WAIT
+        server.release.set()
+        assert book.settle(5.0)
+        assert server.calls["exists"] == 2  # r and s went together
+    else:
+        server.release.set()
+    r = book.consult("r", [(A, b"a1"), (B, b"b1")])
+    s = book.consult("s", [(C, b"c1"), (A, b"a1")])
+    assert (r.verdict, r.present) == (Consult.READY, {A})
+    assert (s.verdict, s.present) == (Consult.READY, {A})
+    with pytest.raises(HybridKVConfigError, match="chunks"):
+        book.consult("t", [()])
     book.queue.close()
 
 
@@ -121,9 +149,9 @@ def test_a_fault_answers_nothing_present() -> None:
     server = FakeClient()
     server.fail_next["exists"] = ClientFault.TIMEOUT
     book, _ = _book(server)
-    book.consult("r", [A])
+    book.consult("r", [(A,)])
     assert book.settle(5.0)
-    answer = book.consult("r", [A])
+    answer = book.consult("r", [(A,)])
     assert (answer.verdict, answer.fault, answer.present) == (
         Consult.READY,
         ClientFault.TIMEOUT,
@@ -135,12 +163,12 @@ def test_a_fault_answers_nothing_present() -> None:
 def test_zero_wait_never_defers_and_sync_mode_answers_at_once() -> None:
     server = GatedClient()
     book, _ = _book(server, wait_s=0)
-    assert book.consult("r", [A]).verdict is Consult.GO
+    assert book.consult("r", [(A,)]).verdict is Consult.GO
     server.release.set()
     book.queue.close()
     sync, _ = _book(server, mode=LookupMode.SYNC)
     server.data[redis_key(A)] = b"x"
-    answer = sync.consult("r", [A, B])
+    answer = sync.consult("r", [(A,), (B,)])
     assert (answer.verdict, answer.present) == (Consult.READY, {A})
     sync.queue.close()
 
@@ -148,10 +176,10 @@ def test_zero_wait_never_defers_and_sync_mode_answers_at_once() -> None:
 def test_a_full_queue_refuses_and_the_request_goes_without() -> None:
     server = GatedClient()
     book, _ = _book(server, workers=1, max_queued=1)
-    assert book.consult("r1", [A]).verdict is Consult.WAIT  # taken by the thread
+    assert book.consult("r1", [(A,)]).verdict is Consult.WAIT  # taken by the thread
     assert _eventually(lambda: book.queue.queued() == 0)
-    assert book.consult("r2", [B]).verdict is Consult.WAIT  # queued
-    assert book.consult("r3", [C]).verdict is Consult.GO  # refused
+    assert book.consult("r2", [(B,)]).verdict is Consult.WAIT  # queued
+    assert book.consult("r3", [(C,)]).verdict is Consult.GO  # refused
     assert book.count["refused"] == 1
     assert book.queue.counts().refused == 1
     server.release.set()
@@ -210,17 +238,17 @@ def test_an_open_breaker_answers_go_at_once_without_asking() -> None:
     queue = LookupQueue(GuardedClient(server, breaker))
     book = LookupBook(queue, LookupPolicy(), breaker=breaker, clock=clock)
     server.fail_next["exists"] = ClientFault.FAULT
-    book.consult("r", [A])
+    book.consult("r", [(A,)])
     assert book.settle(5.0)
-    assert book.consult("r", [A]).fault is ClientFault.FAULT
+    assert book.consult("r", [(A,)]).fault is ClientFault.FAULT
     calls = server.calls["exists"]
-    assert book.consult("s", [B]).verdict is Consult.GO
+    assert book.consult("s", [(B,)]).verdict is Consult.GO
     assert server.calls["exists"] == calls
     assert breaker.counts().skips == 1
     clock.now = 1.0  # the backoff is over: the next lookup is the probe
-    assert book.consult("s", [B]).verdict is Consult.WAIT
+    assert book.consult("s", [(B,)]).verdict is Consult.WAIT
     assert book.settle(5.0)
-    assert book.consult("s", [B]).verdict is Consult.READY
+    assert book.consult("s", [(B,)]).verdict is Consult.READY
     assert breaker.counts().closes == 1
     queue.close()
 
