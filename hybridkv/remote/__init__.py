@@ -19,6 +19,7 @@ from hybridkv.remote.breaker import (
     BreakerState,
     CircuitBreaker,
     GuardedClient,
+    Permit,
     breaker_counters,
 )
 from hybridkv.remote.client import ChunkClient, RedisClient, fault_of
@@ -91,6 +92,7 @@ __all__ = [
     "LookupPolicy",
     "LookupQueue",
     "ModelIdentity",
+    "Permit",
     "PromoteOutcome",
     "PromoteRefusal",
     "Promotion",

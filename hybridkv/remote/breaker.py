@@ -12,8 +12,11 @@ success):
   opens it again for another ``backoff_s``.
 
 Every call the breaker lets through is paired with one :meth:`CircuitBreaker.record` of its
-result (:class:`GuardedClient` does both), so a probe always resolves and HALF_OPEN never
-sticks. Thread-safe: the lookup threads, the fetch threads and the writer thread share one.
+result under the :class:`Permit` it was let through with (:class:`GuardedClient` does both), so
+a probe always resolves and HALF_OPEN never sticks. Only the probe's own result moves HALF_OPEN:
+a call let through before the trip that resolves late (OPEN or HALF_OPEN) changes nothing, so
+its failure is never taken for a failed probe while the probe is still out. Thread-safe: the
+lookup threads, the fetch threads and the writer thread share one.
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ __all__ = [
     "BreakerState",
     "CircuitBreaker",
     "GuardedClient",
+    "Permit",
     "breaker_counters",
 ]
 
@@ -47,6 +51,16 @@ class BreakerState(Enum):
     CLOSED = "closed"
     OPEN = "open"
     HALF_OPEN = "half_open"
+
+
+class Permit(Enum):
+    """What :meth:`CircuitBreaker.allow` answered: REFUSED (do not call the server), CALL
+    (call it, CLOSED) or PROBE (call it: the one probe of HALF_OPEN). A CALL or PROBE is
+    handed back to :meth:`CircuitBreaker.record` with the call's result."""
+
+    REFUSED = "refused"
+    CALL = "call"
+    PROBE = "probe"
 
 
 @dataclass(frozen=True, slots=True)
@@ -111,21 +125,22 @@ class CircuitBreaker:
         self._opened_at = 0.0
         self._trips = self._closes = self._probes = self._skips = 0
 
-    def allow(self) -> bool:
-        """Whether to ask the server now. True is a promise to :meth:`record` the result.
+    def allow(self) -> Permit:
+        """Whether to ask the server now. CALL or PROBE is a promise to :meth:`record` the
+        result with that permit.
 
-        CLOSED: True. OPEN: False (a skip) until ``backoff_s`` has passed since it opened,
-        then HALF_OPEN and True (the probe). HALF_OPEN: False (a skip) while the probe is out.
+        CLOSED: CALL. OPEN: REFUSED (a skip) until ``backoff_s`` has passed since it opened,
+        then HALF_OPEN and PROBE. HALF_OPEN: REFUSED (a skip) while the probe is out.
         """
         with self._lock:
             if self._state is BreakerState.CLOSED:
-                return True
+                return Permit.CALL
             if self._state is BreakerState.OPEN and self._backoff_over():
                 self._state = BreakerState.HALF_OPEN
                 self._probes += 1
-                return True
+                return Permit.PROBE
             self._skips += 1
-            return False
+            return Permit.REFUSED
 
     def skipping(self) -> bool:
         """Whether :meth:`allow` would refuse now, without counting or moving anything: OPEN
@@ -140,22 +155,29 @@ class CircuitBreaker:
         with self._lock:
             self._skips += 1
 
-    def record(self, ok: bool) -> None:
-        """The result of a call :meth:`allow` let through: ``ok`` unless it failed.
+    def record(self, permit: Permit, ok: bool) -> None:
+        """The result of a call :meth:`allow` let through with ``permit``: ``ok`` unless it
+        failed.
 
+        The PROBE (in HALF_OPEN): a success closes it, a failure opens it again. A CALL in
         CLOSED: a success clears the failure run; the ``failures``-th failure in a row opens it.
-        HALF_OPEN (the probe): a success closes it, a failure opens it again. OPEN: a call let
-        through before the trip resolved late; its result changes nothing.
+        A CALL in OPEN or HALF_OPEN was let through before the trip and resolved late: its
+        result changes nothing (in HALF_OPEN the probe is still out).
+        Errors: HybridKVConfigError (field ``permit``) on REFUSED (no call was made).
         """
+        if permit is Permit.REFUSED:
+            raise HybridKVConfigError(
+                "permit", permit, "let no call through", "record only a CALL or PROBE's result"
+            )
         with self._lock:
             state = self._state
-            if state is BreakerState.HALF_OPEN:
+            if permit is Permit.PROBE and state is BreakerState.HALF_OPEN:
                 if ok:
                     self._state, self._failures = BreakerState.CLOSED, 0
                     self._closes += 1
                 else:
                     self._open()  # open again: not a new trip (trips - closes stays 1)
-            elif state is BreakerState.CLOSED:
+            elif permit is Permit.CALL and state is BreakerState.CLOSED:
                 self._failures = 0 if ok else self._failures + 1
                 if self._failures >= self.config.failures:
                     self._open()
@@ -196,10 +218,11 @@ class GuardedClient:
         self.client.close()
 
     def _guarded(self, call: Callable[[], _T]) -> _T | ClientFault:
-        if not self.breaker.allow():
+        permit = self.breaker.allow()
+        if permit is Permit.REFUSED:
             return ClientFault.SKIPPED
         reply = call()
-        self.breaker.record(not isinstance(reply, ClientFault))
+        self.breaker.record(permit, not isinstance(reply, ClientFault))
         return reply
 
 

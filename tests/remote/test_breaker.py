@@ -18,10 +18,12 @@ from hybridkv.remote import (
     CircuitBreaker,
     ClientFault,
     GuardedClient,
+    Permit,
     breaker_counters,
 )
 
 CLOSED, OPEN, HALF = BreakerState.CLOSED, BreakerState.OPEN, BreakerState.HALF_OPEN
+CALL, PROBE, REFUSED = Permit.CALL, Permit.PROBE, Permit.REFUSED
 
 
 class Clock:
@@ -39,15 +41,15 @@ def _breaker(failures: int = 3, backoff_s: float = 5.0) -> tuple[CircuitBreaker,
 
 def _fail(breaker: CircuitBreaker, times: int) -> None:
     for _ in range(times):
-        assert breaker.allow()
-        breaker.record(False)
+        assert breaker.allow() is CALL
+        breaker.record(CALL, False)
 
 
 def test_consecutive_failures_open_it_and_a_success_clears_the_run() -> None:
     breaker, _ = _breaker(failures=3)
     _fail(breaker, 2)
-    assert breaker.allow()
-    breaker.record(True)  # the run of failures ends
+    assert breaker.allow() is CALL
+    breaker.record(CALL, True)  # the run of failures ends
     _fail(breaker, 2)
     assert breaker.counts().state is CLOSED
     _fail(breaker, 1)
@@ -60,15 +62,15 @@ def test_open_skips_until_the_backoff_then_one_probe_goes_through() -> None:
     _fail(breaker, 1)
     for _ in range(4):
         assert breaker.skipping()
-        assert not breaker.allow()
+        assert breaker.allow() is REFUSED
     clock.now += 4.999
-    assert not breaker.allow()
+    assert breaker.allow() is REFUSED
     clock.now += 0.001
     assert not breaker.skipping()
-    assert breaker.allow()  # the probe
+    assert breaker.allow() is PROBE
     assert breaker.counts().state is HALF
     assert breaker.skipping()
-    assert not breaker.allow()  # a second caller while the probe is out: skipped
+    assert breaker.allow() is REFUSED  # a second caller while the probe is out: skipped
     counts = breaker.counts()
     assert (counts.probes, counts.skips) == (1, 6)
 
@@ -78,16 +80,16 @@ def test_the_probe_closes_it_or_opens_it_again(probe_ok: bool, state: BreakerSta
     breaker, clock = _breaker(failures=2, backoff_s=1.0)
     _fail(breaker, 2)
     clock.now += 1.0
-    assert breaker.allow()
-    breaker.record(probe_ok)
+    assert breaker.allow() is PROBE
+    breaker.record(PROBE, probe_ok)
     counts = breaker.counts()
     assert counts.state is state
     assert (counts.trips, counts.closes, counts.probes) == (1, 1 if probe_ok else 0, 1)
     if not probe_ok:  # a fresh backoff from the failed probe
         clock.now += 0.5
-        assert not breaker.allow()
+        assert breaker.allow() is REFUSED
         clock.now += 0.5
-        assert breaker.allow()
+        assert breaker.allow() is PROBE
     else:  # closed: a fresh run of failures is needed to open it again
         _fail(breaker, 1)
         assert breaker.counts().state is CLOSED
@@ -95,10 +97,30 @@ def test_the_probe_closes_it_or_opens_it_again(probe_ok: bool, state: BreakerSta
 
 def test_a_late_result_while_open_changes_nothing() -> None:
     breaker, _ = _breaker(failures=1)
-    assert breaker.allow()  # a call let through before the trip
+    assert breaker.allow() is CALL  # a call let through before the trip
     _fail(breaker, 1)
-    breaker.record(True)  # the first call's late success
+    breaker.record(CALL, True)  # the first call's late success
     assert breaker.counts().state is OPEN
+
+
+def test_a_late_result_while_the_probe_is_out_is_not_the_probes() -> None:
+    """Hypothesis' state machine found it: a call let through before the trip failing while
+    the probe was out reopened the breaker, the probe still out, and the next backoff let a
+    second probe through (two out at once)."""
+    breaker, clock = _breaker(failures=1, backoff_s=1.0)
+    assert breaker.allow() is CALL  # let through before the trip, resolved late
+    _fail(breaker, 1)
+    clock.now += 1.0
+    assert breaker.allow() is PROBE
+    breaker.record(CALL, False)  # the late call's failure: the probe is still out
+    assert breaker.counts().state is HALF
+    clock.now += 1.0
+    assert breaker.allow() is REFUSED  # still one probe at most
+    breaker.record(PROBE, True)
+    counts = breaker.counts()
+    assert (counts.state, counts.probes, counts.closes) == (CLOSED, 1, 1)
+    with pytest.raises(HybridKVConfigError, match="permit"):
+        breaker.record(REFUSED, True)
 
 
 def test_a_dropped_call_is_counted_as_a_skip() -> None:

@@ -18,7 +18,7 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from hybridkv.remote import BreakerConfig, BreakerState, CircuitBreaker
+from hybridkv.remote import BreakerConfig, BreakerState, CircuitBreaker, Permit
 
 FAILURES, BACKOFF = 3, 2.0
 
@@ -28,7 +28,7 @@ class BreakerMachine(RuleBasedStateMachine):
         super().__init__()
         self.now = 0.0
         self.breaker = CircuitBreaker(BreakerConfig(FAILURES, BACKOFF), lambda: self.now)
-        self.out: list[bool] = []  # calls let through, not recorded yet: True for the probe
+        self.out: list[Permit] = []  # permits of the calls let through, not recorded yet
         self.refused = 0
         self.run = 0  # failures recorded in a row while CLOSED
 
@@ -36,21 +36,22 @@ class BreakerMachine(RuleBasedStateMachine):
     def call(self) -> None:
         before = self.breaker.counts()
         within_backoff = before.state is BreakerState.OPEN and self.breaker.skipping()
-        allowed = self.breaker.allow()
+        permit = self.breaker.allow()
         after = self.breaker.counts()
         if within_backoff:
-            assert not allowed
-        if allowed:
-            self.out.append(after.probes > before.probes)
-        else:
+            assert permit is Permit.REFUSED
+        assert (permit is Permit.PROBE) == (after.probes > before.probes)
+        if permit is Permit.REFUSED:
             self.refused += 1
+        else:
+            self.out.append(permit)
 
     @precondition(lambda self: self.out)
     @rule(which=st.integers(0, 10), ok=st.booleans())
     def resolve(self, which: int, ok: bool) -> None:
-        self.out.pop(which % len(self.out))
+        permit = self.out.pop(which % len(self.out))
         state = self.breaker.counts().state
-        self.breaker.record(ok)
+        self.breaker.record(permit, ok)
         if state is BreakerState.CLOSED:
             self.run = 0 if ok else self.run + 1
             if self.run >= FAILURES:
@@ -77,7 +78,7 @@ class BreakerMachine(RuleBasedStateMachine):
         if not self.out:
             assert counts.state is not BreakerState.HALF_OPEN
         if counts.state is BreakerState.HALF_OPEN:
-            assert self.out.count(True) == 1
+            assert self.out.count(Permit.PROBE) == 1
 
 
 BreakerMachine.TestCase.settings = settings(max_examples=200, stateful_step_count=40)
