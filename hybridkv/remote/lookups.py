@@ -63,11 +63,15 @@ class Lookup:
 @dataclass(frozen=True, slots=True)
 class LookupCounts:
     """The queue's monotone counts: lookups ``asked`` (accepted), ``refused`` (queue full),
-    ``answered``."""
+    ``answered``; EXISTS ``round_trips`` sent to the server (one answers every lookup of its
+    batch; a call the breaker skipped is none) and, of those, ``faulted`` (FAULT or TIMEOUT:
+    each of its lookups answered by the fault)."""
 
     asked: int
     refused: int
     answered: int
+    round_trips: int = 0
+    faulted: int = 0
 
 
 class LookupQueue:
@@ -85,6 +89,7 @@ class LookupQueue:
         self._running = 0
         self._closed = False
         self._asked = self._refused = self._answered = 0
+        self._trips = self._faulted = 0
         self._threads = [
             threading.Thread(target=self._loop, name=f"hybridkv-lookup-{i}", daemon=True)
             for i in range(workers)
@@ -109,10 +114,12 @@ class LookupQueue:
         """EXISTS of ``keys`` on the caller's thread (the synchronous path kept for
         comparison); the lookup, already answered."""
         lookup = Lookup(tuple(keys))
-        lookup.resolve(self._client.exists(lookup.keys))
+        found = self._client.exists(lookup.keys)
+        lookup.resolve(found)
         with self._lock:
             self._asked += 1
             self._answered += 1
+            self._count_trip(found)
         return lookup
 
     def settle(self, timeout_s: float) -> bool:
@@ -129,7 +136,9 @@ class LookupQueue:
     def counts(self) -> LookupCounts:
         """The monotone counts now. Frame: nothing changes."""
         with self._lock:
-            return LookupCounts(self._asked, self._refused, self._answered)
+            return LookupCounts(
+                self._asked, self._refused, self._answered, self._trips, self._faulted
+            )
 
     def close(self, timeout_s: float = 0.0) -> bool:
         """Stop taking lookups; queued ones are answered FAULT; wait up to ``timeout_s`` for
@@ -160,8 +169,15 @@ class LookupQueue:
                 self._running += len(batch)
             self._answer(batch)
 
+    def _count_trip(self, found: tuple[bool, ...] | ClientFault) -> None:
+        """Count one EXISTS's answer (under the lock): a skip asked no server."""
+        if found is not ClientFault.SKIPPED:
+            self._trips += 1
+            self._faulted += isinstance(found, ClientFault)
+
     def _answer(self, batch: list[Lookup]) -> None:
         answers: list[tuple[bool, ...] | ClientFault] = [ClientFault.FAULT] * len(batch)
+        found: tuple[bool, ...] | ClientFault = ClientFault.FAULT  # if the client raised
         try:
             found = self._client.exists([key for lookup in batch for key in lookup.keys])
             at = 0
@@ -177,4 +193,5 @@ class LookupQueue:
             with self._lock:
                 self._running -= len(batch)
                 self._answered += len(batch)
+                self._count_trip(found)
                 self._lock.notify_all()

@@ -106,8 +106,10 @@ WORKER_COUNTERS: dict[str, str] = {
     "queued, waited for if running) before reporting them failed",
 }
 REMOTE_COUNTERS: dict[str, str] = {
-    "remote_lookups": "pipelined EXISTS round trips to the remote tier (scheduler side)",
-    "remote_lookup_faults": "of those, the ones that failed or timed out (answered 0 present)",
+    "remote_lookups": "remote lookups asked (scheduler side; those waiting together share one "
+    "pipelined EXISTS round trip)",
+    "remote_lookup_faults": "of those, the ones a failed or timed-out round trip answered "
+    "(0 present)",
     "remote_chunks_found": "leading chunks those lookups found on the server",
     "promotions_started": "chunks reserved in the host tier for a fetch from the remote tier",
     "promotions_refused": "present chunks not promoted because the host tier had no room",

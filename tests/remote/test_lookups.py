@@ -228,6 +228,8 @@ def test_a_fault_answers_every_lookup_of_its_round_trip() -> None:
     assert first is not None
     assert first.answer() == (False,)
     assert [lookup.answer() for lookup in batch if lookup is not None] == [ClientFault.TIMEOUT] * 2
+    counts = queue.counts()  # three lookups, two round trips, one of them faulted
+    assert (counts.answered, counts.round_trips, counts.faulted) == (3, 2, 1)
     queue.close()
 
 
@@ -241,6 +243,7 @@ def test_an_open_breaker_answers_go_at_once_without_asking() -> None:
     book.consult("r", [(A,)])
     assert book.settle(5.0)
     assert book.consult("r", [(A,)]).fault is ClientFault.FAULT
+    assert (queue.counts().round_trips, queue.counts().faulted) == (1, 1)
     calls = server.calls["exists"]
     assert book.consult("s", [(B,)]).verdict is Consult.GO
     assert server.calls["exists"] == calls
