@@ -3,13 +3,25 @@ the host store. One idea per module: :mod:`.values`, :mod:`.config`, :mod:`.code
 and verified values), :mod:`.client` (redis-py, faults returned), :mod:`.cluster` (the same on
 a Redis/Valkey Cluster), :mod:`.tier` (write-behind, lookups, fetches, counters), :mod:`.slots`
 (host slot bytes), :mod:`.identity` (the model identity and weights version scoped into chunk
-keys), :mod:`.shards` (a chunk's tensor-parallel shards: one key each, held only when all are)
-and :mod:`.two_tier` (the host store composed with the tier). Needs the ``remote`` extra
-(redis-py).
+keys), :mod:`.shards` (a chunk's tensor-parallel shards: one key each, held only when all are),
+:mod:`.two_tier` (the host store composed with the tier), and, so that a slow or dead server
+never stalls vLLM's scheduler (issue 30): :mod:`.lookups` (EXISTS asked off the caller's
+thread), :mod:`.lookup_book` (per request, the lookup asked and the bounded wait for it),
+:mod:`.fetches` (fetches side by side, a late one a miss) and :mod:`.breaker` (a circuit
+breaker that skips a server seen down). Needs the ``remote`` extra (redis-py).
 """
 
 from __future__ import annotations
 
+from hybridkv.remote.breaker import (
+    BreakerConfig,
+    BreakerCounts,
+    BreakerState,
+    CircuitBreaker,
+    GuardedClient,
+    Permit,
+    breaker_counters,
+)
 from hybridkv.remote.client import ChunkClient, RedisClient, fault_of
 from hybridkv.remote.cluster import ClusterClient, client_for
 from hybridkv.remote.codec import (
@@ -23,11 +35,15 @@ from hybridkv.remote.codec import (
     redis_key,
 )
 from hybridkv.remote.config import RemoteConfig
+from hybridkv.remote.fetches import LATE, FetchPool, Late
 from hybridkv.remote.identity import EPOCH_BYTES, ModelIdentity, scoped_namespace
+from hybridkv.remote.lookup_book import Consult, Consulted, LookupBook, LookupMode, LookupPolicy
+from hybridkv.remote.lookups import Lookup, LookupCounts, LookupQueue
 from hybridkv.remote.shards import (
     ShardPlan,
     combined_outcome,
     held_on_every_shard,
+    held_per_chunk,
     shard_keys,
     shard_namespaces,
 )
@@ -49,17 +65,34 @@ from hybridkv.remote.values import (
 __all__ = [
     "EPOCH_BYTES",
     "FORMAT_VERSION",
+    "LATE",
     "MAGIC",
     "REMOTE_COUNTER_NAMES",
     "Admission",
+    "BreakerConfig",
+    "BreakerCounts",
+    "BreakerState",
     "Chunk",
     "ChunkClient",
+    "CircuitBreaker",
     "ClientFault",
     "ClusterClient",
+    "Consult",
+    "Consulted",
     "Corruption",
     "Decoded",
+    "FetchPool",
     "Fetched",
+    "GuardedClient",
+    "Late",
+    "Lookup",
+    "LookupBook",
+    "LookupCounts",
+    "LookupMode",
+    "LookupPolicy",
+    "LookupQueue",
     "ModelIdentity",
+    "Permit",
     "PromoteOutcome",
     "PromoteRefusal",
     "Promotion",
@@ -70,6 +103,7 @@ __all__ = [
     "SlotBuffer",
     "TwoTierStore",
     "WriteOutcome",
+    "breaker_counters",
     "chunk_key",
     "client_for",
     "combined_outcome",
@@ -77,6 +111,7 @@ __all__ = [
     "encode_chunk",
     "fault_of",
     "held_on_every_shard",
+    "held_per_chunk",
     "make_chunk",
     "redis_key",
     "scoped_namespace",

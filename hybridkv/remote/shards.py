@@ -15,8 +15,10 @@ first rank, that rank alone writes it (:meth:`ShardPlan.writes`), every rank of 
 it. Where the group shares one host region (:class:`hybridkv.vllm.ranks.HostSharding`), only
 the first rank fetches into it (:meth:`ShardPlan.fetches`), as only it stores into it.
 
-The all-ranks rule, in one place (:func:`held_on_every_shard`): a chunk counts as held only if
-the server holds every shard's key; one pipelined EXISTS asks them all, so a shard missing on
+The all-ranks rule, in one place (:func:`held_per_chunk`, over the answer of
+:func:`held_on_every_shard` or of a lookup asked off the scheduler thread,
+:mod:`hybridkv.remote.lookup_book`): a chunk counts as held only if the server holds every
+shard's key; one pipelined EXISTS asks them all, so a shard missing on
 one rank is a miss for the chunk, never a partial claim. A shard that vanishes after the lookup
 fails that rank's fetch; the promotion resolves only once every fetching rank reported it,
 PROMOTED only if all did (:func:`combined_outcome`), so a failure on one rank drops the members
@@ -38,6 +40,7 @@ __all__ = [
     "ShardPlan",
     "combined_outcome",
     "held_on_every_shard",
+    "held_per_chunk",
     "shard_keys",
     "shard_namespaces",
 ]
@@ -144,10 +147,27 @@ def held_on_every_shard(
     One pipelined EXISTS over all the keys (one round trip, as for one shard). A fault answers
     for all of them (the caller treats it as none present). Frame: nothing changes.
     """
-    flat = [redis_key(key) for keys in chunks for key in keys]
-    found = client.exists(flat)
+    found = client.exists([redis_key(key) for keys in chunks for key in keys])
     if isinstance(found, ClientFault):
         return found
+    return held_per_chunk(found, chunks)
+
+
+def held_per_chunk(found: Sequence[bool], chunks: Sequence[Sequence[bytes]]) -> tuple[bool, ...]:
+    """Per chunk (its shard keys), whether every shard is held, from ``found``: the EXISTS
+    answer over all the chunks' keys flattened in order (one pipelined round trip, asked here
+    by :func:`held_on_every_shard` or off the scheduler thread by
+    :class:`~hybridkv.remote.lookup_book.LookupBook`). The all-ranks rule.
+
+    Pure. Pre: ``len(found)`` is the number of keys (field ``found``)."""
+    total = sum(len(keys) for keys in chunks)
+    if len(found) != total:
+        raise HybridKVConfigError(
+            "found",
+            len(found),
+            f"answers {len(found)} keys, the chunks have {total}",
+            "pass the EXISTS answer over every chunk's shard keys, in order",
+        )
     held = []
     at = 0
     for keys in chunks:

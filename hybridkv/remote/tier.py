@@ -46,6 +46,7 @@ __all__ = ["RemoteTier"]
 _FAULT_OUTCOME = {
     ClientFault.FAULT: PromoteOutcome.FAULT,
     ClientFault.TIMEOUT: PromoteOutcome.TIMEOUT,
+    ClientFault.SKIPPED: PromoteOutcome.FAULT,  # the breaker is open: the server is down
 }
 # The server no longer holds these whole: forget them (a vanished chunk is a miss, TT-5).
 _GONE = (PromoteOutcome.MISSING, PromoteOutcome.CORRUPT)

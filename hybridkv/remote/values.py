@@ -103,10 +103,13 @@ class Admission(Enum):
 
 
 class ClientFault(Enum):
-    """Why a client call failed: the server is gone or reset (FAULT), or past the deadline."""
+    """Why a client call failed: the server is gone or reset (FAULT), past the deadline
+    (TIMEOUT), or not asked at all because the circuit breaker is open (SKIPPED,
+    :mod:`hybridkv.remote.breaker`; no server wait)."""
 
     FAULT = "fault"
     TIMEOUT = "timeout"
+    SKIPPED = "skipped"
 
 
 class Corruption(Enum):

@@ -51,6 +51,14 @@ docs/howto/share-prefix-cache.md):
   write beyond it is dropped (counted), never waited for.
 - ``remote_timeout_ms`` (int in [1, 60000], default 200): the longest any one server call
   (connect, EXISTS, GET, SET) waits; past it a fetch resolves TIMEOUT and is recomputed.
+- ``remote_lookup_wait_ms`` (int in [0, 60000], default 20): lookups run off the scheduler
+  thread; a request whose lookup is not answered is deferred (vLLM asks again next step) for
+  at most this long (and 16 steps) in all, then scheduled without the remote hit. 0: never
+  deferred.
+- ``remote_breaker_failures`` (int >= 1, default 3) and ``remote_breaker_backoff_ms`` (int in
+  [1, 3600000], default 5000): that many consecutive failed server calls open each side's
+  circuit breaker; the tier is then skipped (lookups answer no hit at once, fetches fail at
+  once, writes are dropped, all counted) for the backoff, then probed with one call.
 
 Unknown keys and bad values raise a one-line :class:`~hybridkv.errors.HybridKVConfigError`
 naming the key, the value and the fix.
@@ -85,6 +93,9 @@ DEFAULTS: dict[str, Any] = {
     "remote_ttl_s": 0,
     "remote_max_pending_writes": 64,
     "remote_timeout_ms": 200,
+    "remote_lookup_wait_ms": 20,
+    "remote_breaker_failures": 3,
+    "remote_breaker_backoff_ms": 5000,
 }
 _POLICIES = ("lru", "arc")
 CLUSTER_SCHEME = "redis+cluster://"
@@ -102,6 +113,9 @@ class RemoteSettings:
     ttl_s: int
     max_pending_writes: int
     timeout_s: float
+    lookup_wait_s: float = 0.02
+    breaker_failures: int = 3
+    breaker_backoff_s: float = 5.0
     cluster_nodes: tuple[tuple[str, int], ...] = ()  # a cluster's seeds; host, port the first
 
 
@@ -210,6 +224,9 @@ def _remote(values: Mapping[str, Any]) -> RemoteSettings | None:
             "remote_ttl_s",
             "remote_max_pending_writes",
             "remote_timeout_ms",
+            "remote_lookup_wait_ms",
+            "remote_breaker_failures",
+            "remote_breaker_backoff_ms",
         ):
             if values[key] != DEFAULTS[key]:
                 raise HybridKVConfigError(
@@ -236,8 +253,20 @@ def _remote(values: Mapping[str, Any]) -> RemoteSettings | None:
         ttl_s=_int(values, "remote_ttl_s", low=0),
         max_pending_writes=_int(values, "remote_max_pending_writes", low=1),
         timeout_s=timeout_ms / 1000,
+        lookup_wait_s=_int_at_most(values, "remote_lookup_wait_ms", 0, 60_000) / 1000,
+        breaker_failures=_int(values, "remote_breaker_failures", low=1),
+        breaker_backoff_s=_int_at_most(values, "remote_breaker_backoff_ms", 1, 3_600_000) / 1000,
         cluster_nodes=seeds,
     )
+
+
+def _int_at_most(values: Mapping[str, Any], key: str, low: int, high: int) -> int:
+    value = _int(values, key, low=low)
+    if value > high:
+        raise HybridKVConfigError(
+            f"{_WHERE}.{key}", value, f"must be at most {high}", f"e.g. {DEFAULTS[key]}"
+        )
+    return value
 
 
 def _redis_url(url: object) -> tuple[str, int]:

@@ -91,6 +91,8 @@ from hybridkv.vllm.remote import (
     FetchReport,
     SchedulerRemote,
     WorkerRemote,
+    breaker_config,
+    lookup_policy,
     model_identity,
     refuse_unshared_hashes,
     remote_config,
@@ -234,10 +236,15 @@ class HybridKVConnector(SchedulerRole, WorkerRole, KVConnectorBase_V1, SupportsH
                 eagle_groups=read_eagle_groups(vllm_config, kv_cache_config),
             )
             if self.hybridkv_config.remote is not None:
-                config = remote_config(self.hybridkv_config.remote)
+                settings = self.hybridkv_config.remote
                 identity = model_identity(vllm_config, self.layout)
                 self.remote = SchedulerRemote(
-                    self.core, config, identity=identity, shards=self.remote_shards
+                    self.core,
+                    remote_config(settings),
+                    identity=identity,
+                    shards=self.remote_shards,
+                    lookups=lookup_policy(settings),
+                    breaker=breaker_config(settings),
                 )
 
     def _chunk_size(self) -> int:

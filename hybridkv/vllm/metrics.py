@@ -106,8 +106,10 @@ WORKER_COUNTERS: dict[str, str] = {
     "queued, waited for if running) before reporting them failed",
 }
 REMOTE_COUNTERS: dict[str, str] = {
-    "remote_lookups": "pipelined EXISTS round trips to the remote tier (scheduler side)",
-    "remote_lookup_faults": "of those, the ones that failed or timed out (answered 0 present)",
+    "remote_lookups": "remote lookups asked (scheduler side; those waiting together share one "
+    "pipelined EXISTS round trip)",
+    "remote_lookup_faults": "of those, the ones a failed or timed-out round trip answered "
+    "(0 present)",
     "remote_chunks_found": "leading chunks those lookups found on the server",
     "promotions_started": "chunks reserved in the host tier for a fetch from the remote tier",
     "promotions_refused": "present chunks not promoted because the host tier had no room",
@@ -119,12 +121,33 @@ REMOTE_COUNTERS: dict[str, str] = {
     "promotion_deadlines": "promotions the scheduler resolved TIMEOUT for lack of a report",
     "late_reports": "fetch reports of promotions already resolved TIMEOUT (ignored)",
     "writes_ordered": "chunks the scheduler ordered written behind (all members READY)",
+    "remote_lookups_waited": "lookups of the host tier answered None because the request's "
+    "remote lookup was not answered yet (at most remote_lookup_wait_ms per request in all)",
+    "remote_lookups_late": "remote lookups not answered within that wait: the request went on "
+    "without the remote hit (a late answer still serves it if it is still waiting)",
+    "remote_lookups_refused": "remote lookups not asked because the lookup queue was full",
+    "remote_lookup_breaker_trips": "times the scheduler side's circuit breaker opened after a "
+    "run of failures (trips - closes is 1 while the tier is skipped or probed)",
+    "remote_lookup_breaker_closes": "times a probe closed the scheduler side's breaker",
+    "remote_lookup_breaker_probes": "lookups let through to probe the server after a backoff",
+    "remote_lookup_breaker_skips": "lookups answered no hit at once, the breaker open",
     "remote_writes_enqueued": "chunks copied from host slots and queued for one SET (worker)",
     "remote_writes_dropped": "write-behinds dropped because remote_max_pending_writes were "
     "queued (never waited for)",
     "remote_written": "queued chunks the server acknowledged",
-    "remote_writes_failed": "queued chunks whose SET failed or timed out",
-    "remote_fetches": "GETs of promoted chunks (worker)",
+    "remote_writes_failed": "queued chunks whose SET failed or timed out (or was skipped by "
+    "the breaker once queued)",
+    "remote_writes_skipped": "write orders dropped, not copied, while the worker's breaker "
+    "was open",
+    "remote_fetches": "fetch orders of promoted chunks resolved (worker)",
+    "remote_fetches_late": "of those, the ones whose result came past remote_timeout_ms: "
+    "TIMEOUT, nothing loaded",
+    "remote_breaker_trips": "times the worker side's circuit breaker opened after a run of "
+    "failures (trips - closes is 1 while the tier is skipped or probed)",
+    "remote_breaker_closes": "times a probe closed the worker side's breaker",
+    "remote_breaker_probes": "fetches or writes let through to probe the server after a backoff",
+    "remote_breaker_skips": "fetches (resolved FAULT) and writes (dropped) that did not ask the "
+    "server, the breaker open",
     "remote_fetched_bytes": "bytes written into host slots by verified fetches",
     "remote_written_bytes": "bytes of host slots copied into queued writes",
 }

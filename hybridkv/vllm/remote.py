@@ -40,18 +40,26 @@ writer: bounded, never blocking (a full queue drops the write, counted).
 Read-through (:class:`SchedulerRemote.before_claim`): before the core answers a claim, the
 chunks ending in ``(num_computed_tokens, claimable end]`` whose members are all absent from the
 host are asked of the server (one pipelined EXISTS over every end's variants, bounded by
-``remote_timeout_ms``; a fault answers none present); in prefix order, the ends the server
-holds up to the first it lacks are promoted (per end, the whole chunk if present, else the
-attention-only one): their members
-are reserved STORING through the core (:meth:`~hybridkv.connector.ConnectorCore.reserve_promotion`),
-so the claim DEFERs on them like on any STORING key, and the next metadata orders the fetch.
+``remote_timeout_ms``; a fault answers none present). The EXISTS never runs on the scheduler
+thread (issue 30): it is queued to the lookup threads (:class:`hybridkv.remote.LookupBook`),
+and until its answer is in the request waits (vLLM's None) for at most
+``remote_lookup_wait_ms`` and 16 steps in all, then goes on without the remote hit; an answer,
+once in, is the request's answer for every chunk it covers. A circuit breaker on each side
+(:mod:`hybridkv.remote.breaker`) skips a server seen down: lookups answer no hit at once,
+fetches resolve FAULT at once, writes are dropped, until a probe after the backoff succeeds.
+In prefix order, the ends the server holds up to the first it lacks are promoted (per end, the
+whole chunk if present, else the attention-only one): their members are reserved STORING
+through the core (:meth:`~hybridkv.connector.ConnectorCore.reserve_promotion`), so the claim
+DEFERs on them like on any STORING key, and the next metadata orders the fetch.
 The worker GETs each chunk (bounded by the same timeout), verifies it against the expected
 members (:func:`hybridkv.remote.decode_chunk`: magic, version, member keys, lengths, digest,
 and each payload exactly one slot), writes the payloads into the reserved slots and reports the
 outcome: PROMOTED (members READY) or MISSING / FAULT / TIMEOUT / CORRUPT (members dropped; the
 chunk is remembered failed, so the claim ends before it and vLLM recomputes exactly what is
-missing). A fetch runs inside ``start_load_kv`` and its bytes land before the worker reports,
-so a report never precedes its writes.
+missing). A step's fetches run side by side on a few threads inside ``start_load_kv``
+(:class:`hybridkv.remote.FetchPool`); a result past the deadline is TIMEOUT, and the bytes of
+those in time are copied into their slots on the worker's thread before it reports, so a
+report never precedes its writes and a late fetch writes nothing.
 
 Termination (TT-4): a promotion not reported within ``PROMOTION_DEADLINE_STEPS`` engine steps
 (it cannot be, with vLLM's in-order outputs; the bound guards against a lost report) resolves
@@ -76,9 +84,10 @@ Not built: writes on host eviction (writes happen on store).
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
-import threading
+import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
@@ -91,19 +100,29 @@ from hybridkv.errors import HybridKVConfigError
 from hybridkv.hostmem import HostMemory
 from hybridkv.remote import (
     EPOCH_BYTES,
+    LATE,
     Admission,
+    BreakerConfig,
     Chunk,
+    CircuitBreaker,
     ClientFault,
+    Consult,
+    Fetched,
+    FetchPool,
+    GuardedClient,
+    LookupBook,
+    LookupPolicy,
+    LookupQueue,
     ModelIdentity,
     PromoteOutcome,
     RemoteConfig,
     RemoteTier,
     ShardPlan,
+    breaker_counters,
     chunk_key,
     client_for,
     combined_outcome,
     decode_chunk,
-    held_on_every_shard,
     make_chunk,
     redis_key,
     shard_namespaces,
@@ -113,6 +132,8 @@ from hybridkv.vllm.config import RemoteSettings
 from hybridkv.vllm.ranks import HostSharding
 
 __all__ = [
+    "DEFAULT_BREAKER",
+    "DEFAULT_LOOKUPS",
     "FAILED_MEMORY",
     "PROMOTION_DEADLINE_STEPS",
     "FetchOrder",
@@ -120,7 +141,9 @@ __all__ = [
     "RemoteOrders",
     "SchedulerRemote",
     "WorkerRemote",
+    "breaker_config",
     "config_digest",
+    "lookup_policy",
     "model_identity",
     "refuse_unshared_hashes",
     "remote_config",
@@ -128,9 +151,21 @@ __all__ = [
 ]
 
 PROMOTION_DEADLINE_STEPS = 8
+DEFAULT_LOOKUPS = LookupPolicy()
+DEFAULT_BREAKER = BreakerConfig()
 FAILED_MEMORY = 4096
 _MISS = LookupResult.MISS
 _HIT = LookupResult.HIT
+
+
+def lookup_policy(settings: RemoteSettings) -> LookupPolicy:
+    """The scheduler side's lookup policy for the connector's parsed keys."""
+    return LookupPolicy(wait_s=settings.lookup_wait_s)
+
+
+def breaker_config(settings: RemoteSettings) -> BreakerConfig:
+    """Each side's circuit breaker for the connector's parsed keys."""
+    return BreakerConfig(settings.breaker_failures, settings.breaker_backoff_s)
 
 
 def remote_config(settings: RemoteSettings) -> RemoteConfig:
@@ -205,6 +240,9 @@ SCHEDULER_COUNTERS = (
     "promotion_deadlines",
     "late_reports",
     "writes_ordered",
+    "remote_lookups_waited",
+    "remote_lookups_late",
+    "remote_lookups_refused",
 )
 
 
@@ -219,13 +257,19 @@ class SchedulerRemote:
         *,
         identity: ModelIdentity,
         shards: ShardPlan | None = None,
+        lookups: LookupPolicy = DEFAULT_LOOKUPS,
+        breaker: BreakerConfig | None = DEFAULT_BREAKER,
+        clock: Callable[[], float] | None = None,
     ) -> None:
         """Lookups go through ``client`` (default: :func:`hybridkv.remote.client_for`'s, on
-        ``config``'s server or cluster; this side only asks EXISTS); every chunk key is scoped
-        by ``identity`` and the weights version, 0 until the first :meth:`reset`, after which
-        the engine's own epoch (random, drawn at the first reset) scopes it too. ``shards``:
-        how the TP ranks map onto each chunk's shards (default: one per rank of
-        ``identity.tp_size``, private memory)."""
+        ``config``'s server or cluster; this side only asks EXISTS), asked as ``lookups`` says
+        (off this thread by default, :mod:`hybridkv.remote.lookup_book`) behind a circuit
+        breaker of ``breaker`` (None: none); ``clock`` (seconds) times the lookup wait and the
+        breaker's backoff (tests pass a fake one). Every chunk key is scoped by ``identity``
+        and the weights version, 0 until the first :meth:`reset`, after which the engine's own
+        epoch (random, drawn at the first reset) scopes it too. ``shards``: how the TP ranks
+        map onto each chunk's shards (default: one per rank of ``identity.tp_size``, private
+        memory); a lookup asks every shard's key."""
         self.core = core
         self.config = config
         self.identity = identity
@@ -234,15 +278,20 @@ class SchedulerRemote:
         self.epoch = b""  # shared with every engine of this identity until a reset
         self._scope()
         self._client = client if client is not None else client_for(config)
+        now = clock if clock is not None else time.monotonic
+        self.breaker = None if breaker is None else CircuitBreaker(breaker, now)
+        asking = self._client if self.breaker is None else GuardedClient(self._client, self.breaker)
+        queue = LookupQueue(asking, workers=lookups.workers, max_queued=lookups.max_queued)
+        self.lookups = LookupBook(queue, lookups, breaker=self.breaker, clock=now)
         self._step = 0
         self._promotions: dict[bytes, _Promotion] = {}
         self._failed: OrderedDict[bytes, None] = OrderedDict()
         self._tried: dict[str, set[bytes]] = {}  # per request: chunks promoted for it once
-        self._asked: dict[str, tuple[Any, ...]] = {}  # per request: the last lookup's question
+        self._asked: dict[str, tuple[Any, ...]] = {}  # per request: the last question answered
         self._job_chunks: dict[int, tuple[tuple[bytes, ...], ...]] = {}
         self._job_salt: dict[int, str | None] = {}
         self._writes: dict[bytes, tuple[tuple[bytes, ...], str | None]] = {}
-        self.count = dict.fromkeys(SCHEDULER_COUNTERS, 0)
+        self._count = dict.fromkeys(SCHEDULER_COUNTERS, 0)
         # Observed history for tests and reports, kept only with ``record`` on (it grows):
         # (chunk key, salt) of every write order and every promotion that came back PROMOTED.
         self.record = False
@@ -251,45 +300,75 @@ class SchedulerRemote:
 
     # ------------------------------------------------------------ read-through
 
-    def before_claim(self, view: RequestView, start: int) -> None:
-        """Promote the leading server-held chunks the host lacks for ``view``'s claim."""
+    @property
+    def count(self) -> dict[str, int]:
+        """The scheduler side's counters (a fresh dict; the breaker's under
+        ``remote_lookup_breaker_*``, present only with a breaker)."""
+        found = dict(self._count)
+        book = self.lookups.count
+        found["remote_lookups"] = book["asked"]
+        found["remote_lookups_waited"] = book["waits"]
+        found["remote_lookups_late"] = book["late"]
+        found["remote_lookups_refused"] = book["refused"]
+        if self.breaker is not None:
+            found.update(breaker_counters("remote_lookup_breaker_", self.breaker.counts()))
+        return found
+
+    def before_claim(self, view: RequestView, start: int) -> bool:
+        """Promote the leading server-held chunks the host lacks for ``view``'s claim; whether
+        the request should wait instead (vLLM's answer None) for its lookup, which is then not
+        answered yet and the request's wait not spent (:class:`hybridkv.remote.LookupBook`).
+
+        Never waits on the server (in the default ASYNC mode): the lookup is asked on the
+        lookup threads and its answer applied on a later call, when it is in.
+        """
         core = self.core
         geometry = core.geometry
         limit = geometry.planner.claimable_prefix_tokens(len(view.token_ids))
         limit -= limit % geometry.align
         if limit <= start:
-            return
+            return False
         rid = str(view.request_id)
         tried = self._tried.setdefault(rid, set())
         steps = self._steps(view, start, limit, tried)
         if not steps:
-            return
-        question = (start, len(view.token_ids), tuple(c.key for o in steps for c in o))
+            return False
+        asked = [c for options in steps for c in options]
+        question = (start, len(view.token_ids), tuple(c.key for c in asked))
         if self._asked.get(rid) == question:
-            return  # asked before and nothing changed: the answer stands
+            return False  # answered before and nothing changed: the answer stands
+        # Every shard's key of every chunk: a chunk is present only if all are (the all-ranks
+        # rule, :func:`hybridkv.remote.held_on_every_shard`), asked off this thread.
+        consulted = self.lookups.consult(rid, [self._shard_keys(c) for c in asked])
+        if consulted.verdict is not Consult.READY:
+            return consulted.verdict is Consult.WAIT
         self._asked[rid] = question
-        asked = [chunk for options in steps for chunk in options]
-        self.count["remote_lookups"] += 1
-        found = held_on_every_shard(self._client, [self._shard_keys(c) for c in asked])
-        if isinstance(found, ClientFault):
-            self.count["remote_lookup_faults"] += 1
-            return  # a fault answers nothing present
-        present = {chunk.key for chunk, yes in zip(asked, found, strict=True) if yes}
+        fault = consulted.fault
+        if fault is not None:
+            if consulted.first and fault is not ClientFault.SKIPPED:
+                self._count["remote_lookup_faults"] += 1
+            return False  # a fault answers nothing present
+        present = consulted.present
         for options in steps:
             chunk = next((c for c in options if c.key in present), None)
             if chunk is None:
                 break  # the first end the server lacks: the claim cannot pass it
-            self.count["remote_chunks_found"] += 1
+            self._count["remote_chunks_found"] += 1
             slots = core.reserve_promotion(chunk.members, view.cache_salt)
             if slots is None:
-                self.count["promotions_refused"] += 1
+                self._count["promotions_refused"] += 1
                 break  # no room in the host: the claim simply ends here
             tried.add(chunk.key)
-            keys = self._shard_keys(chunk)
             self._promotions[chunk.key] = _Promotion(
-                chunk.members, keys, view.cache_salt, self._step
+                chunk.members, self._shard_keys(chunk), view.cache_salt, self._step
             )
-            self.count["promotions_started"] += 1
+            self._count["promotions_started"] += 1
+        return False
+
+    def settle_lookups(self, timeout_s: float) -> bool:
+        """Wait up to ``timeout_s`` until every asked lookup is answered; whether all are.
+        For tests and benchmarks that model a server answering within one engine step."""
+        return self.lookups.settle(timeout_s)
 
     def _steps(
         self, view: RequestView, start: int, limit: int, tried: set[bytes]
@@ -374,7 +453,7 @@ class SchedulerRemote:
             if all(status(m) is _HIT for m in members):
                 keys = self._shard_keys(Chunk(key, members))
                 writes.append(FetchOrder(key, members, core.store.slots(members), keys))
-                self.count["writes_ordered"] += 1
+                self._count["writes_ordered"] += 1
                 if self.record:
                     self.written_log.append((key, salt))
         self._writes = {}
@@ -398,7 +477,7 @@ class SchedulerRemote:
         for report in reports:
             promotion = self._promotions.get(report.chunk_key)
             if promotion is None:
-                self.count["late_reports"] += 1  # resolved TIMEOUT already
+                self._count["late_reports"] += 1  # resolved TIMEOUT already
                 continue
             promotion.heard += 1
             reported = PromoteOutcome(report.outcome)
@@ -412,7 +491,7 @@ class SchedulerRemote:
             if self._step - p.born > PROMOTION_DEADLINE_STEPS
         ]
         for key in late:
-            self.count["promotion_deadlines"] += 1
+            self._count["promotion_deadlines"] += 1
             self._resolve(key, self._promotions.pop(key), PromoteOutcome.TIMEOUT)
 
     def reset(self) -> None:
@@ -438,23 +517,27 @@ class SchedulerRemote:
         self._failed.clear()
         self._tried.clear()
         self._asked.clear()
+        self.lookups.clear()
 
     def finished(self, request_id: str) -> None:
         """Forget the request's lookup memo and its once-per-request record."""
         self._tried.pop(request_id, None)
         self._asked.pop(request_id, None)
+        self.lookups.forget(request_id)
 
     def in_flight(self) -> int:
         """Promotions reserved and not resolved."""
         return len(self._promotions)
 
     def close(self) -> None:
+        """Stop the lookup threads (each ends within the deadline), then disconnect."""
+        self.lookups.queue.close(self.config.deadline_s + self.config.connect_timeout_s)
         self._client.close()
 
     def _resolve(self, key: bytes, promotion: _Promotion, outcome: PromoteOutcome) -> None:
         success = outcome is PromoteOutcome.PROMOTED
         self.core.complete_promotion(promotion.members, success)
-        self.count[outcome.value] += 1
+        self._count[outcome.value] += 1
         if success:
             if self.record:
                 self.promoted_log.append((key, promotion.salt))
@@ -476,12 +559,16 @@ def _ends(units: Iterable[int], start: int, limit: int) -> list[int]:
 WORKER_COUNTERS = (
     "remote_writes_enqueued",
     "remote_writes_dropped",
+    "remote_writes_skipped",
     "remote_written",
     "remote_writes_failed",
     "remote_fetches",
+    "remote_fetches_late",
     "remote_fetched_bytes",
     "remote_written_bytes",
 )
+FETCH_WORKERS = 4
+"""Fetch threads per worker (:class:`hybridkv.remote.FetchPool`)."""
 
 
 class WorkerRemote:
@@ -495,13 +582,19 @@ class WorkerRemote:
         *,
         client: Any = None,
         background: bool = True,
+        breaker: BreakerConfig | None = DEFAULT_BREAKER,
+        fetch_workers: int = FETCH_WORKERS,
+        clock: Callable[[], float] | None = None,
         rank: int = 0,
         shards: ShardPlan | None = None,
     ) -> None:
-        """``rank``: this worker's tensor-parallel rank; ``shards``: how the ranks map onto a
-        chunk's shards (default: one rank). A rank that is not its shard's writer queues no
-        write; a rank whose shared host region its group's first rank fills runs no fetch and
-        reports none (the promotion waits for ``shards.fetchers`` reports)."""
+        """Writes and fetches go through ``client`` (default:
+        :func:`hybridkv.remote.client_for`'s) behind a circuit breaker of ``breaker`` (None:
+        none) timed by ``clock``; fetches run on ``fetch_workers`` threads. ``rank``: this
+        worker's tensor-parallel rank; ``shards``: how the ranks map onto a chunk's shards
+        (default: one rank). A rank that is not its shard's writer queues no write; a rank
+        whose shared host region its group's first rank fills runs no fetch and reports none
+        (the promotion waits for ``shards.fetchers`` reports)."""
         self.config = config
         self.host = host
         self.shards = shards if shards is not None else ShardPlan()
@@ -511,22 +604,31 @@ class WorkerRemote:
             )
         self.rank = rank
         self.shard = self.shards.shard_of(rank)  # which of an order's shard keys is ours
-        self._client = client if client is not None else client_for(config)
+        raw = client if client is not None else client_for(config)
+        now = clock if clock is not None else time.monotonic
+        self.breaker = None if breaker is None else CircuitBreaker(breaker, now)
+        self._client = raw if self.breaker is None else GuardedClient(raw, self.breaker)
         self.tier = RemoteTier(config, self._client, background=background)
-        self._lock = threading.Lock()
+        self.pool = FetchPool(fetch_workers)
         self.count = dict.fromkeys(WORKER_COUNTERS, 0)
         self.outcomes = dict.fromkeys((o.value for o in PromoteOutcome), 0)
-        # In-package test hook (never a user setting): called before each fetch's GET, so a
-        # test can kill the server, reset connections, pause it or delete the chunk between
-        # the scheduler's lookup and the worker's load.
+        # In-package test hook (never a user setting): called for each fetch before any GET
+        # of the step, so a test can kill the server, reset connections, pause it or delete
+        # the chunk between the scheduler's lookup and the worker's load.
         self.before_fetch: Callable[[FetchOrder], None] | None = None
 
     def run(self, orders: RemoteOrders) -> tuple[FetchReport, ...]:
-        """Copy and queue every write, then fetch every chunk into its slots; the outcomes
-        (this rank's shard of each; none where this rank neither writes nor fetches)."""
+        """Copy and queue every write (dropped while the breaker is open), then fetch every
+        chunk side by side and write the verified ones into their slots; the outcomes (this
+        rank's shard of each; none where this rank neither writes nor fetches)."""
         slot_bytes = self.host.slot_bytes
+        breaker = self.breaker
         writes = orders.writes if self.shards.writes(self.rank) else ()
         for order in writes:
+            if breaker is not None and breaker.skipping():
+                breaker.skipped()  # the server is seen down: no copy, no SET
+                self.count["remote_writes_skipped"] += 1
+                continue
             payloads = [bytes(self.host.slot(s).numpy()) for s in order.slots]  # the copy
             chunk = Chunk(order.shard_keys[self.shard], order.members)
             verdict = self.tier.write_behind(chunk, payloads)
@@ -537,42 +639,66 @@ class WorkerRemote:
                 self.count["remote_writes_dropped"] += 1
         if not self.shards.fetches(self.rank):
             return ()  # the group's first rank fills the shared slots and reports
-        return tuple(self._fetch(order) for order in orders.fetches)
+        return self._fetch_all(orders.fetches)
 
-    def _fetch(self, order: FetchOrder) -> FetchReport:
+    def _fetch_all(self, fetches: tuple[FetchOrder, ...]) -> tuple[FetchReport, ...]:
+        """GET and verify every fetch on the pool's threads; here, on the caller's thread,
+        the payloads of those in time are copied into their slots (whole chunks only) before
+        any is reported. A result past the deadline is TIMEOUT and never copied (TT-4)."""
+        if not fetches:
+            return ()
         if self.before_fetch is not None:
-            self.before_fetch(order)
-        self.count["remote_fetches"] += 1
-        key = order.shard_keys[self.shard]
-        reply = self._client.get(redis_key(key))
-        outcome = self._verify_into(order, reply)
-        if outcome in (PromoteOutcome.MISSING, PromoteOutcome.CORRUPT):
-            # The server lost it (TTL, eviction, flush) or holds a bad copy: if this worker
-            # wrote it, the next store of it must write it again, not trust the index.
-            self.tier.forget(key)
-        self.outcomes[outcome.value] += 1
-        return FetchReport(order.chunk_key, outcome.value)
+            for order in fetches:
+                self.before_fetch(order)
+        calls = [functools.partial(self._get_verified, order) for order in fetches]
+        results = self.pool.run(calls, self.config.deadline_s)
+        reports = []
+        for order, fetched in zip(fetches, results, strict=True):
+            self.count["remote_fetches"] += 1
+            if fetched is LATE:
+                self.count["remote_fetches_late"] += 1
+                outcome = PromoteOutcome.TIMEOUT
+            else:
+                outcome = fetched.outcome
+                if outcome is PromoteOutcome.PROMOTED:
+                    self._copy_into(order, fetched.payloads)
+            if outcome in (PromoteOutcome.MISSING, PromoteOutcome.CORRUPT):
+                # The server lost it (TTL, eviction, flush) or holds a bad copy: if this
+                # worker wrote it, the next store of it must write it again.
+                self.tier.forget(order.shard_keys[self.shard])
+            self.outcomes[outcome.value] += 1
+            reports.append(FetchReport(order.chunk_key, outcome.value))
+        return tuple(reports)
 
-    def _verify_into(self, order: FetchOrder, reply: bytes | ClientFault | None) -> PromoteOutcome:
+    def _get_verified(self, order: FetchOrder) -> Fetched:
+        """On a fetch thread: GET and verify this rank's shard of ``order``'s chunk (touches
+        no slot)."""
+        reply = self._client.get(redis_key(order.shard_keys[self.shard]))
         if reply is None:
-            return PromoteOutcome.MISSING
+            return Fetched(PromoteOutcome.MISSING)
         if isinstance(reply, ClientFault):
-            return PromoteOutcome.TIMEOUT if reply is ClientFault.TIMEOUT else PromoteOutcome.FAULT
+            timed_out = reply is ClientFault.TIMEOUT
+            return Fetched(PromoteOutcome.TIMEOUT if timed_out else PromoteOutcome.FAULT)
         decoded = decode_chunk(reply, order.members)
         size = self.host.slot_bytes
         if decoded.corruption is not None or any(len(p) != size for p in decoded.payloads):
-            return PromoteOutcome.CORRUPT
-        for slot, payload in zip(order.slots, decoded.payloads, strict=True):
+            return Fetched(PromoteOutcome.CORRUPT)
+        return Fetched(PromoteOutcome.PROMOTED, decoded.payloads)
+
+    def _copy_into(self, order: FetchOrder, payloads: tuple[bytes, ...]) -> None:
+        for slot, payload in zip(order.slots, payloads, strict=True):
             self.host.slot(slot).copy_(torch.frombuffer(bytearray(payload), dtype=torch.uint8))
-        self.count["remote_fetched_bytes"] += size * len(order.slots)
-        return PromoteOutcome.PROMOTED
+        self.count["remote_fetched_bytes"] += self.host.slot_bytes * len(order.slots)
 
     def counters(self) -> dict[str, int]:
-        """Worker counters, the tier's write outcomes folded in."""
+        """Worker counters, the tier's write outcomes and the breaker's counts
+        (``remote_breaker_*``, present only with a breaker) folded in."""
         tier = self.tier.snapshot()["counters"]
         found = dict(self.count)
         found["remote_written"] = tier["written"]
         found["remote_writes_failed"] = tier["writes_failed"]
+        if self.breaker is not None:
+            found.update(breaker_counters("remote_breaker_", self.breaker.counts()))
         return found
 
     def flush(self, timeout_s: float) -> bool:
@@ -580,6 +706,7 @@ class WorkerRemote:
         return self.tier.flush(timeout_s)
 
     def close(self) -> None:
+        self.pool.close()
         self.tier.close()
 
 

@@ -153,8 +153,8 @@ class SchedulerRole:
             self._deadline_answers += 1
             return 0, False  # its load missed the deadline: recomputed (LoadDeadlines)
         view = self._views.view(request)
-        if self.remote is not None:
-            self.remote.before_claim(view, num_computed_tokens)
+        if self.remote is not None and self.remote.before_claim(view, num_computed_tokens):
+            return None, False  # its remote lookup is not answered yet: a bounded wait
         claim = core.get_num_new_matched_tokens(view, num_computed_tokens)
         # Claim.as_vllm, inline (this hook runs for every waiting request at every step).
         kind = claim.kind

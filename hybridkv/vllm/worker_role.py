@@ -33,7 +33,7 @@ from hybridkv.vllm.config import HybridKVConfig
 from hybridkv.vllm.layout import VllmLayout
 from hybridkv.vllm.metrics import TransferMeter
 from hybridkv.vllm.ranks import HostSharding, RankReport, ReplicaEngine
-from hybridkv.vllm.remote import FetchReport, WorkerRemote, remote_config
+from hybridkv.vllm.remote import FetchReport, WorkerRemote, breaker_config, remote_config
 from hybridkv.vllm.step_metadata import HybridKVMetadata, HybridKVWorkerMeta, MetaSlots
 
 __all__ = ["WorkerRole"]
@@ -136,9 +136,11 @@ class WorkerRole:
             engine = ReplicaEngine(engine)
         self._host, self._engine = host, engine
         if self.hybridkv_config.remote is not None:
+            settings = self.hybridkv_config.remote
             self.worker_remote = WorkerRemote(
-                remote_config(self.hybridkv_config.remote),
+                remote_config(settings),
                 host,
+                breaker=breaker_config(settings),
                 rank=self.rank,
                 shards=self.remote_shards,
             )

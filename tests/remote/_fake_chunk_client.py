@@ -1,4 +1,5 @@
-"""An in-memory ChunkClient for the tests that need no server: a dict, scripted faults, a gate.
+"""An in-memory ChunkClient for the tests that need no server: a dict, scripted faults, a gate
+(and :class:`SlowClient`, whose EXISTS and GET take as long as a test says).
 
 It answers as a Redis server would (EXISTS, GET -> None when absent, SET overwrites) and lets a
 test fail the next call of a kind (``fail_next["get"] = ClientFault.TIMEOUT``) or hold every SET
@@ -8,6 +9,7 @@ until ``gate`` is set, to see that the caller never waits on a write.
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Sequence
 
 from hybridkv.remote import ClientFault
@@ -45,3 +47,22 @@ class FakeClient:
 
     def close(self) -> None:
         self.closed = True
+
+
+class SlowClient(FakeClient):
+    """A :class:`FakeClient` whose server is slow on demand: EXISTS waits until ``release`` is
+    set (set at first: a prompt server), GET sleeps ``get_delay_s`` first."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.release = threading.Event()
+        self.release.set()
+        self.get_delay_s = 0.0
+
+    def exists(self, keys: Sequence[bytes]) -> tuple[bool, ...] | ClientFault:
+        self.release.wait(10.0)
+        return super().exists(keys)
+
+    def get(self, key: bytes) -> bytes | ClientFault | None:
+        time.sleep(self.get_delay_s)
+        return super().get(key)

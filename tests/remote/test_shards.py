@@ -24,6 +24,7 @@ from hybridkv.remote import (
     chunk_key,
     combined_outcome,
     held_on_every_shard,
+    held_per_chunk,
     redis_key,
     scoped_namespace,
     shard_keys,
@@ -113,6 +114,12 @@ def test_a_chunk_is_held_only_if_every_shard_is_in_one_round_trip() -> None:
     assert server.calls["exists"] == 1
     server.fail_next["exists"] = ClientFault.TIMEOUT
     assert held_on_every_shard(server, chunks) is ClientFault.TIMEOUT
+
+    # The same rule over an answer asked elsewhere (the lookup threads): the flat EXISTS
+    # answer must cover every shard key, or it is refused, never guessed.
+    assert held_per_chunk((True, True, True, False), chunks[:2]) == (True, False)
+    with pytest.raises(HybridKVConfigError, match="found"):
+        held_per_chunk((True, True, True), chunks[:2])
 
 
 def test_a_promotion_is_promoted_only_if_every_rank_promoted_its_shard() -> None:

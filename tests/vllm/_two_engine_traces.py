@@ -2,6 +2,10 @@
 full attention, each its own HybridKVConnector and host tier) sharing one real Redis server,
 with a server fault drawn for every fetch.
 
+A step's fetches run side by side (issue 30), so the worker injects every fetch's fault of a
+step before any of its GETs (``WorkerRemote.before_fetch``): a fault drawn for one fetch also
+meets the others of its step (a flush or a kill empties the server for all of them), so more
+fetches resolve MISSING than when they ran one after another.
 Under tensor parallel (``play(..., tp=2)``, ranks simulated in process) each rank writes and
 fetches its own shard of every chunk; the faults fire before the fetches of one rank (drawn
 from the seed), on that rank's own shard, so a deleted or corrupted shard is one rank's alone.
@@ -234,8 +238,18 @@ def play(
     admin.close()
     rng = random.Random(trace.seed)
     prefixes = [[rng.randint(3, 999) for _ in range(rng.randint(64, 200))] for _ in range(3)]
+    # A short breaker backoff: a fault opens a breaker for 100 ms, not 5 s, so the waves after
+    # one still reach the server (the traces are about what every fetch outcome leaves behind).
     engines = {
-        name: build(shape, server.port, namespace="n", timeout_ms=100, tp=tp, replicated=replicated)
+        name: build(
+            shape,
+            server.port,
+            namespace="n",
+            timeout_ms=100,
+            breaker_backoff_ms=100,
+            tp=tp,
+            replicated=replicated,
+        )
         for name in "AB"
     }
     checkers = {name: InvariantChecker(engine) for name, engine in engines.items()}

@@ -105,7 +105,12 @@ def started_server(workdir: Path) -> Iterator[RedisServer]:
 
 
 def transfer(
-    shape: Shape, port: int | str | None, *, namespace: str = "hybridkv", timeout_ms: int = 200
+    shape: Shape,
+    port: int | str | None,
+    *,
+    namespace: str = "hybridkv",
+    timeout_ms: int = 200,
+    breaker_backoff_ms: int = 5000,
 ) -> Any:
     extra: dict[str, Any] = {"host_memory_bytes": HOST_BYTES, "chunk_size": shape.chunk}
     if port is not None:
@@ -113,6 +118,7 @@ def transfer(
             "remote_url": port if isinstance(port, str) else f"redis://127.0.0.1:{port}/0",
             "remote_namespace": namespace,
             "remote_timeout_ms": timeout_ms,
+            "remote_breaker_backoff_ms": breaker_backoff_ms,
         }
     return KVTransferConfig(
         kv_connector="HybridKVConnector",
@@ -148,13 +154,15 @@ def build(
     model: str = "model",
     tp: int = 1,
     replicated: bool = False,
+    settled: bool = True,
     **kw: Any,
 ) -> InProcessEngine:
     """One engine (its own host tier) on the shared server at ``port`` (None: no remote; a
     str: the ``remote_url`` itself, e.g. a cluster's), serving the model named ``model``
     (another name: another model of the same geometry), on
     ``tp`` tensor-parallel ranks simulated in process (``replicated``: the ranks hold
-    replicated KV, as an MLA model's; each rank reports its jobs a step apart from the last)."""
+    replicated KV, as an MLA model's; each rank reports its jobs a step apart from the last);
+    ``settled``: its lookups are answered before each step (:func:`answer_within_a_step`)."""
     settings = dataclasses.replace(
         shape.settings, model_name=model, tensor_parallel_size=tp, replicated_kv=replicated
     )
@@ -168,7 +176,29 @@ def build(
     remote = engine.scheduler.connector.remote
     if remote is not None:
         remote.record = True  # keep the (chunk, salt) logs the tenant checks read
+        if settled:
+            answer_within_a_step(engine)
     return engine
+
+
+def answer_within_a_step(engine: InProcessEngine) -> None:
+    """Before each engine step, wait until the scheduler side's remote lookups are answered.
+
+    Lookups run off the scheduler thread (issue 30): a request whose lookup is not answered
+    waits at most ``remote_lookup_wait_ms``, then goes on without the remote hit. These traces
+    check what the remote tier loads, so they model a server that answers within one engine
+    step (as a healthy one does: an EXISTS is well under a millisecond, a step is not):
+    deferred at the step that asks, answered at the next. How a slow server's late answers
+    play is tests/vllm/test_remote_stall.py's.
+    """
+    remote = engine.scheduler.connector.remote
+    step = engine.step
+
+    def answered_step() -> list[Any]:
+        assert remote.settle_lookups(10.0)  # each EXISTS is bounded by remote_timeout_ms
+        return step()
+
+    engine.step = answered_step  # type: ignore[method-assign]
 
 
 @dataclass(frozen=True, slots=True)

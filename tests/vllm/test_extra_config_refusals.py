@@ -35,7 +35,8 @@ URL_FIX = (
 )
 KEYS = (
     "chunk_size, eviction_policy, gpu_scratch_bytes, host_memory_bytes, load_deadline_steps, "
-    "offload_decode_state, remote_max_pending_writes, remote_namespace, remote_timeout_ms, "
+    "offload_decode_state, remote_breaker_backoff_ms, remote_breaker_failures, "
+    "remote_lookup_wait_ms, remote_max_pending_writes, remote_namespace, remote_timeout_ms, "
     "remote_ttl_s, remote_url, sync_load_max_bytes"
 )
 NO_REMOTE_FIX = 'set "remote_url": "redis://host:port", or drop the key'
@@ -157,6 +158,9 @@ def test_a_sync_load_size_is_refused_with_the_reason_vllm_cannot_undo_it() -> No
         ("remote_ttl_s", 5),
         ("remote_max_pending_writes", 8),
         ("remote_timeout_ms", 100),
+        ("remote_lookup_wait_ms", 5),
+        ("remote_breaker_failures", 1),
+        ("remote_breaker_backoff_ms", 100),
     ],
 )
 def test_a_remote_key_without_a_remote_url_is_refused(key: str, value: object) -> None:
@@ -183,9 +187,12 @@ def test_a_remote_url_parses_every_remote_key() -> None:
             "remote_ttl_s": 7,
             "remote_max_pending_writes": 3,
             "remote_timeout_ms": 250,
+            "remote_lookup_wait_ms": 0,
+            "remote_breaker_failures": 5,
+            "remote_breaker_backoff_ms": 750,
         }
     )
-    assert parsed.remote == RemoteSettings("cache.local", 6380, "prod", 7, 3, 0.25)
+    assert parsed.remote == RemoteSettings("cache.local", 6380, "prod", 7, 3, 0.25, 0.0, 5, 0.75)
     assert parse_extra_config(REMOTE).remote == RemoteSettings(
         "cache.local", 6379, "hybridkv", 0, 64, 0.2
     )
@@ -197,12 +204,16 @@ def test_a_remote_url_parses_every_remote_key() -> None:
         ({"remote_ttl_s": 0, "remote_max_pending_writes": 1}, (0, 1)),
         ({"remote_timeout_ms": 1}, 0.001),
         ({"remote_timeout_ms": 60_000}, 60.0),
+        ({"remote_lookup_wait_ms": 60_000, "remote_breaker_backoff_ms": 3_600_000}, (60.0, 3600.0)),
+        ({"remote_lookup_wait_ms": 0, "remote_breaker_backoff_ms": 1}, (0.0, 0.001)),
     ],
 )
 def test_remote_bounds_are_accepted(extra: dict[str, Any], expected: object) -> None:
     remote = parse_extra_config({**REMOTE, **extra}).remote
     assert remote is not None
-    if isinstance(expected, tuple):
+    if "remote_lookup_wait_ms" in extra:
+        assert (remote.lookup_wait_s, remote.breaker_backoff_s) == expected
+    elif isinstance(expected, tuple):
         assert (remote.ttl_s, remote.max_pending_writes) == expected
     else:
         assert remote.timeout_s == expected
@@ -217,6 +228,12 @@ def test_remote_bounds_are_accepted(extra: dict[str, Any], expected: object) -> 
         ("remote_timeout_ms", 0, "must be an integer >= 1", "e.g. 200"),
         ("remote_ttl_s", -1, "must be an integer >= 0", "e.g. 0"),
         ("remote_max_pending_writes", 0, "must be an integer >= 1", "e.g. 64"),
+        ("remote_lookup_wait_ms", -1, "must be an integer >= 0", "e.g. 20"),
+        ("remote_lookup_wait_ms", 60_001, "must be at most 60000", "e.g. 20"),
+        ("remote_lookup_wait_ms", 2.5, "must be an integer >= 0", "e.g. 20"),
+        ("remote_breaker_failures", 0, "must be an integer >= 1", "e.g. 3"),
+        ("remote_breaker_backoff_ms", 0, "must be an integer >= 1", "e.g. 5000"),
+        ("remote_breaker_backoff_ms", 3_600_001, "must be at most 3600000", "e.g. 5000"),
     ],
 )
 def test_a_bad_remote_setting_is_refused_with_an_example(

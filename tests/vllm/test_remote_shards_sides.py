@@ -11,6 +11,8 @@ vLLM's aggregator folds the workers' metadata).
   ends before it. Missing between the lookup and that rank's fetch: the other ranks promote
   their shards, the promotion resolves MISSING only once every rank reported, its members are
   dropped, the claim ends before it: never a partial load.
+- The lookup is asked off the scheduler thread (issue 30 item 3): ``TPEngine.ask`` asks again
+  while the request waits for its answer, as vLLM does each step.
 - Replicated KV (``kv_tp_replicas`` = the TP size): one SET per chunk, by rank 0; with a shared
   host region only rank 0 fetches, without one every rank reads rank 0's shard.
 """
@@ -105,6 +107,13 @@ class TPEngine:
             worker.tier.write_pending()
         return tuple(reports)
 
+    def ask(self, view: RequestView, start: int) -> None:
+        """The scheduler side's lookup for ``view``'s claim, asked again while it waits for
+        its answer (lookups run off the scheduler thread, issue 30 item 3; vLLM asks a
+        deferred request again each step): a server that answers within one step."""
+        while self.remote.before_claim(view, start):
+            assert self.remote.settle_lookups(5.0)
+
     def step(self) -> None:
         orders = self.remote.orders()
         self.remote.fold(() if orders is None else self.run(orders))
@@ -151,7 +160,7 @@ def test_each_rank_writes_and_fetches_its_own_shard(tp: int) -> None:
     for worker in a.workers:
         assert worker.counters()["remote_written"] == 8
     view = _view("b")
-    b.remote.before_claim(view, 0)
+    b.ask(view, 0)
     assert b.remote.count["remote_lookups"] == 1
     assert server.calls["exists"] == 1  # every shard of every chunk in one round trip
     assert b.remote.count["promotions_started"] == 8
@@ -176,7 +185,7 @@ def test_a_shard_missing_on_one_rank_before_the_lookup_is_a_miss(tp: int) -> Non
     members = b.core.chunk_members(view, 12)  # the third chunk
     keys = shard_keys(b.remote.namespaces, members)  # every rank's key of that chunk
     _delete_shard(server, keys, tp - 1)  # the last rank's shard only
-    b.remote.before_claim(view, 0)
+    b.ask(view, 0)
     assert b.remote.count["remote_chunks_found"] == 2  # the first two; the third is a miss
     assert b.remote.count["promotions_started"] == 2
     b.step()
@@ -195,7 +204,7 @@ def test_a_shard_gone_between_lookup_and_fetch_fails_the_chunk_on_every_rank(
     a, b = TPEngine(server, ShardPlan(tp)), TPEngine(server, ShardPlan(tp))
     _serve_and_write(a)
     view = _view("b")
-    b.remote.before_claim(view, 0)
+    b.ask(view, 0)
     assert b.remote.count["promotions_started"] == 8
     orders = b.remote.orders()
     assert orders is not None
@@ -233,7 +242,7 @@ def test_replicated_kv_is_written_once_and_read_by_every_rank(tp: int, shared_ho
     assert server.calls["set"] == len(server.data) == 8  # once per chunk, not once per rank
     assert [w.counters()["remote_written"] for w in a.workers] == [8] + [0] * (tp - 1)
     view = _view("b")
-    b.remote.before_claim(view, 0)
+    b.ask(view, 0)
     b.step()
     assert b.remote.count["promoted"] == 8
     fetched = [w.count["remote_fetches"] for w in b.workers]
@@ -249,6 +258,7 @@ def test_engines_of_other_tp_sizes_share_no_chunk() -> None:
     _serve_and_write(TPEngine(server, ShardPlan(2)))
     for plan in (ShardPlan(1), ShardPlan(4), ShardPlan(2, 2, True)):
         other = TPEngine(server, plan)
-        other.remote.before_claim(_view("b"), 0)
+        other.ask(_view("b"), 0)
+        assert other.remote.count["remote_lookups"] == 1  # asked and answered: none held
         assert other.remote.count["remote_chunks_found"] == 0
         assert other.remote.count["promotions_started"] == 0

@@ -3,6 +3,9 @@ scheduler and without a server: a :class:`ConnectorCore` each, an in-memory serv
 (tests/remote/_fake_client.py) between them, the orders and reports passed by hand as the
 connector metadata and worker metadata carry them.
 
+Lookups run off the caller's thread (issue 30): ``Engine.ask`` asks again while the request
+waits for its lookup's answer, as vLLM does each step.
+
 - Engine A's store reports become write orders; its worker copies the host slots and SETs one
   chunk per prefix step; engine B's claim promotes them, its worker fetches and verifies them
   into B's own slots (byte-equal to A's), and B's claim then covers them.
@@ -15,7 +18,9 @@ from __future__ import annotations
 
 import hashlib
 import sys
+import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -25,7 +30,7 @@ pytest.importorskip("vllm.v1.core.sched.scheduler", reason="vLLM 0.33 is not ins
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "remote"))
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "connector"))
 
-from _fake_chunk_client import FakeClient  # noqa: E402
+from _fake_chunk_client import FakeClient, SlowClient  # noqa: E402
 from small_core import mamba_full_core  # noqa: E402
 
 from hybridkv.connector import (  # noqa: E402
@@ -42,8 +47,11 @@ from hybridkv.hostmem import HostMemory, PinMode  # noqa: E402
 from hybridkv.kinds import GroupKind  # noqa: E402
 from hybridkv.remote import (  # noqa: E402
     Admission,
+    BreakerConfig,
     Chunk,
     ClientFault,
+    LookupMode,
+    LookupPolicy,
     ModelIdentity,
     RemoteConfig,
     redis_key,
@@ -80,11 +88,20 @@ def _content(key: bytes) -> bytes:
 class Engine:
     """One engine's scheduler side and worker side over one fake server."""
 
-    def __init__(self, server: FakeClient, identity: ModelIdentity = IDENTITY) -> None:
+    def __init__(
+        self, server: FakeClient, identity: ModelIdentity = IDENTITY, **remote: Any
+    ) -> None:
         self.core = _core()
-        self.remote = SchedulerRemote(self.core, CONFIG, server, identity=identity)
+        self.remote = SchedulerRemote(self.core, CONFIG, server, identity=identity, **remote)
         self.host = HostMemory(64 * SLOT, SLOT, PinMode.OFF)
         self.worker = WorkerRemote(CONFIG, self.host, client=server, background=False)
+
+    def ask(self, view: RequestView, start: int) -> None:
+        """The scheduler side's lookup for ``view``'s claim, asked again while it waits for
+        its answer (vLLM asks a deferred request again each step): a server that answers
+        within one step."""
+        while self.remote.before_claim(view, start):
+            assert self.remote.settle_lookups(5.0)
 
     def step(self, reports: tuple[FetchReport, ...] = ()) -> tuple[FetchReport, ...]:
         """Build the orders, run them on the worker (writes flushed), fold the reports."""
@@ -130,7 +147,7 @@ def test_b_promotes_what_a_wrote_byte_for_byte() -> None:
     assert a.worker.counters()["remote_written"] == 8
     assert len(server.data) == 8
     view = _view("b")
-    b.remote.before_claim(view, 0)
+    b.ask(view, 0)
     assert b.remote.count["promotions_started"] == 8
     assert b.core.get_num_new_matched_tokens(view, 0).kind is ClaimKind.DEFER
     b.step()
@@ -144,7 +161,7 @@ def test_b_promotes_what_a_wrote_byte_for_byte() -> None:
             assert bytes(b.host.slot(slot).numpy()) == _content(key)
     # Asked again with nothing changed: no second lookup.
     lookups = b.remote.count["remote_lookups"]
-    b.remote.before_claim(view, 0)
+    b.ask(view, 0)
     assert b.remote.count["remote_lookups"] == lookups
 
 
@@ -153,7 +170,7 @@ def test_an_unreported_promotion_times_out_and_a_late_report_is_ignored() -> Non
     a, b = Engine(server), Engine(server)
     _serve_and_write(a)
     view = _view("b")
-    b.remote.before_claim(view, 0)
+    b.ask(view, 0)
     orders = b.remote.orders()  # sent, never run: the report is lost
     assert orders is not None
     assert len(orders.fetches) == 8
@@ -169,7 +186,7 @@ def test_an_unreported_promotion_times_out_and_a_late_report_is_ignored() -> Non
     assert b.remote.count["late_reports"] == 1
     assert b.core.get_num_new_matched_tokens(view, 0).kind is ClaimKind.NONE
     # Failed chunks are remembered: the same request never promotes them again.
-    b.remote.before_claim(view, 0)
+    b.ask(view, 0)
     assert b.remote.count["promotions_started"] == 8
 
 
@@ -189,7 +206,7 @@ def test_another_model_identity_finds_none_of_the_chunks(field: str) -> None:
     b = Engine(server, ModelIdentity(**{**fields, field: other[field]}))
     view = _view("b")
     assert b.core.chunk_members(view, 32) == a.core.chunk_members(view, 32)
-    b.remote.before_claim(view, 0)
+    b.ask(view, 0)
     assert b.remote.count["remote_lookups"] == 1
     assert b.remote.count["remote_chunks_found"] == 0
     assert b.remote.count["promotions_started"] == 0
@@ -211,7 +228,7 @@ def test_after_a_reset_no_chunk_written_before_it_is_asked_for() -> None:
     assert a.remote.namespace != before
     a.core.reset_cache()
     view = _view("again")
-    a.remote.before_claim(view, 0)
+    a.ask(view, 0)
     assert a.remote.count["remote_lookups"] == 1
     assert a.remote.count["remote_chunks_found"] == 0
     assert a.core.get_num_new_matched_tokens(view, 0).kind is ClaimKind.NONE
@@ -221,7 +238,7 @@ def test_after_a_reset_no_chunk_written_before_it_is_asked_for() -> None:
     replica.remote.reset()  # one reset too: perhaps a sleep, on the old weights
     assert replica.remote.weights_version == a.remote.weights_version == 1
     assert replica.remote.namespace != a.remote.namespace
-    replica.remote.before_claim(_view("r"), 0)
+    replica.ask(_view("r"), 0)
     assert replica.remote.count["remote_chunks_found"] == 0
     assert replica.remote.count["promotions_started"] == 0
     fresh = Engine(server)  # never reset: the checkpoint's weights, like A before its reset
@@ -243,7 +260,7 @@ def test_a_failed_fetch_ends_the_claim_before_its_chunk(fault: object, outcome: 
     a, b = Engine(server), Engine(server)
     _serve_and_write(a)
     view = _view("b")
-    b.remote.before_claim(view, 0)
+    b.ask(view, 0)
     orders = b.remote.orders()
     assert orders is not None
     third = redis_key(orders.fetches[2].chunk_key)  # the chunk ending at token 12
@@ -296,7 +313,7 @@ def test_a_lookup_fault_promotes_nothing() -> None:
     a, b = Engine(server), Engine(server)
     _serve_and_write(a)
     server.fail_next["exists"] = ClientFault.TIMEOUT
-    b.remote.before_claim(_view("b"), 0)
+    b.ask(_view("b"), 0)
     assert b.remote.count["remote_lookup_faults"] == 1
     assert b.remote.count["promotions_started"] == 0
     assert b.core.store.stats().reserved == 0
@@ -311,7 +328,7 @@ def test_orders_and_reports_cross_processes_by_pickle() -> None:
     server = FakeClient()
     a, b = Engine(server), Engine(server)
     _serve_and_write(a)
-    b.remote.before_claim(_view("b"), 0)
+    b.ask(_view("b"), 0)
     orders = b.remote.orders()
     assert orders is not None
     assert pickle.loads(pickle.dumps(orders)) == orders
@@ -322,3 +339,142 @@ def test_orders_and_reports_cross_processes_by_pickle() -> None:
     merged = meta.aggregate(HybridKVWorkerMeta())
     assert isinstance(merged, HybridKVWorkerMeta)
     assert merged.fetches == meta.fetches
+
+
+# ------------------------------------------------------------------ issue 30: never stall
+
+
+class Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_a_slow_lookup_defers_the_request_a_bounded_time_then_goes_without() -> None:
+    """The server holds A's chunks but answers EXISTS late: B's request waits (vLLM's None)
+    for at most the lookup wait, then is claimed from the host alone (nothing), and is never
+    deferred again; the late answer promotes the chunks if the request is still waiting."""
+    server = SlowClient()
+    a = Engine(server)
+    _serve_and_write(a)
+    clock = Clock()
+    b = Engine(server, lookups=LookupPolicy(wait_s=0.05), clock=clock)
+    view = _view("b")
+    server.release.clear()  # the server stops answering EXISTS
+    started = time.monotonic()
+    assert b.remote.before_claim(view, 0)  # asked off this thread: wait
+    clock.now = 0.049
+    assert b.remote.before_claim(view, 0)
+    clock.now = 0.05
+    assert not b.remote.before_claim(view, 0)  # the wait is spent: no remote hit
+    assert time.monotonic() - started < 0.5  # no call waited on the server
+    assert b.core.get_num_new_matched_tokens(view, 0).kind is ClaimKind.NONE
+    for _ in range(100):  # vLLM asks every step: never deferred again
+        clock.now += 1.0
+        assert not b.remote.before_claim(view, 0)
+    count = b.remote.count
+    assert (count["remote_lookups_waited"], count["remote_lookups_late"]) == (2, 1)
+    assert count["promotions_started"] == 0
+    server.release.set()  # the answer comes in while the request still waits
+    assert b.remote.settle_lookups(5.0)
+    assert not b.remote.before_claim(view, 0)
+    assert b.remote.count["promotions_started"] == 8
+    assert b.remote.count["remote_lookups"] == 1
+
+
+def test_a_ready_answer_gives_the_hit_and_the_sync_path_asks_inline() -> None:
+    server = FakeClient()
+    a = Engine(server)
+    _serve_and_write(a)
+    b = Engine(server)
+    b.ask(_view("b"), 0)
+    sync = Engine(server, lookups=LookupPolicy(mode=LookupMode.SYNC))
+    assert not sync.remote.before_claim(_view("s"), 0)  # answered on this thread
+    for engine in (b, sync):
+        assert engine.remote.count["promotions_started"] == 8
+        assert engine.remote.count["remote_lookups_waited"] == (1 if engine is b else 0)
+
+
+def test_a_dead_server_opens_the_lookup_breaker_and_lookups_stop_asking() -> None:
+    server = FakeClient()
+    a = Engine(server)
+    _serve_and_write(a)
+    clock = Clock()
+    b = Engine(server, breaker=BreakerConfig(failures=2, backoff_s=5.0), clock=clock)
+    for i in range(2):
+        server.fail_next["exists"] = ClientFault.FAULT
+        b.ask(_view(f"f{i}"), 0)
+    assert b.remote.count["remote_lookup_breaker_trips"] == 1
+    asked = server.calls["exists"]
+    for i in range(5):  # answered at once, no wait, the server not asked
+        assert not b.remote.before_claim(_view(f"s{i}"), 0)
+    assert server.calls["exists"] == asked
+    assert b.remote.count["remote_lookup_breaker_skips"] == 5
+    assert b.remote.count["remote_lookup_faults"] == 2
+    clock.now = 5.0  # the backoff is over: one probe, which succeeds and closes it
+    b.ask(_view("probe"), 0)
+    count = b.remote.count
+    assert (count["remote_lookup_breaker_probes"], count["remote_lookup_breaker_closes"]) == (1, 1)
+    assert count["promotions_started"] == 8
+
+
+def test_fetches_run_side_by_side() -> None:
+    server = SlowClient()
+    a = Engine(server)
+    _serve_and_write(a)
+    b = Engine(server)
+    b.ask(_view("b"), 0)
+    server.get_delay_s = 0.1
+    started = time.monotonic()
+    b.step()  # 8 fetches of 100 ms on 4 threads
+    elapsed = time.monotonic() - started
+    assert b.remote.count["promoted"] == 8
+    assert elapsed < 0.6, elapsed  # one after another: 0.8 s
+
+
+def test_a_late_fetch_is_a_miss_and_loads_nothing() -> None:
+    server = SlowClient()
+    a = Engine(server)
+    _serve_and_write(a)
+    b = Engine(server)
+    b.worker = WorkerRemote(
+        RemoteConfig(namespace=b"t", deadline_s=0.05), b.host, client=server, background=False
+    )
+    b.ask(_view("b"), 0)
+    b.host.tensor.fill_(7)
+    server.get_delay_s = 0.08  # every GET returns whole, past the 50 ms deadline
+    b.step()
+    count = b.remote.count
+    assert (count["timeout"], count["promoted"]) == (8, 0)
+    counters = b.worker.counters()
+    assert (counters["remote_fetches_late"], counters["remote_fetched_bytes"]) == (8, 0)
+    assert bool((b.host.tensor == 7).all())  # not one byte of a slot written
+    assert b.core.get_num_new_matched_tokens(_view("b"), 0).kind is ClaimKind.NONE
+
+
+def test_a_dead_server_opens_the_worker_breaker_fetches_fail_fast_writes_drop() -> None:
+    server = FakeClient()
+    a = Engine(server)
+    _serve_and_write(a)
+    b = Engine(server)
+    b.worker = WorkerRemote(
+        CONFIG, b.host, client=server, background=False, breaker=BreakerConfig(3, 60.0)
+    )
+    b.ask(_view("b"), 0)
+    gets = server.calls["get"]
+    orders = b.remote.orders()
+    assert orders is not None
+    for order in orders.fetches[:3]:  # one at a time, each failing: the breaker opens
+        server.fail_next["get"] = ClientFault.FAULT
+        b.worker.run(RemoteOrders((), (order,)))
+    reports = b.worker.run(RemoteOrders((), orders.fetches[3:]))
+    assert server.calls["get"] == gets + 3  # the 5 others never asked the server
+    assert {r.outcome for r in reports} == {"fault"}
+    counters = b.worker.counters()
+    assert (counters["remote_breaker_trips"], counters["remote_breaker_skips"]) == (1, 5)
+    write = orders.fetches[0]
+    b.worker.run(RemoteOrders((write,), ()))
+    assert b.worker.counters()["remote_writes_skipped"] == 1
+    assert b.worker.counters()["remote_writes_enqueued"] == 0

@@ -210,13 +210,17 @@ def test_engines_of_different_models_share_no_chunk(server: Any, layout: Layout)
     assert rb.prefill_computed == alone.prefill_computed
     c = build(shape, server.port)  # A's model: a replica
     rc = run_prompts(c, chat_prompts(shape.trace, "c-"))
-    assert _remote(c).count["promoted"] > 0
+    assert _remote(c).count["promoted"] > 0, (dict(_remote(c).count), _worker_counts(c))
     assert rc.external_hits > 0
     for report in (ra, rb, rc):
         assert report.wrong_reads == 0
     for engine in (a, b, c):
         _quiescent(engine)
         engine.close()
+
+
+def _worker_counts(engine: InProcessEngine) -> list[dict[str, int]]:
+    return [rank.worker.worker_remote.counters() for rank in engine.ranks]
 
 
 def test_after_a_reset_an_engine_reads_none_of_what_it_wrote_before(server: Any) -> None:
@@ -447,6 +451,9 @@ def test_a_shard_missing_on_one_rank_before_the_lookup_is_a_miss(server: Any, tp
     rb = run_prompts(b, chat_prompts(shape.trace, "b-"))
     count = _remote(b).count
     assert count["remote_lookups"] > 0
+    # Each lookup (asked off the scheduler thread) was answered in time and without a fault:
+    # no chunk found is the server's answer, not a lookup that never came back.
+    assert count["remote_lookups_late"] == count["remote_lookup_faults"] == 0
     assert count["remote_chunks_found"] == 0  # every chunk lacks one rank's shard: a miss
     assert count["promotions_started"] == 0
     assert [rank.worker.worker_remote.count["remote_fetches"] for rank in b.ranks] == [0] * tp
