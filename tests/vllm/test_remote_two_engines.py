@@ -208,7 +208,9 @@ def test_engines_of_different_models_share_no_chunk(server: Any, layout: Layout)
     alone = run_prompts(build(shape, None, model="other-model"), chat_prompts(shape.trace, "d-"))
     assert rb.external_hits == alone.external_hits
     assert rb.prefill_computed == alone.prefill_computed
-    c = build(shape, server.port)  # A's model: a replica
+    # A's model: a replica. Its deadline is long: what is checked is the identity in the key,
+    # and a fetch timed out on a loaded machine (then the breaker's backoff) would hide it.
+    c = build(shape, server.port, timeout_ms=2000)
     rc = run_prompts(c, chat_prompts(shape.trace, "c-"))
     assert _remote(c).count["promoted"] > 0, (dict(_remote(c).count), _worker_counts(c))
     assert rc.external_hits > 0
