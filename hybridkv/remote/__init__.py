@@ -1,6 +1,7 @@
 """The remote tier (issue 12): content-addressed chunks on a shared Redis/Valkey server under
 the host store. One idea per module: :mod:`.values`, :mod:`.config`, :mod:`.codec` (chunk keys
-and verified values), :mod:`.client` (redis-py, faults returned), :mod:`.tier` (write-behind,
+and verified values), :mod:`.security` (credentials, TLS files, the fleet key that MACs or
+encrypts values), :mod:`.client` (redis-py, faults returned), :mod:`.tier` (write-behind,
 lookups, fetches, counters), :mod:`.slots` (host slot bytes), :mod:`.identity` (the model
 identity and weights version scoped into chunk keys) and :mod:`.two_tier` (the host store
 composed with the tier). Needs the ``remote`` extra (redis-py).
@@ -13,6 +14,7 @@ from hybridkv.remote.codec import (
     FORMAT_VERSION,
     MAGIC,
     Decoded,
+    ValueFormat,
     chunk_key,
     decode_chunk,
     encode_chunk,
@@ -21,10 +23,12 @@ from hybridkv.remote.codec import (
 )
 from hybridkv.remote.config import RemoteConfig
 from hybridkv.remote.identity import EPOCH_BYTES, ModelIdentity, scoped_namespace
+from hybridkv.remote.security import Credentials, FleetKey, Refusals, TlsFiles, read_secret
 from hybridkv.remote.slots import SlotBuffer
 from hybridkv.remote.tier import RemoteTier
 from hybridkv.remote.two_tier import Promotion, TwoTierStore
 from hybridkv.remote.values import (
+    AUTH_REFUSALS,
     REMOTE_COUNTER_NAMES,
     Admission,
     Chunk,
@@ -37,6 +41,7 @@ from hybridkv.remote.values import (
 )
 
 __all__ = [
+    "AUTH_REFUSALS",
     "EPOCH_BYTES",
     "FORMAT_VERSION",
     "MAGIC",
@@ -46,23 +51,29 @@ __all__ = [
     "ChunkClient",
     "ClientFault",
     "Corruption",
+    "Credentials",
     "Decoded",
     "Fetched",
+    "FleetKey",
     "ModelIdentity",
     "PromoteOutcome",
     "PromoteRefusal",
     "Promotion",
     "RedisClient",
+    "Refusals",
     "RemoteConfig",
     "RemoteTier",
     "SlotBuffer",
+    "TlsFiles",
     "TwoTierStore",
+    "ValueFormat",
     "WriteOutcome",
     "chunk_key",
     "decode_chunk",
     "encode_chunk",
     "fault_of",
     "make_chunk",
+    "read_secret",
     "redis_key",
     "scoped_namespace",
 ]

@@ -37,9 +37,10 @@ Every key, its default and what it does (docs/howto/serve.md repeats this table)
 The remote tier (issue 12, :mod:`hybridkv.vllm.remote`; off by default,
 docs/howto/share-prefix-cache.md):
 
-- ``remote_url`` (``"redis://host:port"`` or ``"redis://host:port/0"``, or null = no remote
-  tier): the Redis/Valkey server engines share. Only database 0 (chunks are namespaced by
-  ``remote_namespace`` instead). Tensor parallelism > 1 is refused with a remote tier.
+- ``remote_url`` (``"redis://host:port"`` or ``"redis://host:port/0"``, ``rediss://`` for TLS,
+  or null = no remote tier): the Redis/Valkey server engines share. Only database 0 (chunks are
+  namespaced by ``remote_namespace`` instead). No user or password in it: those come from the
+  keys below. Tensor parallelism > 1 is refused with a remote tier.
 - ``remote_namespace`` (non-empty str, default ``"hybridkv"``): mixed into every chunk key;
   engines share chunks only under equal namespaces (and equal models and salts).
 - ``remote_ttl_s`` (int >= 0, default 0 = none): the TTL of each written chunk on the server.
@@ -48,6 +49,23 @@ docs/howto/share-prefix-cache.md):
 - ``remote_timeout_ms`` (int in [1, 60000], default 200): the longest any one server call
   (connect, EXISTS, GET, SET) waits; past it a fetch resolves TIMEOUT and is recomputed.
 
+Security (issue 30; docs/howto/share-prefix-cache.md, "Secure set-up" and "Threat model").
+Secrets are read when the config is parsed (engine start-up, every process), from an
+environment variable or a file, never from the config, which vLLM logs:
+
+- ``remote_username`` (str or null): the ACL user; needs a password.
+- ``remote_password_env`` / ``remote_password_file`` (str or null, at most one): the variable
+  or the file holding the password (``requirepass``, or the ACL user's).
+- ``remote_tls_ca_file`` (str or null = the system's CAs), ``remote_tls_cert_file`` and
+  ``remote_tls_key_file`` (both or neither: a client certificate): TLS files; need ``rediss://``.
+- ``remote_secret_env`` / ``remote_secret_file`` (str or null, at most one): the fleet secret
+  (at least 32 bytes), the same on every engine sharing the namespace. With it every value
+  carries an HMAC-SHA256 over its chunk key and bytes, and values without a valid one are
+  refused (a miss). Without it values carry a plain digest, which anyone who can write to the
+  server can forge.
+- ``remote_encrypt`` (bool, default false; needs the secret and ``hybridkv[remote-crypto]``):
+  payloads are written AES-256-GCM encrypted.
+
 Unknown keys and bad values raise a one-line :class:`~hybridkv.errors.HybridKVConfigError`
 naming the key, the value and the fix.
 """
@@ -55,10 +73,11 @@ naming the key, the value and the fix.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from hybridkv.errors import HybridKVConfigError
+from hybridkv.remote.security import Credentials, FleetKey, TlsFiles, read_secret
 
 __all__ = [
     "DEFAULTS",
@@ -81,8 +100,26 @@ DEFAULTS: dict[str, Any] = {
     "remote_ttl_s": 0,
     "remote_max_pending_writes": 64,
     "remote_timeout_ms": 200,
+    "remote_username": None,
+    "remote_password_env": None,
+    "remote_password_file": None,
+    "remote_tls_ca_file": None,
+    "remote_tls_cert_file": None,
+    "remote_tls_key_file": None,
+    "remote_secret_env": None,
+    "remote_secret_file": None,
+    "remote_encrypt": False,
 }
 _POLICIES = ("lru", "arc")
+_TLS_FILES = ("remote_tls_ca_file", "remote_tls_cert_file", "remote_tls_key_file")
+_SECURITY_STRINGS = (
+    "remote_username",
+    "remote_password_env",
+    "remote_password_file",
+    *_TLS_FILES,
+    "remote_secret_env",
+    "remote_secret_file",
+)
 _WHERE = "kv_connector_extra_config"
 
 
@@ -97,6 +134,9 @@ class RemoteSettings:
     ttl_s: int
     max_pending_writes: int
     timeout_s: float
+    credentials: Credentials = field(default_factory=Credentials)
+    tls: TlsFiles | None = None
+    key: FleetKey | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -199,12 +239,7 @@ def _policy(value: object) -> str:
 def _remote(values: Mapping[str, Any]) -> RemoteSettings | None:
     url = values["remote_url"]
     if url is None:
-        for key in (
-            "remote_namespace",
-            "remote_ttl_s",
-            "remote_max_pending_writes",
-            "remote_timeout_ms",
-        ):
+        for key in (k for k in DEFAULTS if k.startswith("remote_") and k != "remote_url"):
             if values[key] != DEFAULTS[key]:
                 raise HybridKVConfigError(
                     f"{_WHERE}.{key}", values[key], "is set but remote_url is null",
@@ -229,21 +264,81 @@ def _remote(values: Mapping[str, Any]) -> RemoteSettings | None:
         ttl_s=_int(values, "remote_ttl_s", low=0),
         max_pending_writes=_int(values, "remote_max_pending_writes", low=1),
         timeout_s=timeout_ms / 1000,
+        **_security(values, tls=url.startswith("rediss://")),
     )
 
 
+def _security(values: Mapping[str, Any], *, tls: bool) -> dict[str, Any]:
+    """The credentials, TLS files and fleet key of the security keys (module docstring), the
+    secrets read now; a library refusal comes back under its ``kv_connector_extra_config`` key."""
+    for key in _SECURITY_STRINGS:
+        value = values[key]
+        if value is not None and (not isinstance(value, str) or not value):
+            raise HybridKVConfigError(
+                f"{_WHERE}.{key}", value, "must be a non-empty string or null", "e.g. null"
+            )
+    encrypt = _bool(values, "remote_encrypt")
+    given_tls = next((k for k in _TLS_FILES if values[k] is not None), None)
+    if given_tls is not None and not tls:
+        raise HybridKVConfigError(
+            f"{_WHERE}.{given_tls}", values[given_tls], "is set but remote_url is plaintext",
+            'write "remote_url": "rediss://HOST:PORT" (TLS), or drop the key',
+        )  # fmt: skip
+    try:
+        password = _text(read_secret("remote_password", *_sources(values, "remote_password")))
+        secret = read_secret("remote_secret", *_sources(values, "remote_secret"))
+        if encrypt and secret is None:
+            raise HybridKVConfigError(
+                "remote_encrypt", True, "needs the fleet secret (the AES key derives from it)",
+                "set remote_secret_env or remote_secret_file, or drop remote_encrypt",
+            )  # fmt: skip
+        return {
+            "credentials": Credentials(values["remote_username"], password),
+            "tls": TlsFiles(*(values[k] for k in _TLS_FILES)) if tls else None,
+            "key": None if secret is None else FleetKey(secret, encrypt),
+        }
+    except HybridKVConfigError as refused:
+        where = refused.field
+        if where in ("remote_password", "remote_secret"):  # the secret: name the key giving it
+            where += "_env" if _sources(values, where)[0] is not None else "_file"
+        raise HybridKVConfigError(
+            f"{_WHERE}.{where}", refused.value, refused.problem, refused.fix
+        ) from None
+
+
+def _sources(values: Mapping[str, Any], name: str) -> tuple[str | None, str | None]:
+    return values[f"{name}_env"], values[f"{name}_file"]
+
+
+def _text(password: bytes | None) -> str | None:
+    try:
+        return None if password is None else password.decode()
+    except UnicodeDecodeError:
+        raise HybridKVConfigError(
+            "remote_password", "<hidden>", "is not UTF-8 text", "give the password as text"
+        ) from None
+
+
 def _redis_url(url: object) -> tuple[str, int]:
-    """``redis://host:port[/0]`` -> (host, port)."""
+    """``redis://host:port[/0]`` (or ``rediss://``) -> (host, port)."""
     field = f"{_WHERE}.remote_url"
     fix = 'write "redis://HOST:PORT" (database 0; separate engines with remote_namespace)'
-    if not isinstance(url, str) or not url.startswith("redis://"):
-        raise HybridKVConfigError(field, url, "is not a redis:// URL", fix)
-    rest = url[len("redis://") :]
+    scheme = "rediss://" if isinstance(url, str) and url.startswith("rediss://") else "redis://"
+    if not isinstance(url, str) or not url.startswith(scheme):
+        raise HybridKVConfigError(field, url, "is not a redis:// or rediss:// URL", fix)
+    rest = url[len(scheme) :]
     where, _, db = rest.partition("/")
     if db not in ("", "0"):
         raise HybridKVConfigError(field, url, f"names database {db!r}: only 0 is used", fix)
     host, _, port = where.rpartition(":")
-    if not host or "@" in host or not port.isdigit() or not 1 <= int(port) <= 65535:
+    if "@" in host:
+        raise HybridKVConfigError(
+            field, url.split("//", 1)[0] + "//<credentials>@" + url.rpartition("@")[2],
+            "carries credentials: the URL is logged with vLLM's config",
+            "drop them from the URL; give remote_username and remote_password_env or "
+            "remote_password_file",
+        )  # fmt: skip
+    if not host or not port.isdigit() or not 1 <= int(port) <= 65535:
         raise HybridKVConfigError(field, url, "needs a host and a port 1..65535, no user", fix)
     return host, int(port)
 

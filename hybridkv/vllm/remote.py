@@ -46,8 +46,9 @@ attention-only one): their members
 are reserved STORING through the core (:meth:`~hybridkv.connector.ConnectorCore.reserve_promotion`),
 so the claim DEFERs on them like on any STORING key, and the next metadata orders the fetch.
 The worker GETs each chunk (bounded by the same timeout), verifies it against the expected
-members (:func:`hybridkv.remote.decode_chunk`: magic, version, member keys, lengths, digest,
-and each payload exactly one slot), writes the payloads into the reserved slots and reports the
+members (:func:`hybridkv.remote.decode_chunk`: magic, version, member keys, lengths, digest
+or, with a fleet key, the MAC or AES-GCM tag over the chunk key and the value, and each payload
+exactly one slot), writes the payloads into the reserved slots and reports the
 outcome: PROMOTED (members READY) or MISSING / FAULT / TIMEOUT / CORRUPT (members dropped; the
 chunk is remembered failed, so the claim ends before it and vLLM recomputes exactly what is
 missing). A fetch runs inside ``start_load_kv`` and its bytes land before the worker reports,
@@ -86,6 +87,7 @@ from hybridkv.remote import (
     ModelIdentity,
     PromoteOutcome,
     RedisClient,
+    Refusals,
     RemoteConfig,
     RemoteTier,
     decode_chunk,
@@ -127,6 +129,9 @@ def remote_config(settings: RemoteSettings) -> RemoteConfig:
         ttl_s=settings.ttl_s,
         max_pending=settings.max_pending_writes,
         namespace=settings.namespace.encode(),
+        credentials=settings.credentials,
+        tls=settings.tls,
+        key=settings.key,
     )
 
 
@@ -427,6 +432,7 @@ WORKER_COUNTERS = (
     "remote_fetches",
     "remote_fetched_bytes",
     "remote_written_bytes",
+    "remote_fetches_unauthenticated",
 )
 
 
@@ -448,6 +454,7 @@ class WorkerRemote:
         self._lock = threading.Lock()
         self.count = dict.fromkeys(WORKER_COUNTERS, 0)
         self.outcomes = dict.fromkeys((o.value for o in PromoteOutcome), 0)
+        self.refusals = Refusals()  # why CORRUPT fetches were refused; logs the first forgery
         # In-package test hook (never a user setting): called before each fetch's GET, so a
         # test can kill the server, reset connections, pause it or delete the chunk between
         # the scheduler's lookup and the worker's load.
@@ -485,9 +492,12 @@ class WorkerRemote:
             return PromoteOutcome.MISSING
         if isinstance(reply, ClientFault):
             return PromoteOutcome.TIMEOUT if reply is ClientFault.TIMEOUT else PromoteOutcome.FAULT
-        decoded = decode_chunk(reply, order.members)
+        decoded = decode_chunk(reply, order.members, self.config.key, order.chunk_key)
+        if decoded.corruption is not None:
+            self.refusals.note(decoded.corruption, order.chunk_key)
+            return PromoteOutcome.CORRUPT
         size = self.host.slot_bytes
-        if decoded.corruption is not None or any(len(p) != size for p in decoded.payloads):
+        if any(len(p) != size for p in decoded.payloads):
             return PromoteOutcome.CORRUPT
         for slot, payload in zip(order.slots, decoded.payloads, strict=True):
             self.host.slot(slot).copy_(torch.frombuffer(bytearray(payload), dtype=torch.uint8))
@@ -500,6 +510,7 @@ class WorkerRemote:
         found = dict(self.count)
         found["remote_written"] = tier["written"]
         found["remote_writes_failed"] = tier["writes_failed"]
+        found["remote_fetches_unauthenticated"] = self.refusals.unauthenticated()
         return found
 
     def flush(self, timeout_s: float) -> bool:

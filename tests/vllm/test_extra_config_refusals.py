@@ -32,8 +32,10 @@ W = "kv_connector_extra_config"
 URL_FIX = 'write "redis://HOST:PORT" (database 0; separate engines with remote_namespace)'
 KEYS = (
     "chunk_size, eviction_policy, gpu_scratch_bytes, host_memory_bytes, load_deadline_steps, "
-    "offload_decode_state, remote_max_pending_writes, remote_namespace, remote_timeout_ms, "
-    "remote_ttl_s, remote_url, sync_load_max_bytes"
+    "offload_decode_state, remote_encrypt, remote_max_pending_writes, remote_namespace, "
+    "remote_password_env, remote_password_file, remote_secret_env, remote_secret_file, "
+    "remote_timeout_ms, remote_tls_ca_file, remote_tls_cert_file, remote_tls_key_file, "
+    "remote_ttl_s, remote_url, remote_username, sync_load_max_bytes"
 )
 NO_REMOTE_FIX = 'set "remote_url": "redis://host:port", or drop the key'
 SYNC_PROBLEM = (
@@ -227,13 +229,12 @@ def test_a_bad_remote_setting_is_refused_with_an_example(
 @pytest.mark.parametrize(
     ("url", "problem"),
     [
-        (6379, "is not a redis:// URL"),
-        ("http://cache.local:6379", "is not a redis:// URL"),
-        ("rediss://cache.local:6379", "is not a redis:// URL"),
+        (6379, "is not a redis:// or rediss:// URL"),
+        ("http://cache.local:6379", "is not a redis:// or rediss:// URL"),
+        ("rediss:/cache.local:6379", "is not a redis:// or rediss:// URL"),
         ("redis://cache.local:6379/2", "names database '2': only 0 is used"),
         ("redis://cache.local:6379/00", "names database '00': only 0 is used"),
         ("redis://:6379", "needs a host and a port 1..65535, no user"),
-        ("redis://user@cache.local:6379", "needs a host and a port 1..65535, no user"),
         ("redis://cache.local", "needs a host and a port 1..65535, no user"),
         ("redis://cache.local:http", "needs a host and a port 1..65535, no user"),
         ("redis://cache.local:0", "needs a host and a port 1..65535, no user"),
@@ -253,6 +254,7 @@ def test_a_bad_remote_url_is_refused_with_how_to_write_one(url: object, problem:
         ("redis://cache.local:65535/", "cache.local", 65535),
         ("redis://10.0.0.7:6379/0", "10.0.0.7", 6379),
         ("redis://[::1]:6379", "[::1]", 6379),
+        ("rediss://cache.local:6380/0", "cache.local", 6380),
     ],
 )
 def test_a_remote_url_names_host_and_port(url: str, host: str, port: int) -> None:

@@ -1,0 +1,285 @@
+"""The shared tier's security keys in ``kv_connector_extra_config`` (issue 30, item 1): parsed
+and refused as an operator reads them, then two in-process vLLM 0.33 engines on a real server
+with a password, an ACL user, TLS (certificates made here) and a fleet secret.
+
+- The keys: credentials come from an environment variable or a file, never the URL; TLS needs
+  ``rediss://``; encryption needs the secret; every refusal names the key, and no message or
+  repr shows a secret.
+- Start-up: an engine whose password the server refuses does not start: building it raises one
+  HybridKVConfigError (the connector's tier checks the server when it is built).
+- Two engines holding the same secret share chunks (0 wrong reads, prefill saved); when a
+  holder of the server's password but not of the secret rewrites every chunk, the reader loads
+  none of them: each fetch is CORRUPT, counted as ``remote_fetches_unauthenticated``, and
+  every prompt token is computed or hit exactly once.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytestmark = pytest.mark.vllm
+pytest.importorskip("vllm.v1.core.sched.scheduler", reason="vLLM 0.33 is not installed")
+
+from _two_engines import (  # noqa: E402
+    HOST_BYTES,
+    SHAPES,
+    Shape,
+    chat_prompts,
+    flush_writes,
+    redis_binary_or_skip,
+    run_prompts,
+)
+from diffharness.layouts import RECIPES, Layout  # noqa: E402
+from vllm.config import KVTransferConfig  # noqa: E402
+
+from hybridkv.errors import HybridKVConfigError  # noqa: E402
+from hybridkv.remote import Credentials, FleetKey, TlsFiles, redis_key  # noqa: E402
+from hybridkv.vllm.config import parse_extra_config  # noqa: E402
+from hybridkv.vllm.harness.cpu_worker import HybridKVOnCPU  # noqa: E402
+from hybridkv.vllm.harness.inprocess import InProcessEngine  # noqa: E402
+from hybridkv.vllm.remote import remote_config  # noqa: E402
+
+W = "kv_connector_extra_config"
+PASSWORD = "engine-password-5b1e"
+SECRET = "fleet-secret-of-the-vllm-tests-0123456789"
+URL = "rediss://cache.local:6380"
+
+
+@pytest.fixture
+def files(tmp_path: Path) -> dict[str, str]:
+    """A CA, a client certificate and key it signed, and the fleet secret's file."""
+    from _certs import make_certs  # tests/remote, on the path through _two_engines
+
+    made = make_certs(tmp_path)
+    (tmp_path / "fleet.secret").write_text(SECRET + "\n")
+    return {
+        "ca.crt": str(made.ca),
+        "client.crt": str(made.client_cert),
+        "client.key": str(made.client_key),
+        "secret": str(tmp_path / "fleet.secret"),
+    }
+
+
+def _refusal(extra: dict[str, Any]) -> HybridKVConfigError:
+    with pytest.raises(HybridKVConfigError) as caught:
+        parse_extra_config(extra)
+    return caught.value
+
+
+# ------------------------------------------------------------------ the keys
+
+
+def test_every_security_key_parses_and_reaches_the_tier(
+    files: dict[str, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("HYBRIDKV_TEST_PASSWORD", PASSWORD)
+    extra = {
+        "remote_url": URL,
+        "remote_username": "engine",
+        "remote_password_env": "HYBRIDKV_TEST_PASSWORD",
+        "remote_tls_ca_file": files["ca.crt"],
+        "remote_tls_cert_file": files["client.crt"],
+        "remote_tls_key_file": files["client.key"],
+        "remote_secret_file": files["secret"],
+        "remote_encrypt": True,
+    }
+    parsed = parse_extra_config(extra)
+    remote = parsed.remote
+    assert remote is not None
+    assert remote.credentials == Credentials("engine", PASSWORD)
+    assert remote.tls == TlsFiles(files["ca.crt"], files["client.crt"], files["client.key"])
+    assert remote.key == FleetKey(SECRET.encode(), encrypt=True)  # the newline dropped
+    config = remote_config(remote)
+    assert (config.credentials, config.tls, config.key) == (
+        remote.credentials,
+        remote.tls,
+        remote.key,
+    )
+    for text in (repr(parsed), repr(config)):
+        assert PASSWORD not in text
+        assert SECRET not in text
+
+
+def test_without_security_keys_the_tier_is_as_before() -> None:
+    remote = parse_extra_config({"remote_url": "redis://cache.local:6379"}).remote
+    assert remote is not None
+    assert (remote.credentials, remote.tls, remote.key) == (Credentials(), None, None)
+    tls = parse_extra_config({"remote_url": URL}).remote
+    assert tls is not None
+    assert tls.tls == TlsFiles()  # rediss:// alone: the system's CAs
+
+
+def test_a_password_in_the_url_is_refused_without_echoing_it() -> None:
+    refused = _refusal({"remote_url": "redis://engine:hunter2@cache.local:6379"})
+    assert refused.field == f"{W}.remote_url"
+    assert refused.value == "redis://<credentials>@cache.local:6379"
+    assert "hunter2" not in str(refused)
+    assert "remote_password_env or remote_password_file" in refused.fix
+
+
+@pytest.mark.parametrize(
+    ("extra", "field", "problem"),
+    [
+        ({"remote_tls_ca_file": "ca.crt"}, "remote_tls_ca_file",
+         "is set but remote_url is plaintext"),
+        ({"remote_encrypt": True}, "remote_encrypt", "needs the fleet secret"),
+        ({"remote_encrypt": "yes"}, "remote_encrypt", "must be true or false"),
+        ({"remote_username": 7}, "remote_username", "must be a non-empty string or null"),
+        ({"remote_password_env": ""}, "remote_password_env",
+         "must be a non-empty string or null"),
+        ({"remote_password_env": "HYBRIDKV_UNSET_VARIABLE"}, "remote_password_env",
+         "unset or empty"),
+        ({"remote_secret_env": "HYBRIDKV_SHORT_SECRET"}, "remote_secret_env",
+         "must be at least 32 bytes"),
+        ({"remote_username": "engine"}, "remote_username", "is set without a password"),
+        ({"remote_secret_env": "HYBRIDKV_SHORT_SECRET", "remote_secret_file": "f"},
+         "remote_secret_file", "is given with remote_secret_env too"),
+    ],
+)  # fmt: skip
+def test_a_bad_security_key_is_refused_naming_it(
+    monkeypatch: pytest.MonkeyPatch, extra: dict[str, Any], field: str, problem: str
+) -> None:
+    monkeypatch.setenv("HYBRIDKV_SHORT_SECRET", "short-secret")
+    monkeypatch.delenv("HYBRIDKV_UNSET_VARIABLE", raising=False)
+    refused = _refusal({"remote_url": "redis://cache.local:6379", **extra})
+    assert refused.field == f"{W}.{field}"
+    assert problem in refused.problem
+    assert "short-secret" not in str(refused)
+
+
+def test_tls_files_are_checked_when_the_config_is_parsed(files: dict[str, str]) -> None:
+    refused = _refusal({"remote_url": URL, "remote_tls_ca_file": "/nonexistent/ca.crt"})
+    assert (refused.field, refused.problem) == (
+        f"{W}.remote_tls_ca_file",
+        "is not a readable file",
+    )
+    refused = _refusal({"remote_url": URL, "remote_tls_cert_file": files["client.crt"]})
+    assert refused.field == f"{W}.remote_tls_cert_file"
+
+
+@pytest.mark.parametrize("key", ["remote_secret_env", "remote_encrypt", "remote_tls_ca_file"])
+def test_a_security_key_without_a_remote_url_is_refused(key: str) -> None:
+    refused = _refusal({key: True if key == "remote_encrypt" else "x"})
+    assert (refused.field, refused.problem) == (f"{W}.{key}", "is set but remote_url is null")
+
+
+# ------------------------------------------------------------------ two engines, a secure server
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Secure:
+    """A server with TLS, a default-user password and an ACL user ``engine``."""
+
+    server: Any
+    certs: Any
+
+
+@pytest.fixture
+def secure(tmp_path: Path) -> Iterator[Secure]:
+    from _certs import make_certs
+    from _redis_server import RedisServer
+
+    certs = make_certs(tmp_path / "server")  # apart from the files fixture's
+    admin_password = "admin-password-c0ffee"
+    args = [
+        "--port", "0", "--tls-port", "{port}", "--tls-auth-clients", "no",
+        "--tls-cert-file", str(certs.server_cert), "--tls-key-file", str(certs.server_key),
+        "--tls-ca-cert-file", str(certs.ca), "--requirepass", admin_password,
+    ]  # fmt: skip
+    client = {"host": "127.0.0.1", "ssl": True, "ssl_ca_certs": str(certs.ca),
+              "password": admin_password}  # fmt: skip
+    server = RedisServer(redis_binary_or_skip(), tmp_path / "server", args, client)
+    server.start()
+    admin = server.admin()
+    admin.execute_command(
+        "ACL", "SETUSER", "engine", "on", f">{PASSWORD}", "~hybridkv:chunk:*", "-@all",
+        "+get", "+set", "+exists",
+    )  # fmt: skip
+    admin.close()
+    try:
+        yield Secure(server, certs)
+    finally:
+        server.stop()
+
+
+def _engine(shape: Shape, secure: Secure, secret_file: str | None) -> InProcessEngine:
+    extra: dict[str, Any] = {
+        "host_memory_bytes": HOST_BYTES,
+        "chunk_size": shape.chunk,
+        "remote_url": f"rediss://127.0.0.1:{secure.server.port}",
+        "remote_username": "engine",
+        "remote_password_env": "HYBRIDKV_TEST_PASSWORD",
+        "remote_tls_ca_file": str(secure.certs.ca),
+    }
+    if secret_file is not None:
+        extra |= {"remote_secret_file": secret_file, "remote_encrypt": True}
+    transfer = KVTransferConfig(
+        kv_connector="HybridKVConnector",
+        kv_connector_module_path="hybridkv.vllm",
+        kv_role="kv_both",
+        kv_load_failure_policy="recompute",
+        kv_connector_extra_config=extra,
+    )
+    return InProcessEngine(
+        RECIPES[shape.layout].config_json(), shape.settings, transfer, HybridKVOnCPU(delay=1)
+    )
+
+
+@pytest.mark.remote
+def test_a_wrong_password_stops_the_engine_at_start_up(
+    secure: Secure, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("HYBRIDKV_TEST_PASSWORD", "not-the-engine-password")
+    with pytest.raises(HybridKVConfigError) as caught:
+        _engine(SHAPES[Layout.SLIDING_FULL], secure, None)
+    assert caught.value.field == "remote_password"
+    assert "refused ACL user 'engine'" in caught.value.problem
+    assert "not-the-engine-password" not in str(caught.value)
+
+
+@pytest.mark.remote
+def test_secure_engines_share_chunks_and_refuse_every_rewritten_one(
+    secure: Secure, files: dict[str, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("HYBRIDKV_TEST_PASSWORD", PASSWORD)
+    shape = SHAPES[Layout.SLIDING_FULL]
+    a = _engine(shape, secure, files["secret"])
+    ra = run_prompts(a, chat_prompts(shape.trace, "a-"))
+    assert flush_writes(a)
+    written = a.worker.worker_remote.counters()["remote_written"]
+    assert written > 0
+    b = _engine(shape, secure, files["secret"])
+    rb = run_prompts(b, chat_prompts(shape.trace, "b-"))
+    b_remote = b.scheduler.connector.remote
+    assert b_remote.count["promoted"] > 0
+    assert rb.external_hits > 0
+    # Whoever holds the server's password but not the secret rewrites every chunk: a valid
+    # unkeyed value of other bytes, as an engine without remote_secret_* would write it.
+    admin = secure.server.admin()
+    names = admin.keys(redis_key(b"").decode() + "*")
+    assert len(names) == written
+    for name in names:
+        value = admin.get(name)
+        assert SECRET.encode() not in value
+        admin.set(name, b"HKVC\x00\x02" + value[6:])  # relabelled unkeyed: refused as KEYING
+    admin.close()
+    c = _engine(shape, secure, files["secret"])
+    rc = run_prompts(c, chat_prompts(shape.trace, "c-"))
+    c_remote = c.scheduler.connector.remote
+    refused = c.worker.worker_remote.counters()["remote_fetches_unauthenticated"]
+    assert c_remote.count["promotions_started"] > 0
+    assert c_remote.count["promoted"] == 0
+    assert refused == c_remote.count["corrupt"] == c_remote.count["promotions_started"]
+    for report in (ra, rb, rc):
+        assert report.finished == report.requests > 0
+        assert report.wrong_reads == 0
+        assert report.preemptions == 0
+        total = report.prefill_computed + report.gpu_prefix_hits + report.external_hits
+        assert total == report.prompt_tokens
+    for engine in (a, b, c):
+        engine.close()
