@@ -16,6 +16,7 @@ with a password, an ACL user, TLS (certificates made here) and a fleet secret.
 from __future__ import annotations
 
 import dataclasses
+import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -160,6 +161,29 @@ def test_tls_files_are_checked_when_the_config_is_parsed(files: dict[str, str]) 
     )
     refused = _refusal({"remote_url": URL, "remote_tls_cert_file": files["client.crt"]})
     assert refused.field == f"{W}.remote_tls_cert_file"
+
+
+HOWTO = Path(__file__).resolve().parents[2] / "docs" / "howto" / "share-prefix-cache.md"
+
+
+def test_the_howto_secure_config_parses_with_its_secrets_in_place(
+    files: dict[str, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    lines = [x for x in HOWTO.read_text().splitlines() if "--kv-transfer-config" in x]
+    (secure,) = [x for x in lines if "remote_secret_file" in x]
+    extra = json.loads(secure.split("--kv-transfer-config '")[1].rstrip("'"))[
+        "kv_connector_extra_config"
+    ]
+    assert extra["remote_password_env"] == "HYBRIDKV_REDIS_PASSWORD"
+    monkeypatch.setenv("HYBRIDKV_REDIS_PASSWORD", PASSWORD)
+    # The files it names, here: the how-to's paths are the operator's.
+    extra |= {"remote_tls_ca_file": files["ca.crt"], "remote_secret_file": files["secret"]}
+    remote = parse_extra_config(extra).remote
+    assert remote is not None
+    assert (remote.host, remote.port, remote.namespace) == ("cache.internal", 6380, "prod")
+    assert remote.credentials == Credentials("hybridkv", PASSWORD)
+    assert remote.tls == TlsFiles(files["ca.crt"])
+    assert remote.key == FleetKey(SECRET.encode(), encrypt=True)
 
 
 @pytest.mark.parametrize("key", ["remote_secret_env", "remote_encrypt", "remote_tls_ca_file"])
