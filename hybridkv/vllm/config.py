@@ -161,11 +161,13 @@ def parse_extra_config(extra: Mapping[str, Any] | None) -> HybridKVConfig:
     given = dict(extra or {})
     for key in sorted(given):
         if key not in DEFAULTS:
+            # "remote_password": "..." is a likely mistake: never echo what may be a secret.
+            secret = "password" in key or "secret" in key
             raise HybridKVConfigError(
                 f"{_WHERE}.{key}",
-                given[key],
+                "<hidden>" if secret else given[key],
                 "is not a hybridkv key",
-                f"use only {', '.join(sorted(DEFAULTS))} (docs/howto/serve.md)",
+                _known_keys(key),
             )
     values = {**DEFAULTS, **given}
     config = HybridKVConfig(
@@ -180,6 +182,16 @@ def parse_extra_config(extra: Mapping[str, Any] | None) -> HybridKVConfig:
     )
     _refuse_unimplemented(config)
     return config
+
+
+def _known_keys(unknown: str) -> str:
+    """The keys to use instead of ``unknown``: the remote tier's for a ``remote_*`` typo, else
+    the others (all of them make a line past what an error message shows)."""
+    if unknown.startswith("remote_"):
+        remote = ", ".join(k for k in sorted(DEFAULTS) if k.startswith("remote_"))
+        return f"use only {remote} (docs/howto/share-prefix-cache.md)"
+    others = ", ".join(k for k in sorted(DEFAULTS) if not k.startswith("remote_"))
+    return f"use only {others}, or a remote_* key (docs/howto/serve.md)"
 
 
 def check_failure_policy(config: HybridKVConfig, kv_load_failure_policy: str) -> None:

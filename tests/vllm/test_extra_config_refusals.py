@@ -32,10 +32,13 @@ W = "kv_connector_extra_config"
 URL_FIX = 'write "redis://HOST:PORT" (database 0; separate engines with remote_namespace)'
 KEYS = (
     "chunk_size, eviction_policy, gpu_scratch_bytes, host_memory_bytes, load_deadline_steps, "
-    "offload_decode_state, remote_encrypt, remote_max_pending_writes, remote_namespace, "
-    "remote_password_env, remote_password_file, remote_secret_env, remote_secret_file, "
-    "remote_timeout_ms, remote_tls_ca_file, remote_tls_cert_file, remote_tls_key_file, "
-    "remote_ttl_s, remote_url, remote_username, sync_load_max_bytes"
+    "offload_decode_state, sync_load_max_bytes"
+)
+REMOTE_KEYS = (
+    "remote_encrypt, remote_max_pending_writes, remote_namespace, remote_password_env, "
+    "remote_password_file, remote_secret_env, remote_secret_file, remote_timeout_ms, "
+    "remote_tls_ca_file, remote_tls_cert_file, remote_tls_key_file, remote_ttl_s, remote_url, "
+    "remote_username"
 )
 NO_REMOTE_FIX = 'set "remote_url": "redis://host:port", or drop the key'
 SYNC_PROBLEM = (
@@ -89,9 +92,17 @@ def test_every_key_at_its_lowest_accepted_value_is_kept_as_given() -> None:
 
 def test_the_first_unknown_key_in_sorted_order_is_refused_naming_every_known_key() -> None:
     refused = _refusal({"zeta": 2, "alpha": 1, "host_memory_bytes": 0})
-    fix = f"use only {KEYS} (docs/howto/serve.md)"
+    fix = f"use only {KEYS}, or a remote_* key (docs/howto/serve.md)"
     assert _whole(refused) == (f"{W}.alpha", 1, "is not a hybridkv key", fix)
     assert str(refused) == f"{W}.alpha=1: is not a hybridkv key; {fix}"
+
+
+def test_an_unknown_remote_key_is_refused_naming_every_remote_key() -> None:
+    refused = _refusal({"remote_password": "hunter2"})
+    fix = f"use only {REMOTE_KEYS} (docs/howto/share-prefix-cache.md)"
+    # A password given inline is never echoed: the message goes to logs.
+    assert _whole(refused) == (f"{W}.remote_password", "<hidden>", "is not a hybridkv key", fix)
+    assert str(refused) == f"{W}.remote_password='<hidden>': is not a hybridkv key; {fix}"
 
 
 @pytest.mark.parametrize(
