@@ -83,6 +83,19 @@ def test_the_mac_is_hmac_sha256_over_chunk_key_header_and_payloads() -> None:
     assert value[HEAD + 32 :] == b"".join(PAYLOADS)  # MAC-only: the payloads in the clear
 
 
+def test_a_sealed_value_opens_by_the_documented_construction() -> None:
+    # AES-256-GCM under HMAC-SHA256(aead key, salt), a zero nonce, and as associated data the
+    # length-prefixed chunk key, the header and the salt; the tag after the ciphertext.
+    from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+
+    value = encode_chunk(MEMBERS, PAYLOADS, SEAL_KEY, KEY)
+    aead_key = hmac.new(SECRET, b"hybridkv/remote/aes-gcm/v1", hashlib.sha256).digest()
+    salt = value[HEAD : HEAD + 32]
+    own = hmac.new(aead_key, salt, hashlib.sha256).digest()
+    aad = struct.pack(">I", 32) + KEY + value[:HEAD] + salt
+    assert AESGCM(own).decrypt(bytes(12), value[HEAD + 32 :], aad) == b"".join(PAYLOADS)
+
+
 def test_a_sealed_value_shows_no_payload_byte_and_never_repeats() -> None:
     first = encode_chunk(MEMBERS, PAYLOADS, SEAL_KEY, KEY)
     second = encode_chunk(MEMBERS, PAYLOADS, SEAL_KEY, KEY)
@@ -154,7 +167,13 @@ def test_a_keyed_value_needs_its_chunk_key(call: str, bad: object) -> None:
 
     with pytest.raises(HybridKVConfigError) as caught:
         run()
-    assert caught.value.field == "chunk_key"
+    refused = caught.value
+    assert (refused.field, refused.value, refused.problem, refused.fix) == (
+        "chunk_key",
+        bad,
+        "a keyed value needs its 32-byte chunk key",
+        "pass chunk.key",
+    )
 
 
 # --- the fleet key ---
