@@ -153,6 +153,17 @@ def test_a_bad_security_key_is_refused_naming_it(
     assert "short-secret" not in str(refused)
 
 
+def test_a_password_file_that_is_not_text_is_refused_naming_the_file(tmp_path: Path) -> None:
+    binary = tmp_path / "password.bin"
+    binary.write_bytes(b"\xff\xfe\x00secret")
+    refused = _refusal({"remote_url": URL, "remote_password_file": str(binary)})
+    assert (refused.field, refused.value, refused.problem) == (
+        f"{W}.remote_password_file",
+        "<hidden>",
+        "is not UTF-8 text",
+    )
+
+
 def test_tls_files_are_checked_when_the_config_is_parsed(files: dict[str, str]) -> None:
     refused = _refusal({"remote_url": URL, "remote_tls_ca_file": "/nonexistent/ca.crt"})
     assert (refused.field, refused.problem) == (
