@@ -251,7 +251,7 @@ def _policy(value: object) -> str:
 def _remote(values: Mapping[str, Any]) -> RemoteSettings | None:
     url = values["remote_url"]
     if url is None:
-        for key in (k for k in DEFAULTS if k.startswith("remote_") and k != "remote_url"):
+        for key in (k for k in DEFAULTS if k.startswith("remote_")):  # remote_url: at default
             if values[key] != DEFAULTS[key]:
                 raise HybridKVConfigError(
                     f"{_WHERE}.{key}", values[key], "is set but remote_url is null",
@@ -335,24 +335,31 @@ def _redis_url(url: object) -> tuple[str, int]:
     """``redis://host:port[/0]`` (or ``rediss://``) -> (host, port)."""
     field = f"{_WHERE}.remote_url"
     fix = 'write "redis://HOST:PORT" (database 0; separate engines with remote_namespace)'
+    shown = _masked(url)  # every refusal below may be logged: never the credentials
     scheme = "rediss://" if isinstance(url, str) and url.startswith("rediss://") else "redis://"
     if not isinstance(url, str) or not url.startswith(scheme):
-        raise HybridKVConfigError(field, url, "is not a redis:// or rediss:// URL", fix)
-    rest = url[len(scheme) :]
-    where, _, db = rest.partition("/")
-    if db not in ("", "0"):
-        raise HybridKVConfigError(field, url, f"names database {db!r}: only 0 is used", fix)
-    host, _, port = where.rpartition(":")
-    if "@" in host:
+        raise HybridKVConfigError(field, shown, "is not a redis:// or rediss:// URL", fix)
+    if shown != url:
         raise HybridKVConfigError(
-            field, url.split("//", 1)[0] + "//<credentials>@" + url.rpartition("@")[2],
-            "carries credentials: the URL is logged with vLLM's config",
+            field, shown, "carries credentials: the URL is logged with vLLM's config",
             "drop them from the URL; give remote_username and remote_password_env or "
             "remote_password_file",
         )  # fmt: skip
+    where, _, db = url[len(scheme) :].partition("/")
+    if db not in ("", "0"):
+        raise HybridKVConfigError(field, url, f"names database {db!r}: only 0 is used", fix)
+    host, _, port = where.rpartition(":")
     if not host or not port.isdigit() or not 1 <= int(port) <= 65535:
         raise HybridKVConfigError(field, url, "needs a host and a port 1..65535, no user", fix)
     return host, int(port)
+
+
+def _masked(url: object) -> object:
+    """``url`` with whatever comes before its last ``@`` after the scheme hidden."""
+    if not isinstance(url, str) or "@" not in url:
+        return url
+    scheme, sep, _ = url.partition("//")
+    return f"{scheme}{sep}<credentials>@{url.rpartition('@')[2]}"
 
 
 def _refuse_unimplemented(config: HybridKVConfig) -> None:

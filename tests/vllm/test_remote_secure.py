@@ -115,52 +115,99 @@ def test_without_security_keys_the_tier_is_as_before() -> None:
     assert tls.tls == TlsFiles()  # rediss:// alone: the system's CAs
 
 
-def test_a_password_in_the_url_is_refused_without_echoing_it() -> None:
-    refused = _refusal({"remote_url": "redis://engine:hunter2@cache.local:6379"})
-    assert refused.field == f"{W}.remote_url"
-    assert refused.value == "redis://<credentials>@cache.local:6379"
-    assert "hunter2" not in str(refused)
-    assert "remote_password_env or remote_password_file" in refused.fix
+@pytest.mark.parametrize(
+    ("url", "shown"),
+    [
+        ("redis://engine:hunter2@cache.local:6379", "redis://<credentials>@cache.local:6379"),
+        ("rediss://e:hun@ter//2@cache.local:6380/0", "rediss://<credentials>@cache.local:6380/0"),
+        ("redis://hunter@cache.local:6379/2", "redis://<credentials>@cache.local:6379/2"),
+    ],
+)
+def test_a_password_in_the_url_is_refused_without_echoing_it(url: str, shown: str) -> None:
+    refused = _refusal({"remote_url": url})
+    assert (refused.field, refused.value, refused.problem, refused.fix) == (
+        f"{W}.remote_url",
+        shown,
+        "carries credentials: the URL is logged with vLLM's config",
+        "drop them from the URL; give remote_username and remote_password_env or "
+        "remote_password_file",
+    )
+    assert "hunter" not in str(refused)
+    assert "ter//2" not in str(refused)
+
+
+def test_a_url_of_another_scheme_with_credentials_is_refused_without_echoing_them() -> None:
+    refused = _refusal({"remote_url": "http://u:hunter2@cache.local:6379"})
+    assert (refused.value, refused.problem) == (
+        "http://<credentials>@cache.local:6379",
+        "is not a redis:// or rediss:// URL",
+    )
+
+
+PLAINTEXT_FIX = 'write "remote_url": "rediss://HOST:PORT" (TLS), or drop the key'
+ENV_FIX = "export {} in the engine's environment (every vLLM process inherits it)"
+STRING = ("must be a non-empty string or null", "e.g. null")
 
 
 @pytest.mark.parametrize(
-    ("extra", "field", "problem"),
+    ("extra", "field", "value", "problem_fix"),
     [
-        ({"remote_tls_ca_file": "ca.crt"}, "remote_tls_ca_file",
-         "is set but remote_url is plaintext"),
-        ({"remote_encrypt": True}, "remote_encrypt", "needs the fleet secret"),
-        ({"remote_encrypt": "yes"}, "remote_encrypt", "must be true or false"),
-        ({"remote_username": 7}, "remote_username", "must be a non-empty string or null"),
-        ({"remote_password_env": ""}, "remote_password_env",
-         "must be a non-empty string or null"),
+        ({"remote_tls_ca_file": "ca.crt"}, "remote_tls_ca_file", "ca.crt",
+         ("is set but remote_url is plaintext", PLAINTEXT_FIX)),
+        ({"remote_encrypt": True}, "remote_encrypt", True,
+         ("needs the fleet secret (the AES key derives from it)",
+          "set remote_secret_env or remote_secret_file, or drop remote_encrypt")),
+        ({"remote_encrypt": "yes"}, "remote_encrypt", "yes",
+         ("must be true or false", "write a JSON boolean")),
+        ({"remote_username": 7}, "remote_username", 7, STRING),
+        ({"remote_password_env": ""}, "remote_password_env", "", STRING),
         ({"remote_password_env": "HYBRIDKV_UNSET_VARIABLE"}, "remote_password_env",
-         "unset or empty"),
-        ({"remote_secret_env": "HYBRIDKV_SHORT_SECRET"}, "remote_secret_env",
-         "must be at least 32 bytes"),
-        ({"remote_username": "engine"}, "remote_username", "is set without a password"),
+         "HYBRIDKV_UNSET_VARIABLE",
+         ("names an environment variable that is unset or empty in this process",
+          ENV_FIX.format("HYBRIDKV_UNSET_VARIABLE"))),
+        ({"remote_secret_env": "HYBRIDKV_SHORT_SECRET"}, "remote_secret_env", "<12 bytes>",
+         ("must be at least 32 bytes", "make one: openssl rand -base64 32 > fleet.secret")),
+        ({"remote_username": "engine"}, "remote_username", "engine",
+         ("is set without a password",
+          "give the user's password through remote_password_env or remote_password_file")),
         ({"remote_secret_env": "HYBRIDKV_SHORT_SECRET", "remote_secret_file": "f"},
-         "remote_secret_file", "is given with remote_secret_env too"),
+         "remote_secret_file", "f", ("is given with remote_secret_env too", "give only one")),
     ],
 )  # fmt: skip
-def test_a_bad_security_key_is_refused_naming_it(
-    monkeypatch: pytest.MonkeyPatch, extra: dict[str, Any], field: str, problem: str
+def test_a_bad_security_key_is_refused_whole(
+    monkeypatch: pytest.MonkeyPatch,
+    extra: dict[str, Any],
+    field: str,
+    value: object,
+    problem_fix: tuple[str, str],
 ) -> None:
     monkeypatch.setenv("HYBRIDKV_SHORT_SECRET", "short-secret")
     monkeypatch.delenv("HYBRIDKV_UNSET_VARIABLE", raising=False)
     refused = _refusal({"remote_url": "redis://cache.local:6379", **extra})
-    assert refused.field == f"{W}.{field}"
-    assert problem in refused.problem
+    assert (refused.field, refused.value, refused.problem, refused.fix) == (
+        f"{W}.{field}",
+        value,
+        *problem_fix,
+    )
     assert "short-secret" not in str(refused)
+
+
+def test_a_short_secret_in_a_file_names_the_file(tmp_path: Path) -> None:
+    short = tmp_path / "short.secret"
+    short.write_text("short-secret\n")
+    refused = _refusal({"remote_url": URL, "remote_secret_file": str(short)})
+    assert (refused.field, refused.value) == (f"{W}.remote_secret_file", "<12 bytes>")
 
 
 def test_a_password_file_that_is_not_text_is_refused_naming_the_file(tmp_path: Path) -> None:
     binary = tmp_path / "password.bin"
     binary.write_bytes(b"\xff\xfe\x00secret")
     refused = _refusal({"remote_url": URL, "remote_password_file": str(binary)})
-    assert (refused.field, refused.value, refused.problem) == (
+    assert (refused.field, refused.value, refused.problem, refused.fix) == (
         f"{W}.remote_password_file",
         "<hidden>",
         "is not UTF-8 text",
+        "give the password as text",
     )
 
 
