@@ -97,12 +97,17 @@ def test_the_first_unknown_key_in_sorted_order_is_refused_naming_every_known_key
     assert str(refused) == f"{W}.alpha=1: is not a hybridkv key; {fix}"
 
 
-def test_an_unknown_remote_key_is_refused_naming_every_remote_key() -> None:
-    refused = _refusal({"remote_password": "hunter2"})
+@pytest.mark.parametrize("key", ["remote_password", "remote_secret"])
+def test_an_unknown_remote_key_is_refused_naming_every_remote_key(key: str) -> None:
+    refused = _refusal({key: "hunter2"})
     fix = f"use only {REMOTE_KEYS} (docs/howto/share-prefix-cache.md)"
-    # A password given inline is never echoed: the message goes to logs.
-    assert _whole(refused) == (f"{W}.remote_password", "<hidden>", "is not a hybridkv key", fix)
-    assert str(refused) == f"{W}.remote_password='<hidden>': is not a hybridkv key; {fix}"
+    # A password or secret given inline is never echoed: the message goes to logs.
+    assert _whole(refused) == (f"{W}.{key}", "<hidden>", "is not a hybridkv key", fix)
+    assert str(refused) == f"{W}.{key}='<hidden>': is not a hybridkv key; {fix}"
+
+
+def test_an_unknown_key_of_no_secret_shows_its_value() -> None:
+    assert _refusal({"remote_user": "engine"}).value == "engine"
 
 
 @pytest.mark.parametrize(
