@@ -114,6 +114,7 @@ MODULES: dict[str, tuple[str, ...]] = {
         "tests/remote/test_codec_refusals.py",
         "tests/remote/test_codec_keyed.py",
     ),
+    "hybridkv/remote/security.py": ("tests/remote/test_codec_keyed.py",),
     # Not tests/vllm/test_hybridkv_tensor_parallel.py: a mutant it reaches often leaves its
     # two-rank engines waiting (0% CPU) until mutmut's wall-clock limit, minutes a mutant; it
     # stays in the vllm session.
