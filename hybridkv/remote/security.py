@@ -83,7 +83,7 @@ def read_secret(
             f"{field_name}_file", path, f"is given with {field_name}_env too", "give only one"
         )
     if env is not None:
-        value = environ.get(env, "")
+        value = environ.get(env)
         if not value:
             raise HybridKVConfigError(
                 f"{field_name}_env",
@@ -159,10 +159,8 @@ class TlsFiles:
                 "and remote_tls_key_file come together (a client certificate needs its key)",
                 "give both, or neither",
             )
-        context = ssl.SSLContext(ssl.PROTOCOL_TLS_CLIENT)
         try:
-            if self.ca_file is not None:
-                context.load_verify_locations(cafile=self.ca_file)
+            context = ssl.create_default_context(cafile=self.ca_file)
         except ssl.SSLError as error:
             raise HybridKVConfigError(
                 "remote_tls_ca_file", self.ca_file, f"holds no PEM certificate ({error})",

@@ -76,7 +76,7 @@ def test_keyed_round_trip_any_members(
 
 
 def test_the_mac_is_hmac_sha256_over_chunk_key_header_and_payloads() -> None:
-    value = encode_chunk(MEMBERS, PAYLOADS, MAC_KEY, KEY)
+    value = encode_chunk(MEMBERS, PAYLOADS, FleetKey(SECRET), KEY)
     mac_key = hmac.new(SECRET, b"hybridkv/remote/mac/v1", hashlib.sha256).digest()
     message = struct.pack(">I", 32) + KEY + value[:HEAD] + b"".join(PAYLOADS)
     assert value[HEAD : HEAD + 32] == hmac.new(mac_key, message, hashlib.sha256).digest()
@@ -88,7 +88,7 @@ def test_a_sealed_value_opens_by_the_documented_construction() -> None:
     # length-prefixed chunk key, the header and the salt; the tag after the ciphertext.
     from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
-    value = encode_chunk(MEMBERS, PAYLOADS, SEAL_KEY, KEY)
+    value = encode_chunk(MEMBERS, PAYLOADS, FleetKey(SECRET, encrypt=True), KEY)
     aead_key = hmac.new(SECRET, b"hybridkv/remote/aes-gcm/v1", hashlib.sha256).digest()
     salt = value[HEAD : HEAD + 32]
     own = hmac.new(aead_key, salt, hashlib.sha256).digest()
@@ -187,13 +187,32 @@ def test_a_fleet_key_hides_its_secret_and_names_itself_by_a_derived_id() -> None
     assert MAC_KEY.key_id not in SECRET.hex()
 
 
-@pytest.mark.parametrize("secret", [b"", b"x" * 31, "a string secret of forty characters.."])
-def test_a_short_or_text_secret_is_refused(secret: object) -> None:
+FIX_SECRET = "make one: openssl rand -base64 32 > fleet.secret"
+
+
+@pytest.mark.parametrize(
+    ("secret", "encrypt", "whole"),
+    [
+        (b"", False, ("remote_secret", "<0 bytes>", "must be at least 32 bytes", FIX_SECRET)),
+        (b"x" * 31, False,
+         ("remote_secret", "<31 bytes>", "must be at least 32 bytes", FIX_SECRET)),
+        ("a string secret of forty characters..", False,
+         ("remote_secret", "<str>", "must be at least 32 bytes", FIX_SECRET)),
+        (b"x" * 32, "yes", ("remote_encrypt", "yes", "must be a bool", "pass one")),
+    ],
+)  # fmt: skip
+def test_a_bad_fleet_key_is_refused_whole(
+    secret: object, encrypt: object, whole: tuple[str, object, str, str]
+) -> None:
     with pytest.raises(HybridKVConfigError) as caught:
-        FleetKey(secret)  # type: ignore[arg-type]
-    assert caught.value.field == "remote_secret"
-    assert "openssl rand" in caught.value.fix
-    assert "x" * 31 not in str(caught.value)
+        FleetKey(secret, encrypt)  # type: ignore[arg-type]
+    refused = caught.value
+    assert (refused.field, refused.value, refused.problem, refused.fix) == whole
+    assert "x" * 31 not in str(refused)
+
+
+def test_a_secret_of_exactly_32_bytes_is_accepted() -> None:
+    assert FleetKey(b"x" * 32).key_id
 
 
 def test_encryption_without_cryptography_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -201,8 +220,14 @@ def test_encryption_without_cryptography_names_the_extra(monkeypatch: pytest.Mon
     FleetKey(SECRET)  # MAC only: cryptography is not needed
     with pytest.raises(HybridKVConfigError) as caught:
         FleetKey(SECRET, encrypt=True)
-    assert caught.value.field == "remote_encrypt"
-    assert "hybridkv[remote-crypto]" in caught.value.fix
+    refused = caught.value
+    assert (refused.field, refused.value) == ("remote_encrypt", True)
+    assert refused.problem.startswith(
+        "encryption needs the cryptography package, which does not import ("
+    )
+    assert refused.fix == (
+        "install it: pip install 'hybridkv[remote-crypto]' (or pip install cryptography)"
+    )
 
 
 # --- secrets from the environment or a file ---
@@ -218,37 +243,53 @@ def test_a_secret_comes_from_an_environment_variable_or_a_file(tmp_path: Path) -
     assert read_secret("remote_secret", None, str(path), {}) == b"crlf"
 
 
-def test_each_missing_secret_names_its_source_and_never_the_secret(tmp_path: Path) -> None:
+def test_each_missing_secret_is_refused_whole_and_never_shows_the_secret(
+    tmp_path: Path,
+) -> None:
     empty = tmp_path / "empty"
     empty.write_bytes(b"\n")
+    nope = str(tmp_path / "nope")
+    export = "export FLEET in the engine's environment (every vLLM process inherits it)"
+    unset = "names an environment variable that is unset or empty in this process"
     cases = [
-        (("FLEET", None, {}), "remote_secret_env", "FLEET", "unset or empty"),
-        (("FLEET", None, {"FLEET": ""}), "remote_secret_env", "FLEET", "unset or empty"),
-        ((None, str(tmp_path / "nope"), {}), "remote_secret_file", str(tmp_path / "nope"),
-         "cannot be read"),
-        ((None, str(empty), {}), "remote_secret_file", str(empty), "is empty"),
-        (("FLEET", str(empty), {"FLEET": "hunter2"}), "remote_secret_file", str(empty),
-         "is given with remote_secret_env too"),
+        (("FLEET", None, {}), ("remote_secret_env", "FLEET", unset, export)),
+        (("FLEET", None, {"FLEET": ""}), ("remote_secret_env", "FLEET", unset, export)),
+        ((None, nope, {}),
+         ("remote_secret_file", nope, "cannot be read (No such file or directory)",
+          "fix the path")),
+        ((None, str(empty), {}),
+         ("remote_secret_file", str(empty), "is empty", "write the secret in it")),
+        (("FLEET", str(empty), {"FLEET": "hunter2"}),
+         ("remote_secret_file", str(empty), "is given with remote_secret_env too",
+          "give only one")),
     ]  # fmt: skip
-    for (env, path, environ), field, value, problem in cases:
+    for (env, path, environ), whole in cases:
         with pytest.raises(HybridKVConfigError) as caught:
             read_secret("remote_secret", env, path, environ)
-        assert (caught.value.field, caught.value.value) == (field, value)
-        assert problem in caught.value.problem
-        assert "hunter2" not in str(caught.value)
+        refused = caught.value
+        assert (refused.field, refused.value, refused.problem, refused.fix) == whole
+        assert "hunter2" not in str(refused)
 
 
 # --- credentials, TLS files, redis-py's keywords ---
 
 
-def test_credentials_hide_the_password_and_need_one_with_a_user() -> None:
+def test_credentials_hide_the_password_and_are_refused_whole() -> None:
     assert "hunter2" not in repr(Credentials("alice", "hunter2"))
-    with pytest.raises(HybridKVConfigError) as caught:
-        Credentials("alice")
-    assert caught.value.field == "remote_username"
-    with pytest.raises(HybridKVConfigError) as caught:
-        Credentials(password="")
-    assert (caught.value.field, caught.value.value) == ("remote_password", "<hidden>")
+    must = ("must be a non-empty str", "pass one")
+    give = "give the user's password through remote_password_env or remote_password_file"
+    cases = [
+        ({"username": 7, "password": "pw"}, ("remote_username", 7, *must)),
+        ({"username": "", "password": "pw"}, ("remote_username", "", *must)),
+        ({"password": ""}, ("remote_password", "<hidden>", *must)),
+        ({"password": 7}, ("remote_password", "<hidden>", *must)),
+        ({"username": "alice"}, ("remote_username", "alice", "is set without a password", give)),
+    ]
+    for arguments, whole in cases:
+        with pytest.raises(HybridKVConfigError) as caught:
+            Credentials(**arguments)
+        refused = caught.value
+        assert (refused.field, refused.value, refused.problem, refused.fix) == whole
 
 
 @pytest.fixture(scope="module")
@@ -256,22 +297,33 @@ def certs(tmp_path_factory: pytest.TempPathFactory) -> Certs:
     return make_certs(tmp_path_factory.mktemp("certs"))
 
 
-def test_tls_files_must_load_and_a_certificate_needs_its_key(tmp_path: Path, certs: Certs) -> None:
+def test_tls_files_must_load_and_are_refused_whole(tmp_path: Path, certs: Certs) -> None:
     ca, cert, key = str(certs.ca), str(certs.client_cert), str(certs.client_key)
     assert TlsFiles(ca, cert, key) == TlsFiles(ca, cert, key)
     garbage = tmp_path / "garbage.crt"
     garbage.write_text("not a certificate")
+    missing = str(tmp_path / "missing.crt")
+    unread = ("is not a readable file", "fix the path")
+    pem_fix = "give the CA certificate (PEM) that signed the server's"
+    key_fix = "give the client certificate and its unencrypted private key (PEM)"
     cases = [
-        ((str(tmp_path / "missing.crt"),), "remote_tls_ca_file", "is not a readable file"),
-        ((str(garbage),), "remote_tls_ca_file", "holds no PEM certificate"),
-        ((ca, cert), "remote_tls_cert_file", "come together"),
-        ((ca, cert, str(certs.other_key)), "remote_tls_cert_file", "do not load"),
-    ]
-    for files, field, problem in cases:
+        ((missing,), ("remote_tls_ca_file", missing, *unread)),
+        ((ca, missing, key), ("remote_tls_cert_file", missing, *unread)),
+        ((ca, cert, missing), ("remote_tls_key_file", missing, *unread)),
+        ((ca, cert), ("remote_tls_cert_file", cert,
+                      "and remote_tls_key_file come together (a client certificate needs its key)",
+                      "give both, or neither")),
+        ((str(garbage),),
+         ("remote_tls_ca_file", str(garbage), "holds no PEM certificate", pem_fix)),
+        ((ca, cert, str(certs.other_key)), ("remote_tls_cert_file", cert,
+         "and remote_tls_key_file do not load as a certificate and its key", key_fix)),
+    ]  # fmt: skip
+    for files, (field, value, problem, fix) in cases:
         with pytest.raises(HybridKVConfigError) as caught:
             TlsFiles(*files)
-        assert caught.value.field == field
-        assert problem in caught.value.problem
+        refused = caught.value
+        assert (refused.field, refused.value, refused.fix) == (field, value, fix)
+        assert refused.problem.startswith(problem)
 
 
 def test_connection_keywords_carry_credentials_and_tls(certs: Certs) -> None:
@@ -309,6 +361,14 @@ def test_refusals_are_counted_and_the_first_forgery_of_each_kind_logged(
     assert {Corruption.MAC, Corruption.KEYING} == AUTH_REFUSALS
     logged = [r.getMessage() for r in caplog.records]
     assert len(logged) == 2  # one per authentication kind; DIGEST is plain corruption
-    assert all(KEY.hex() in line for line in logged)
-    assert "(mac)" in logged[0]
-    assert "(keying)" in logged[1]
+    why = {
+        "mac": "its MAC does not verify under this engine's fleet key (written without the "
+        "fleet secret, under another secret, for another chunk key, or altered since)",
+        "keying": "it is not sealed the way this engine's fleet key expects (an engine with "
+        "another remote_secret setting, or none, wrote it into the same namespace)",
+    }
+    assert logged == [
+        f"hybridkv remote tier: refused chunk {KEY.hex()}: {why[kind]} ({kind}); not loaded, "
+        "recomputed. Further refusals of this kind are counted, not logged."
+        for kind in ("mac", "keying")
+    ]
