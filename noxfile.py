@@ -286,34 +286,41 @@ def e2e(session: nox.Session) -> None:
 
 
 REDIS_BINARIES = ("redis-server", "valkey-server")
+REDIS_CLIS = ("redis-cli", "valkey-cli")  # the cluster tests create their cluster with it
 
 
 def _ensure_redis_server(session: nox.Session) -> None:
-    """A redis-server (or valkey-server) on PATH, installed with apt-get as root if missing."""
-    if any(shutil.which(name) for name in REDIS_BINARIES):
+    """A redis-server (or valkey-server) and its command line on PATH, installed with apt-get
+    as root if missing (Debian's redis-server brings redis-tools, whose redis-cli it is)."""
+    found = [shutil.which(name) for name in (*REDIS_BINARIES, *REDIS_CLIS)]
+    if any(found[: len(REDIS_BINARIES)]) and any(found[len(REDIS_BINARIES) :]):
         return
     how = "install it (`apt-get install -y redis-server`, or valkey-server) and rerun"
     if shutil.which("apt-get") is None:
-        session.error(f"no redis-server or valkey-server on PATH and no apt-get here: {how}")
+        session.error(f"no redis-server (or valkey-server) and its cli on PATH, no apt-get: {how}")
     if os.geteuid() != 0:
-        session.error(f"no redis-server on PATH, and apt-get needs root (run nox as root) or {how}")
+        session.error(f"no redis-server and cli on PATH; apt-get needs root (run as root) or {how}")
     apt_env = {"DEBIAN_FRONTEND": "noninteractive"}
     try:
         session.run("apt-get", "update", external=True, env=apt_env)
         session.run("apt-get", "install", "-y", "redis-server", external=True, env=apt_env)
     except nox.command.CommandFailed:
         session.error(f"apt-get could not install redis-server (see its output above): {how}")
-    if not any(shutil.which(name) for name in REDIS_BINARIES):
-        session.error(f"apt-get installed redis-server but it is not on PATH: {how}")
+    for names in (REDIS_BINARIES, REDIS_CLIS):
+        if not any(shutil.which(name) for name in names):
+            session.error(f"apt-get installed redis-server but {names[0]} is not on PATH: {how}")
 
 
 @venv_session()
 def remote(session: nox.Session) -> None:
     """The remote tier on a real Redis server: tests/remote (the library tier) and the tests of
     tests/vllm marked ``remote`` (two vLLM 0.33 engines sharing one server through
-    HybridKVConnector, the faults between lookup and load, the random two-engine traces).
+    HybridKVConnector, the faults between lookup and load, the random two-engine traces), the
+    same on a Redis Cluster (tests/remote/test_cluster.py and tests/vllm/test_remote_cluster.py:
+    3 primaries and 3 replicas created with ``redis-cli --cluster create``, a primary killed,
+    a shard added while clients run; about a minute of the session on 2 cores).
 
-    The tests start ``redis-server`` on 127.0.0.1 themselves (a free port, no persistence)
+    The tests start ``redis-server`` on 127.0.0.1 themselves (free ports, no persistence)
     and stop it; with HYBRIDKV_REQUIRE_REDIS=1 a missing binary fails the run instead of
     skipping. vLLM goes in as in the ``vllm`` session (HYBRIDKV_REQUIRE_VLLM=1 too). A default
     session: it takes about 3 minutes on 2 cores with pip's cache warm (issue 12 asks for the

@@ -15,6 +15,12 @@ an :class:`~spec.policies.EvictionPolicy` only orders resident keys and picks vi
   they are chunks of the unit its request just computed, as recent as the chunks it adds.
   Otherwise the next eviction takes the older part first and splits the unit, and a split
   unit is never claimed (a claim needs every group's chunk of a unit).
+- Dead weight first (issue 28): a store request may bind some of its keys to its unit
+  (``bound``): keys no claim can read once another key of the request is gone (the connector
+  binds a unit's mamba states, which serve only a claim ending at the unit, to the unit's
+  other chunks). A bound key whose unit lost a key is dead; victims are taken one at a time,
+  the key that died first, else the policy's next, so the rest of a split unit leaves before
+  the policy splits another.
 - Admission (issue 18): a store request carries a :class:`StorePriority`, and an entry keeps
   the priority it was reserved with. NORMAL, the default, evicts as before (any class). LOW is
   for units less likely to be claimed than a prompt's prefix (the connector sends continuation
@@ -176,6 +182,12 @@ class _Entry:
     state: EntryState
     pins: int
     priority: StorePriority = StorePriority.NORMAL
+    # A bound key's unit: the keys of the call that last reserved and bound it, in the call's
+    # order (empty: free); when it was bound (the store's binding count then); and when it
+    # died, a key of its unit having left (the store's death count then; None: alive).
+    unit: tuple[bytes, ...] = ()
+    bound_at: int = 0
+    died_at: int | None = None
 
 
 class HostStore:
@@ -195,6 +207,8 @@ class HostStore:
         self._capacity = capacity
         self._policy = _checked_policy(policy, capacity)
         self._entries: dict[bytes, _Entry] = {}
+        self._bindings = 0  # bound keys so far: orders the keys one departure kills
+        self._deaths = 0  # deaths so far: orders the dead keys for eviction
         self._counters = dict.fromkeys(COUNTER_NAMES, 0)
         self._events: list[StoreEvent] = []
         self._taken = {kind.value: 0 for kind in EventKind}
@@ -282,7 +296,10 @@ class HostStore:
     # --- stores ---
 
     def prepare_store(
-        self, keys: Sequence[bytes], priority: StorePriority = StorePriority.NORMAL
+        self,
+        keys: Sequence[bytes],
+        priority: StorePriority = StorePriority.NORMAL,
+        bound: Sequence[bytes] = (),
     ) -> PrepareStoreOutput | Refusal:
         """Reserve STORING entries for the absent ``keys``, evicting to make room.
 
@@ -304,12 +321,25 @@ class HostStore:
         is not a read (its request recomputed the chunks), so ARC does not promote them to
         T2, which would part the unit across T1 and T2; a call that adds nothing repairs no
         unit and changes nothing.
+
+        ``bound``: keys of ``keys`` (field ``bound`` otherwise) that no claim can read once
+        another key of the call is gone (the connector binds a unit's mamba states). A
+        reserving call binds each, in the given order, to the call's keys (alive again if it
+        was dead). A bound key dies when a key of its unit leaves (the keys one departure
+        kills die in the order they were bound). Victims are taken one at a time: the dead
+        evictable key that died first (a victim chosen earlier in the same call kills as a
+        departure does), else the policy's first key not chosen.
         """
         if not isinstance(priority, StorePriority):
             raise ConfigError(
                 "priority", priority, "is not a StorePriority", "pass StorePriority.NORMAL"
             )
         checked = _checked_keys(keys, distinct=True)
+        binding = frozenset(bound)
+        if not binding <= set(checked):
+            raise ConfigError(
+                "bound", bound, "names a key the call does not", "bind only keys of the call"
+            )
         incoming = tuple(key for key in checked if key not in self._entries)
         if not incoming:
             return PrepareStoreOutput((), ())
@@ -323,9 +353,10 @@ class HostStore:
         shortfall = max(0, len(incoming) - (self._capacity - len(self._entries)))
         if shortfall and priority is StorePriority.LOW:
             return Refusal.NO_SPACE  # a LOW unit takes free slots only
-        victims = self._policy.victims(shortfall, evictable, tail_first)
-        if len(victims) < shortfall:
+        ranked = self._policy.victims(len(self._entries), evictable, tail_first)
+        if len(ranked) < shortfall:
             return Refusal.NO_SPACE
+        victims = self._dead_weight_first(ranked, shortfall)
         for key in tail_first:
             self._policy.on_miss(key)
         self._evict(victims)
@@ -336,6 +367,11 @@ class HostStore:
                 self._policy.on_insert(key)
             else:  # a store is not a read: recency only (ARC keeps it in its list)
                 self._policy.on_access(key, ready=False)
+        for key in dict.fromkeys(bound):
+            self._bindings += 1
+            self._entries[key] = replace(
+                self._entries[key], unit=checked, bound_at=self._bindings, died_at=None
+            )
         self._counters["reserved"] += len(incoming)
         return PrepareStoreOutput(incoming, victims)
 
@@ -362,6 +398,8 @@ class HostStore:
             else:
                 del self._entries[key]
                 self._policy.on_remove(key)
+        if not success:
+            self._kill(checked)
         kind = EventKind.STORED if success else EventKind.REMOVED
         self._events.append(StoreEvent(kind, checked))
         self._counters[kind.value] += len(checked)
@@ -392,6 +430,7 @@ class HostStore:
         for key in victims:
             del self._entries[key]
             self._policy.on_remove(key)
+        self._kill(victims)
         self._events.append(StoreEvent(EventKind.EVICTED, victims))
         self._counters["evicted"] += len(victims)
         return victims
@@ -452,9 +491,22 @@ class HostStore:
         """A hashable value of everything that decides the store's future: entries (state, pins
         and priority) and the policy's order. Counters and undelivered events are left out: no
         operation reads them. Frame: nothing changes."""
+        # Binding and death counts matter only in their order (which key dies, then leaves,
+        # first), so they are frozen as ranks: equal futures freeze equal.
+        bound = _ranks(e.bound_at for e in self._entries.values() if e.unit)
+        died = _ranks(e.died_at for e in self._entries.values() if e.died_at is not None)
         entries = tuple(
             sorted(
-                (key, e.state.value, e.pins, e.priority.value) for key, e in self._entries.items()
+                (
+                    key,
+                    e.state.value,
+                    e.pins,
+                    e.priority.value,
+                    e.unit,
+                    bound.get(e.bound_at, -1) if e.unit else -1,
+                    died.get(e.died_at, -1) if e.died_at is not None else -1,
+                )
+                for key, e in self._entries.items()
             )
         )
         return (self._capacity, entries, self._policy.freeze())
@@ -470,10 +522,48 @@ class HostStore:
         twin._policy = self._policy.copy()
         # Entries and events are frozen values: copying the containers is enough.
         twin._entries = dict(self._entries)
+        twin._bindings = self._bindings
+        twin._deaths = self._deaths
         twin._counters = dict(self._counters)
         twin._events = list(self._events)
         twin._taken = dict(self._taken)
         return twin
+
+    def _dead_weight_first(self, ranked: tuple[bytes, ...], count: int) -> tuple[bytes, ...]:
+        """``count`` victims from the policy's order ``ranked`` (every evictable key), one at
+        a time: the dead key of ``ranked`` that died first, else the first ranked key not
+        chosen. Each victim kills its bound mates as its departure will (:meth:`_kill`)."""
+        died = {key: e.died_at for key, e in self._entries.items() if e.died_at is not None}
+        deaths = self._deaths
+        victims: list[bytes] = []
+        while len(victims) < count:
+            remaining = [key for key in ranked if key not in victims]
+            dead = [key for key in remaining if key in died]
+            pick = min(dead, key=died.__getitem__) if dead else remaining[0]
+            victims.append(pick)
+            for key in self._killed_by(pick, set(died)):
+                deaths += 1
+                died[key] = deaths
+        return tuple(victims)
+
+    def _killed_by(self, departed: bytes, dead: set[bytes]) -> list[bytes]:
+        """The resident bound keys, alive (not in ``dead``), whose unit holds ``departed``,
+        in the order they were bound."""
+        mates = [
+            (e.bound_at, key)
+            for key, e in self._entries.items()
+            if key != departed and key not in dead and departed in e.unit
+        ]
+        return [key for _, key in sorted(mates)]
+
+    def _kill(self, departed: tuple[bytes, ...]) -> None:
+        """After ``departed`` left (in that order): their bound mates die, each departure's
+        in the order they were bound."""
+        for gone in departed:
+            dead = {key for key, e in self._entries.items() if e.died_at is not None}
+            for key in self._killed_by(gone, dead):
+                self._deaths += 1
+                self._entries[key] = replace(self._entries[key], died_at=self._deaths)
 
     def _evict(self, victims: tuple[bytes, ...]) -> None:
         if not victims:
@@ -481,8 +571,14 @@ class HostStore:
         self._policy.on_evict(victims)
         for key in victims:
             del self._entries[key]
+        self._kill(victims)
         self._events.append(StoreEvent(EventKind.EVICTED, victims))
         self._counters["evicted"] += len(victims)
+
+
+def _ranks(values: Iterable[int]) -> dict[int, int]:
+    """Each distinct value's rank among ``values`` (0 the least)."""
+    return {value: rank for rank, value in enumerate(sorted(set(values)))}
 
 
 def _checked_policy(policy: str | EvictionPolicy, capacity: int) -> EvictionPolicy:

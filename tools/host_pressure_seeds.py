@@ -10,7 +10,9 @@ hybridkv (aborted requests left out, as in the bench), then the sums and how man
 hybridkv computes no more than native.
 
 Usage: ``python tools/host_pressure_seeds.py [--layout sliding+full] [--host 0.5]
-[--chat-seeds 1234,1,2] [--traffic-seeds 2026,7]``; needs vLLM 0.33 like the bench.
+[--loop async] [--chat-seeds 1234,1,2] [--traffic-seeds 2026,7]``; needs vLLM 0.33 like the
+bench. ``--loop``: vLLM's engine loop, async scheduling (its GPU default) or sync, set as the
+bench sets it (:func:`bench_vs_native.for_loop`).
 """
 
 from __future__ import annotations
@@ -47,11 +49,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--host", type=float, default=0.5, help="host tier x working set")
     parser.add_argument("--chat-seeds", default="1234,1,2,3,4,5")
     parser.add_argument("--traffic-seeds", default="2026,7,8,9")
+    parser.add_argument("--loop", choices=("async", "sync"), default="async")
     args = parser.parse_args(argv)
     cases = {case.name: case for case in bench._cases(False)}
     if args.layout not in cases:
         parser.error(f"--layout: one of {', '.join(cases)}")
-    case = cases[args.layout]
+    case = bench.for_loop(cases[args.layout], args.loop == "async")
     traces: list[tuple[str, object]] = [
         (f"chat {s}", replace(case.trace, seed=int(s))) for s in args.chat_seeds.split(",") if s
     ] + [
@@ -59,7 +62,9 @@ def main(argv: list[str] | None = None) -> int:
         for s in args.traffic_seeds.split(",")
         if s
     ]
-    print(f"{args.layout}, host {args.host}x: prefill computed (hybridkv - native)")
+    print(
+        f"{args.layout}, {args.loop} loop, host {args.host}x: prefill computed (hybridkv - native)"
+    )
     ours = theirs = wins = rows = 0
     for name, trace in traces:
         for policy in ("lru", "arc"):

@@ -94,10 +94,10 @@ class Recorder:
                 self._in_meta = False
                 self.events.append(Step())
 
-        def offered(keys: Any, *priority: Any) -> Any:
+        def offered(keys: Any, *rest: Any) -> Any:  # rest: priority, then bound keys
             if self._in_meta:
-                self.events.append(Offer(tuple(keys), *priority))
-            return prepare_store(keys, *priority)
+                self.events.append(Offer(tuple(keys), *rest[:1], *map(tuple, rest[1:])))
+            return prepare_store(keys, *rest)
 
         def reported(connector_output: Any) -> Any:
             self.events.append(Poll())

@@ -85,6 +85,21 @@ __all__ = ["ConnectorCore", "ConnectorStats", "LoadMode"]
 
 _LOAD, _STORE = TransferKind.LOAD, TransferKind.STORE
 _NORMAL, _LOW = StorePriority.NORMAL, StorePriority.LOW
+_MAMBA = GroupKind.MAMBA
+
+
+def _bound_keys(geometry: ConnectorGeometry, items: Sequence[TransferItem]) -> list[bytes]:
+    """The keys of a store call bound to its unit (``HostStore.prepare_store``'s ``bound``):
+    its mamba states, when the call holds another chunk too. A mamba state at a unit's end
+    serves only a claim ending there, and that claim loads every attention chunk of the unit
+    (a GPU hit reaching the unit would have held the state too), so without them it is dead.
+    A sliding chunk is not bound: it also serves claims whose GPU hit covers its unit's
+    full-attention chunk (binding it cost 448 prefill tokens on one bench row)."""
+    kinds = geometry.kinds
+    mamba = [item.key for item in items if kinds[item.group_idx] is _MAMBA]
+    return mamba if len(mamba) < len(items) else []
+
+
 # Values, so one of each serves every lookup (a Claim checks its fields when built).
 _DEFER, _NONE = Claim(ClaimKind.DEFER), Claim(ClaimKind.NONE)
 _NO_IDS: frozenset[RequestId] = frozenset()
@@ -616,7 +631,8 @@ class ConnectorCore(CoreQueries, OutsideWork):
             for items, priority in calls:
                 if not items:
                     continue
-                prepared = store.prepare_store([item.key for item in items], priority)
+                bound = _bound_keys(self.geometry, items)
+                prepared = store.prepare_store([item.key for item in items], priority, bound)
                 if not isinstance(prepared, PrepareStoreOutput):
                     self._count["stores_refused"] += 1
                     ended = priority is _NORMAL or items[0].end_token > prompt

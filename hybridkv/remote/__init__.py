@@ -1,15 +1,18 @@
 """The remote tier (issue 12): content-addressed chunks on a shared Redis/Valkey server under
 the host store. One idea per module: :mod:`.values`, :mod:`.config`, :mod:`.codec` (chunk keys
 and verified values), :mod:`.security` (credentials, TLS files, the fleet key that MACs or
-encrypts values), :mod:`.client` (redis-py, faults returned), :mod:`.tier` (write-behind,
-lookups, fetches, counters), :mod:`.slots` (host slot bytes), :mod:`.identity` (the model
-identity and weights version scoped into chunk keys) and :mod:`.two_tier` (the host store
-composed with the tier). Needs the ``remote`` extra (redis-py).
+encrypts values), :mod:`.client` (redis-py, faults returned), :mod:`.cluster` (the same on a
+Redis/Valkey Cluster), :mod:`.tier` (write-behind, lookups, fetches, counters), :mod:`.slots`
+(host slot bytes), :mod:`.identity` (the model identity and weights version scoped into chunk
+keys), :mod:`.shards` (a chunk's tensor-parallel shards: one key each, held only when all are)
+and :mod:`.two_tier` (the host store composed with the tier). Needs the ``remote`` extra
+(redis-py).
 """
 
 from __future__ import annotations
 
 from hybridkv.remote.client import ChunkClient, RedisClient, fault_of
+from hybridkv.remote.cluster import ClusterClient, client_for
 from hybridkv.remote.codec import (
     FORMAT_VERSION,
     MAGIC,
@@ -24,6 +27,13 @@ from hybridkv.remote.codec import (
 from hybridkv.remote.config import RemoteConfig
 from hybridkv.remote.identity import EPOCH_BYTES, ModelIdentity, scoped_namespace
 from hybridkv.remote.security import Credentials, FleetKey, Refusals, TlsFiles, read_secret
+from hybridkv.remote.shards import (
+    ShardPlan,
+    combined_outcome,
+    held_on_every_shard,
+    shard_keys,
+    shard_namespaces,
+)
 from hybridkv.remote.slots import SlotBuffer
 from hybridkv.remote.tier import RemoteTier
 from hybridkv.remote.two_tier import Promotion, TwoTierStore
@@ -50,6 +60,7 @@ __all__ = [
     "Chunk",
     "ChunkClient",
     "ClientFault",
+    "ClusterClient",
     "Corruption",
     "Credentials",
     "Decoded",
@@ -63,17 +74,23 @@ __all__ = [
     "Refusals",
     "RemoteConfig",
     "RemoteTier",
+    "ShardPlan",
     "SlotBuffer",
     "TlsFiles",
     "TwoTierStore",
     "ValueFormat",
     "WriteOutcome",
     "chunk_key",
+    "client_for",
+    "combined_outcome",
     "decode_chunk",
     "encode_chunk",
     "fault_of",
+    "held_on_every_shard",
     "make_chunk",
     "read_secret",
     "redis_key",
     "scoped_namespace",
+    "shard_keys",
+    "shard_namespaces",
 ]

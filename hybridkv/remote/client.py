@@ -44,6 +44,7 @@ logger = logging.getLogger("hybridkv.remote")
 # A key name no chunk uses (chunk names are the prefix then 64 hex digits): the start-up probe.
 _PROBE = b"hybridkv:chunk:probe"
 _GRANT = "ACL SETUSER {user} ~hybridkv:chunk:* -@all +get +set +exists +ping"
+"""The ACL rule a start-up refusal names: the commands the tier runs, on chunk keys only."""
 
 
 class ChunkClient(Protocol):
@@ -75,7 +76,9 @@ def _redis(server: str = "") -> ModuleType:
         ) from missing
 
 
-def _refused_credentials(config: RemoteConfig, server: str, error: Exception) -> Exception:
+def _refused_credentials(
+    config: RemoteConfig, server: str, error: BaseException
+) -> HybridKVConfigError:
     """The config error of the server's AUTH refusal (the password itself is never shown)."""
     given = config.credentials
     if given.password is None:
@@ -93,7 +96,9 @@ def _refused_credentials(config: RemoteConfig, server: str, error: Exception) ->
     )
 
 
-def _refused_handshake(config: RemoteConfig, server: str, error: ssl.SSLError) -> Exception:
+def _refused_handshake(
+    config: RemoteConfig, server: str, error: ssl.SSLError
+) -> HybridKVConfigError:
     """The config error of a failed TLS handshake: this client refused the server's certificate
     (verification failed: the CA), or the server ended the handshake (an alert or a cut: it
     refused this client's certificate, or it speaks no TLS)."""
@@ -114,14 +119,41 @@ def _refused_handshake(config: RemoteConfig, server: str, error: ssl.SSLError) -
     )
 
 
-def _ssl_error(error: BaseException) -> ssl.SSLError | None:
-    """The TLS error behind ``error`` (redis-py wraps it in a ConnectionError), if any."""
+def _startup_refusal(
+    config: RemoteConfig, server: str, error: Exception, grant: str = _GRANT
+) -> HybridKVConfigError | None:
+    """The config error of a start-up probe's failure (module docstring, "Start-up check"), or
+    None where the server is only down or slow. The refusal is looked for along ``error``'s
+    causes: redis-py wraps a TLS error in a ConnectionError, and a cluster client wraps what a
+    seed answered in a RedisClusterException. ``grant``: the ACL rule the fix names."""
+    exceptions = _redis().exceptions
     seen: BaseException | None = error
     while seen is not None:
+        if isinstance(seen, exceptions.AuthenticationError):
+            return _refused_credentials(config, server, seen)
+        if isinstance(seen, exceptions.NoPermissionError):
+            user = config.credentials.username or "default"
+            return HybridKVConfigError(
+                "remote_username",
+                user,
+                f"may not run the tier's commands on {server} ({seen})",
+                f"grant them: {grant.format(user=user)}",
+            )
         if isinstance(seen, ssl.SSLError):
-            return seen
+            return _refused_handshake(config, server, seen)
         seen = seen.__cause__ or seen.__context__
     return None
+
+
+def _unanswered(server: str, error: BaseException) -> None:
+    """Log (once per client) that the start-up probe got no answer: not a refusal."""
+    logger.warning(
+        "hybridkv remote tier: %s did not answer at start-up (%s: %s); the tier "
+        "runs, counting every failed call, and uses the server once it answers",
+        server,
+        type(error).__name__,
+        error,
+    )
 
 
 def fault_of(error: Exception) -> ClientFault:
@@ -178,38 +210,20 @@ class RedisClient:
         redis = _redis(f"{config.host}:{config.port}")
         self._errors: tuple[type[Exception], ...] = (redis.exceptions.RedisError, OSError)
         self._redis = redis.Redis(host=config.host, port=config.port, **connection_kwargs(config))
-        self._check(config, redis.exceptions)
+        self._check(config)
 
-    def _check(self, config: RemoteConfig, errors: Any) -> None:
+    def _check(self, config: RemoteConfig) -> None:
         """The start-up probe: refusals that are configuration raise, the rest are logged."""
         server = f"{'rediss' if config.tls else 'redis'}://{config.host}:{config.port}"
         try:
             self._redis.exists(_PROBE)
-        except errors.AuthenticationError as error:
-            self.close()
-            raise _refused_credentials(config, server, error) from None
-        except errors.NoPermissionError as error:
-            self.close()
-            user = config.credentials.username or "default"
-            raise HybridKVConfigError(
-                "remote_username",
-                user,
-                f"may not run the tier's commands on {server} ({error})",
-                f"grant them: {_GRANT.format(user=user)}",
-            ) from None
         except self._errors as error:
-            handshake = _ssl_error(error)
-            if handshake is None:
-                logger.warning(
-                    "hybridkv remote tier: %s did not answer at start-up (%s: %s); the tier "
-                    "runs, counting every failed call, and uses the server once it answers",
-                    server,
-                    type(error).__name__,
-                    error,
-                )
+            refused = _startup_refusal(config, server, error)
+            if refused is None:
+                _unanswered(server, error)
                 return
             self.close()
-            raise _refused_handshake(config, server, handshake) from None
+            raise refused from None
 
     def exists(self, keys: Sequence[bytes]) -> tuple[bool, ...] | ClientFault:
         """One EXISTS per key, pipelined (one round trip, no MULTI)."""

@@ -32,6 +32,10 @@ class RemoteConfig:
         key: the fleet key values are MACed (or encrypted) under, or None: unkeyed values,
             whose digest anyone who can write to the server can compute (docs/howto/
             share-prefix-cache.md, "Threat model").
+        cluster_nodes: seed nodes ``(host, port)`` of a Redis/Valkey Cluster; empty (the
+            default) = the one server at ``host:port``. With seeds, ``host`` and ``port`` are
+            not used: the client learns every shard from the first seed that answers
+            (:mod:`hybridkv.remote.cluster`).
     """
 
     host: str = "127.0.0.1"
@@ -45,6 +49,7 @@ class RemoteConfig:
     credentials: Credentials = field(default_factory=Credentials)
     tls: TlsFiles | None = None
     key: FleetKey | None = None
+    cluster_nodes: tuple[tuple[str, int], ...] = ()
 
     def __post_init__(self) -> None:
         if not isinstance(self.host, str) or not self.host:
@@ -55,6 +60,7 @@ class RemoteConfig:
         _int_in("remote_ttl", self.ttl_s, 0, 2**31 - 1, "pass seconds, 0 for no TTL")
         _int_in("remote_max_pending", self.max_pending, 1, 2**31 - 1, "allow >= 1 queued write")
         _int_in("remote_index_entries", self.index_entries, 1, 2**31 - 1, "remember >= 1 chunk")
+        _seeds(self.cluster_nodes)
         if not isinstance(self.namespace, bytes):
             raise HybridKVConfigError(
                 "remote_namespace", self.namespace, "must be bytes", "encode it (utf-8)"
@@ -71,6 +77,19 @@ class RemoteConfig:
 def _int_in(field: str, value: object, low: int, high: int, fix: str) -> None:
     if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
         raise HybridKVConfigError(field, value, f"must be an int in [{low}, {high}]", fix)
+
+
+def _seeds(nodes: object) -> None:
+    fix = 'pass a tuple of (host, port) pairs, e.g. (("10.0.0.5", 7000), ("10.0.0.6", 7000))'
+    if not isinstance(nodes, tuple):
+        raise HybridKVConfigError("remote_cluster_nodes", nodes, "must be a tuple", fix)
+    for node in nodes:
+        host, port = node if isinstance(node, tuple) and len(node) == 2 else ("", 0)
+        if not isinstance(host, str) or not host:
+            raise HybridKVConfigError("remote_cluster_nodes", node, "is not (host, port)", fix)
+        _int_in("remote_cluster_nodes", port, 1, 65535, fix)
+    if len(set(nodes)) != len(nodes):
+        raise HybridKVConfigError("remote_cluster_nodes", nodes, "names a node twice", fix)
 
 
 def _positive_seconds(field: str, value: object) -> None:

@@ -46,6 +46,9 @@ class ModelIdentity:
         layout: a fingerprint of the KV cache layout (groups, block sizes, page bytes, layers).
         tp_size: tensor-parallel ranks.
         tp_rank: the rank whose shard the chunks hold.
+        kv_replicas: consecutive ranks holding identical KV (vLLM's ``kv_tp_replicas``, e.g.
+            an MLA model's latent cache), whose one shard ``tp_rank`` (the group's first rank)
+            names; 1: every rank its own shard.
         config: a digest of everything else the engine's configuration says about the KV
             bytes: what vLLM folds into its own config hashes (quantization, KV-cache dtype,
             vLLM's version, ...) and the model's config after ``hf_overrides``
@@ -59,6 +62,7 @@ class ModelIdentity:
     tp_size: int
     tp_rank: int
     config: str = ""
+    kv_replicas: int = 1
 
     def __post_init__(self) -> None:
         for name in ("model", "revision", "dtype", "layout", "config"):
@@ -71,10 +75,17 @@ class ModelIdentity:
             raise HybridKVConfigError(
                 "tp_rank", rank, f"must be an int in [0, {self.tp_size})", "pass the rank"
             )
+        replicas = self.kv_replicas
+        if isinstance(replicas, bool) or not isinstance(replicas, int) or replicas < 1:
+            raise HybridKVConfigError(
+                "kv_replicas", replicas, "must be an int >= 1", "pass kv_tp_replicas"
+            )
 
     def encoded(self) -> bytes:
-        """Every field, length-prefixed (u32) in declaration order: unambiguous bytes."""
-        fields = (
+        """Every field, length-prefixed (u32) in declaration order: unambiguous bytes.
+        ``kv_replicas`` only when above 1, so unreplicated engines keep the keys they had
+        before it existed."""
+        fields: tuple[str, ...] = (
             self.model,
             self.revision,
             self.dtype,
@@ -83,6 +94,8 @@ class ModelIdentity:
             str(self.tp_rank),
             self.config,
         )
+        if self.kv_replicas > 1:
+            fields += (str(self.kv_replicas),)
         out = bytearray()
         for field in fields:
             data = field.encode()

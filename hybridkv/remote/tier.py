@@ -27,7 +27,8 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from hybridkv.errors import HybridKVConfigError
-from hybridkv.remote.client import ChunkClient, RedisClient
+from hybridkv.remote.client import ChunkClient
+from hybridkv.remote.cluster import client_for
 from hybridkv.remote.codec import decode_chunk, encode_chunk, redis_key
 from hybridkv.remote.config import RemoteConfig
 from hybridkv.remote.security import Refusals
@@ -62,7 +63,8 @@ class RemoteTier:
         background: bool = True,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
-        """A tier on ``config``'s server (through ``client``, by default a :class:`RedisClient`).
+        """A tier on ``config``'s server (through ``client``, by default
+        :func:`~hybridkv.remote.cluster.client_for`'s: a cluster's or one server's).
 
         ``background``: a daemon thread writes the queue; without it nothing is written until
         :meth:`write_pending` (deterministic tests). ``clock``: seconds, for the index's age
@@ -71,7 +73,7 @@ class RemoteTier:
         if not isinstance(config, RemoteConfig):
             raise HybridKVConfigError("config", config, "is not a RemoteConfig", "build one")
         self.config = config
-        self._client = client if client is not None else RedisClient(config)
+        self._client = client if client is not None else client_for(config)
         self._lock = threading.Condition()
         self._clock = clock
         # Chunk key -> (chunk, when written), oldest first (module docstring: bounded, aging).

@@ -20,6 +20,10 @@ The contract in brief:
 - a store that reserves keys refreshes its keys already present with them (issue 28;
   recency only, a store is not a read): a unit's chunks of every group stay equally recent,
   so an eviction does not split the unit just completed;
+- dead weight first (issue 28): a store call may bind some of its keys to its unit
+  (``bound``: the connector binds a unit's mamba states). A bound key whose unit lost a key
+  is dead, and victims are taken one at a time, the key that died first, else the policy's
+  next; so the rest of a split unit leaves before the policy's choice splits another;
 - a refusal is a :class:`Refusal` value and leaves everything as it was; a call with bad
   arguments raises :class:`HybridKVConfigError` before touching anything.
 
@@ -30,7 +34,10 @@ Where the speed comes from:
   :meth:`HostStore.stats` costs O(1) (ST-2, ST-5 and ST-6 recount them);
 - a store that could not make room even by evicting every candidate is refused in O(1), before
   the policy walks anything;
-- every call costs O(its keys + victims + the unevictable keys the policy walks past).
+- every call costs O(its keys + victims + the unevictable keys the policy walks past), with
+  bound keys O(unit) more per key bound or leaving: who watches whom is indexed
+  (``_watch``), and the dead wait in the order they died (``_dead``), so no walk of the
+  resident keys looks for them.
 
 Host slots (not in the snapshot): from reservation until it leaves, an entry owns a slot in
 ``[0, capacity)`` (:meth:`HostStore.slots`) where the transfer engine puts its bytes. A slot is
@@ -40,7 +47,7 @@ a failed store), so no copy in flight ever reads or writes a reused slot.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Collection, Iterable, Sequence
 from typing import Any, cast
 
 from hybridkv.errors import HybridKVConfigError
@@ -88,6 +95,12 @@ class HostStore:
         self._state: dict[bytes, EntryState] = {}
         self._pins: dict[bytes, int] = {}  # pinned keys only (count >= 1)
         self._low: set[bytes] = set()  # resident keys reserved LOW
+        # Bound resident keys only: the keys of the last call that reserved and bound them.
+        self._unit: dict[bytes, tuple[bytes, ...]] = {}
+        # A resident key -> the bound keys whose unit holds it, in the order they were bound:
+        # the keys its departure kills.
+        self._watch: dict[bytes, dict[bytes, None]] = {}
+        self._dead: dict[bytes, None] = {}  # bound keys whose unit lost a key, as they died
         self._storing = 0
         self._slots: dict[bytes, int] = {}
         self._recycled: list[int] = []  # slots given back by departed entries
@@ -218,7 +231,10 @@ class HostStore:
     # --- stores ---
 
     def prepare_store(
-        self, keys: Sequence[bytes], priority: StorePriority = StorePriority.NORMAL
+        self,
+        keys: Sequence[bytes],
+        priority: StorePriority = StorePriority.NORMAL,
+        bound: Collection[bytes] = (),
     ) -> PrepareStoreOutput | Refusal:
         """Reserve a STORING entry and a slot for each absent key, evicting if the host is full.
 
@@ -231,12 +247,18 @@ class HostStore:
         unpinned entries the call does not name, leave in one EVICTED event
         (``evicted_keys``); ``keys_to_store`` lists the reserved keys in the given order.
         NO_SPACE when no such victims make room; then nothing changes, the policy included.
+        ``bound`` (field ``bound``): keys of ``keys`` useless once another key of the call is
+        gone (a mamba state without its unit's other chunks). When the call reserves, each
+        becomes bound to the call's keys (alive again if it was dead). A bound key dies when
+        a key of its unit leaves (one departure kills in binding order); a dead key is
+        evicted before any other, the first to die first (:meth:`_dead_first`).
         """
         if not isinstance(priority, StorePriority):
             raise HybridKVConfigError(
                 "priority", priority, "is not a StorePriority", "pass StorePriority.NORMAL"
             )
         valid = _valid_keys(keys, distinct=True)
+        _check_bound(bound, valid)
         state = self._state
         new = tuple(key for key in valid if key not in state)
         if not new:
@@ -269,6 +291,7 @@ class HostStore:
                     policy.on_insert(key)
         if priority is _LOW:
             self._low.update(new)
+        self._bind(bound, valid)
         slots = self._slots
         for key in new:
             slots[key] = self._free_slot()
@@ -378,6 +401,9 @@ class HostStore:
             _state=dict(self._state),
             _pins=dict(self._pins),
             _low=set(self._low),
+            _unit=dict(self._unit),
+            _watch={key: dict(keys) for key, keys in self._watch.items()},
+            _dead=dict(self._dead),
             _storing=self._storing,
             _slots=dict(self._slots),
             _recycled=list(self._recycled),
@@ -405,8 +431,63 @@ class HostStore:
         if missing > len(self._state) - self._storing - len(self._pins):
             return None
         named = frozenset(valid) if len(new) != len(valid) else frozenset()
-        chosen = self._policy.victims(missing, self._candidate(named), new[::-1])
-        return chosen if len(chosen) == missing else None
+        evictable = self._candidate(named)
+        if not self._unit:  # nothing bound: the policy's choice as it is
+            chosen = self._policy.victims(missing, evictable, new[::-1])
+            return chosen if len(chosen) == missing else None
+        return self._dead_first(missing, evictable, new[::-1])
+
+    def _dead_first(
+        self, missing: int, evictable: Evictable, incoming: tuple[bytes, ...]
+    ) -> tuple[bytes, ...] | None:
+        """``missing`` victims, one at a time: the evictable dead key that died first (those
+        dead before the call, then those its victims kill), else the policy's first key not
+        chosen; None when the evictable keys are too few. A dead key serves no claim, and
+        the bound mates of a victim leave before the policy splits another unit."""
+        watch, dead = self._watch, self._dead
+        picked: list[bytes] = []
+        chosen: set[bytes] = set()
+        killed: dict[bytes, None] = {}  # alive before the call, killed by its victims
+        older = (key for key in dead if evictable(key))
+        ranked: tuple[bytes, ...] = ()
+        at = 0
+        while len(picked) < missing:
+            pick = next(older, None)
+            if pick is None:
+                pick = next((k for k in killed if k not in chosen and evictable(k)), None)
+            while pick is None:
+                if at == len(ranked):  # victims(n) is a prefix of victims(n + m)
+                    ranked = self._policy.victims(at + missing, evictable, incoming)
+                    if at == len(ranked):
+                        return None
+                key = ranked[at]
+                at += 1
+                if key not in chosen:
+                    pick = key
+            picked.append(pick)
+            chosen.add(pick)
+            for key in watch.get(pick, ()):
+                if key not in dead and key not in chosen:
+                    killed[key] = None
+        return tuple(picked)
+
+    def _bind(self, bound: Collection[bytes], keys: tuple[bytes, ...]) -> None:
+        """Bind each of ``bound`` (in order) to the call's ``keys``: alive, watching them."""
+        unit, watch, dead = self._unit, self._watch, self._dead
+        for key in dict.fromkeys(bound):
+            self._unwatch(key, unit.get(key, ()))
+            unit[key] = keys
+            dead.pop(key, None)
+            for mate in keys:
+                if mate != key:
+                    watch.setdefault(mate, {})[key] = None
+
+    def _unwatch(self, key: bytes, mates: tuple[bytes, ...]) -> None:
+        watch = self._watch
+        for mate in mates:
+            watchers = watch.get(mate)
+            if watchers is not None and watchers.pop(key, 0) is None and not watchers:
+                del watch[mate]
 
     def _candidate(self, named: frozenset[bytes]) -> Evictable:
         """The evictability test handed to the policy (``named``: resident keys of the call)."""
@@ -430,8 +511,21 @@ class HostStore:
             del state[key]
             self._recycled.append(slots.pop(key))
         self._low.difference_update(keys)
+        if self._unit:
+            self._bury(keys)
         self._events.append(StoreEvent(kind, keys))
         self._counters[kind.value] += len(keys)
+
+    def _bury(self, keys: tuple[bytes, ...]) -> None:
+        """After ``keys`` left: they watch nothing, and the bound keys watching them die, each
+        departure's in binding order."""
+        unit, watch, dead = self._unit, self._watch, self._dead
+        for key in keys:
+            dead.pop(key, None)
+            self._unwatch(key, unit.pop(key, ()))
+        for key in keys:
+            for mate in watch.pop(key, ()):
+                dead.setdefault(mate, None)
 
     def _free_slot(self) -> int:
         # Entries never outnumber slots, so one is always free here.
@@ -456,6 +550,13 @@ def _fresh_policy(policy: str | EvictionPolicy, capacity: int) -> EvictionPolicy
 
 _LISTS = (list, tuple)  # containers that are surely key sequences, checked without isinstance
 _BYTES_ONLY = frozenset({bytes})
+
+
+def _check_bound(bound: Collection[bytes], valid: tuple[bytes, ...]) -> None:
+    if bound and not set(bound) <= set(valid):
+        raise HybridKVConfigError(
+            "bound", bound, "names a key the call does not", "bind only keys of the call"
+        )
 
 
 def _valid_key(field: str, key: object) -> bytes:

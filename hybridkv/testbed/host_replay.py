@@ -74,10 +74,11 @@ class Ask:
 @dataclass(frozen=True, slots=True)
 class Offer:
     """One ``prepare_store`` call of a step's store job: ``keys`` head first, at ``priority``
-    (the admission class the connector gave them)."""
+    (the admission class the connector gave them), with the keys it ``bound`` to its unit."""
 
     keys: tuple[bytes, ...]
     priority: StorePriority = StorePriority.NORMAL
+    bound: tuple[bytes, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -217,9 +218,14 @@ def replay(
                 pinned = frozenset(key for _, held in loads for key in held)
                 keys, declined = _admitted(store, chosen, keys, pinned)
                 bypassed += declined
-            # LRU and ARC keep the run's admission classes; MIN, the yardstick, ignores them.
-            priority = StorePriority.NORMAL if policy == "min" else event.priority
-            prepared = store.prepare_store(keys, priority)
+            # LRU and ARC keep the run's admission classes and unit bindings; MIN, the
+            # yardstick, ignores both.
+            run_rules = policy != "min"
+            prepared = store.prepare_store(
+                keys,
+                event.priority if run_rules else StorePriority.NORMAL,
+                event.bound if run_rules else (),
+            )
             if isinstance(prepared, PrepareStoreOutput):
                 if prepared.keys_to_store:
                     stores.append((steps, prepared.keys_to_store))

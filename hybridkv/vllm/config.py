@@ -8,7 +8,8 @@ Every key, its default and what it does (docs/howto/serve.md repeats this table)
   rank's shard), so the store holds ``host_memory_bytes // (slot_bytes * world_size)`` chunks
   and each rank holds that many slots. Ranks holding identical KV (vLLM's ``kv_tp_replicas``,
   MLA) share one copy: the division is by the distinct shards, ``world_size //
-  kv_tp_replicas`` (:class:`hybridkv.vllm.ranks.HostSharding`).
+  kv_tp_replicas`` (:class:`hybridkv.vllm.ranks.HostSharding`). Per engine: under data
+  parallelism each DP engine allocates all of it for its own ranks.
 - ``chunk_size`` (int or null, default null = the recommendation of
   :func:`hybridkv.vllm.layout.recommended_chunk_size`): the offload chunk in tokens.
 - ``eviction_policy`` (``"lru"`` | ``"arc"``, default ``"lru"``): the host store's policy.
@@ -39,8 +40,12 @@ docs/howto/share-prefix-cache.md):
 
 - ``remote_url`` (``"redis://host:port"`` or ``"redis://host:port/0"``, ``rediss://`` for TLS,
   or null = no remote tier): the Redis/Valkey server engines share. Only database 0 (chunks are
-  namespaced by ``remote_namespace`` instead). No user or password in it: those come from the
-  keys below. Tensor parallelism > 1 is refused with a remote tier.
+  namespaced by ``remote_namespace`` instead). No user or password in it, in any form: those
+  come from the keys below. Under tensor parallelism each rank shares its own shard of every
+  chunk (:mod:`hybridkv.remote.shards`).
+  A Redis/Valkey Cluster: ``"redis+cluster://host1:port1,host2:port2"`` (``rediss+cluster://``
+  for TLS), its seed nodes (one is enough, the client learns every shard from the first that
+  answers; no database). The security keys below apply to every node alike.
 - ``remote_namespace`` (non-empty str, default ``"hybridkv"``): mixed into every chunk key;
   engines share chunks only under equal namespaces (and equal models and salts).
 - ``remote_ttl_s`` (int >= 0, default 0 = none): the TTL of each written chunk on the server.
@@ -120,6 +125,13 @@ _SECURITY_STRINGS = (
     "remote_secret_env",
     "remote_secret_file",
 )
+CLUSTER_SCHEME = "redis+cluster://"
+# Every remote_url scheme; each with "s" after "redis" speaks TLS. No one is a prefix of another.
+_SCHEMES = ("redis://", "rediss://", CLUSTER_SCHEME, "rediss+cluster://")
+_URL_FIX = (
+    'write "redis://HOST:PORT" (database 0; separate engines with remote_namespace), '
+    f'or "{CLUSTER_SCHEME}HOST:PORT,HOST:PORT" for a cluster'
+)
 _WHERE = "kv_connector_extra_config"
 
 
@@ -137,6 +149,7 @@ class RemoteSettings:
     credentials: Credentials = field(default_factory=Credentials)
     tls: TlsFiles | None = None
     key: FleetKey | None = None
+    cluster_nodes: tuple[tuple[str, int], ...] = ()  # a cluster's seeds; host, port the first
 
 
 @dataclass(frozen=True, slots=True)
@@ -258,7 +271,9 @@ def _remote(values: Mapping[str, Any]) -> RemoteSettings | None:
                     'set "remote_url": "redis://host:port", or drop the key',
                 )  # fmt: skip
         return None
-    host, port = _redis_url(url)
+    scheme, where = _scheme(url)
+    seeds = _cluster_url(url, where) if scheme.endswith("+cluster://") else ()
+    host, port = seeds[0] if seeds else _redis_url(url, where)
     namespace = values["remote_namespace"]
     if not isinstance(namespace, str) or not namespace:
         raise HybridKVConfigError(
@@ -276,7 +291,8 @@ def _remote(values: Mapping[str, Any]) -> RemoteSettings | None:
         ttl_s=_int(values, "remote_ttl_s", low=0),
         max_pending_writes=_int(values, "remote_max_pending_writes", low=1),
         timeout_s=timeout_ms / 1000,
-        **_security(values, tls=url.startswith("rediss://")),
+        cluster_nodes=seeds,
+        **_security(values, tls=scheme.startswith("rediss")),
     )
 
 
@@ -331,26 +347,32 @@ def _text(password: bytes | None) -> str | None:
         ) from None
 
 
-def _redis_url(url: object) -> tuple[str, int]:
-    """``redis://host:port[/0]`` (or ``rediss://``) -> (host, port)."""
+def _scheme(url: object) -> tuple[str, str]:
+    """``remote_url``'s scheme (one of ``_SCHEMES``) and the rest; a URL with credentials is
+    refused first, whatever its form, and no refusal shows them."""
     field = f"{_WHERE}.remote_url"
-    fix = 'write "redis://HOST:PORT" (database 0; separate engines with remote_namespace)'
     shown = _masked(url)  # every refusal below may be logged: never the credentials
-    scheme = "rediss://" if isinstance(url, str) and url.startswith("rediss://") else "redis://"
-    if not isinstance(url, str) or not url.startswith(scheme):
-        raise HybridKVConfigError(field, shown, "is not a redis:// or rediss:// URL", fix)
+    if not isinstance(url, str) or not url.startswith(_SCHEMES):
+        raise HybridKVConfigError(field, shown, "is not a redis:// or rediss:// URL", _URL_FIX)
+    scheme = next(s for s in _SCHEMES if url.startswith(s))
     if shown != url:
         raise HybridKVConfigError(
             field, shown, "carries credentials: the URL is logged with vLLM's config",
             "drop them from the URL; give remote_username and remote_password_env or "
             "remote_password_file",
         )  # fmt: skip
-    where, _, db = url[len(scheme) :].partition("/")
+    return scheme, url[len(scheme) :]
+
+
+def _redis_url(url: str, rest: str) -> tuple[str, int]:
+    """``redis://host:port[/0]`` (or ``rediss://``; ``rest``: after the scheme) -> (host, port)."""
+    field = f"{_WHERE}.remote_url"
+    where, _, db = rest.partition("/")
     if db not in ("", "0"):
-        raise HybridKVConfigError(field, url, f"names database {db!r}: only 0 is used", fix)
+        raise HybridKVConfigError(field, url, f"names database {db!r}: only 0 is used", _URL_FIX)
     host, _, port = where.rpartition(":")
     if not host or not port.isdigit() or not 1 <= int(port) <= 65535:
-        raise HybridKVConfigError(field, url, "needs a host and a port 1..65535, no user", fix)
+        raise HybridKVConfigError(field, url, "needs a host and a port 1..65535, no user", _URL_FIX)
     return host, int(port)
 
 
@@ -360,6 +382,28 @@ def _masked(url: object) -> object:
         return url
     scheme, sep, _ = url.partition("//")
     return f"{scheme}{sep}<credentials>@{url.rpartition('@')[2]}"
+
+
+def _cluster_url(url: str, rest: str) -> tuple[tuple[str, int], ...]:
+    """``redis+cluster://h1:p1,h2:p2[/0]`` (or ``rediss+cluster://``; ``rest``: after the
+    scheme) -> the seeds ((h1, p1), (h2, p2))."""
+    field = f"{_WHERE}.remote_url"
+    fix = f'write "{CLUSTER_SCHEME}HOST:PORT,HOST:PORT" (the seed nodes, no user, no database)'
+    where, _, db = rest.partition("/")
+    if db not in ("", "0"):
+        raise HybridKVConfigError(field, url, f"names database {db!r}: a cluster has only 0", fix)
+    seeds = []
+    for node in where.split(","):
+        host, _, port = node.strip().rpartition(":")
+        number = port.isascii() and port.isdigit() and 1 <= int(port) <= 65535
+        if not host or not number:
+            raise HybridKVConfigError(
+                field, url, f"seed {node!r} needs a host and a port 1..65535, no user", fix
+            )
+        seeds.append((host, int(port)))
+    if len(set(seeds)) != len(seeds):
+        raise HybridKVConfigError(field, url, "names a seed twice", fix)
+    return tuple(seeds)
 
 
 def _refuse_unimplemented(config: HybridKVConfig) -> None:

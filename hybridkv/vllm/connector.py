@@ -34,7 +34,9 @@ Remote tier (``remote_url``, :mod:`hybridkv.vllm.remote`): the scheduler side as
 server before each claim and reserves promotions through the core; the metadata carries the
 step's write and fetch orders (``HybridKVMetadata.remote``); the worker copies and queues the
 writes, runs the fetches into the host slots in ``start_load_kv`` and reports each outcome in
-``HybridKVWorkerMeta.fetches``.
+``HybridKVWorkerMeta.fetches``. Under tensor parallelism each rank writes and fetches its own
+shard of every chunk, a chunk is found only if every shard is, and a promotion resolves once
+every fetching rank reported it (:mod:`hybridkv.remote.shards`).
 
 The class is this module's; its two roles' hooks are in :mod:`hybridkv.vllm.scheduler_role`
 and :mod:`hybridkv.vllm.worker_role` (base classes of it), what crosses between them each step
@@ -90,9 +92,9 @@ from hybridkv.vllm.remote import (
     SchedulerRemote,
     WorkerRemote,
     model_identity,
-    refuse_tensor_parallel,
     refuse_unshared_hashes,
     remote_config,
+    remote_shards,
 )
 from hybridkv.vllm.scheduler_role import SchedulerRole
 from hybridkv.vllm.step_metadata import HybridKVMetadata, HybridKVWorkerMeta, MetaSlots
@@ -167,6 +169,8 @@ class HybridKVConnector(SchedulerRole, WorkerRole, KVConnectorBase_V1, SupportsH
         self.world_size = int(vllm_config.parallel_config.world_size)
         # Ranks with identical KV (MLA) share one host copy, written by one of them.
         self.sharding = host_sharding(vllm_config.parallel_config, kv_cache_config)
+        # A remote tier keeps one shard of each chunk per group of identical ranks.
+        self.remote_shards = remote_shards(self.sharding, kv_cache_config)
         self.rank = int(vllm_config.parallel_config.rank)  # the worker's own (vLLM sets it)
         extra = vllm_config.kv_transfer_config.kv_connector_extra_config
         self.hybridkv_config: HybridKVConfig = parse_extra_config(extra)
@@ -214,7 +218,6 @@ class HybridKVConnector(SchedulerRole, WorkerRole, KVConnectorBase_V1, SupportsH
         self.worker_remote: WorkerRemote | None = None
         self._fetched: tuple[FetchReport, ...] = ()
         if self.hybridkv_config.remote is not None:
-            refuse_tensor_parallel(self.world_size)
             refuse_unshared_hashes(vllm_config.cache_config.prefix_caching_hash_algo, os.environ)
         if role == KVConnectorRole.SCHEDULER:
             self.deadlines = _load_deadlines(self.hybridkv_config, vllm_config)
@@ -233,7 +236,9 @@ class HybridKVConnector(SchedulerRole, WorkerRole, KVConnectorBase_V1, SupportsH
             if self.hybridkv_config.remote is not None:
                 config = remote_config(self.hybridkv_config.remote)
                 identity = model_identity(vllm_config, self.layout)
-                self.remote = SchedulerRemote(self.core, config, identity=identity)
+                self.remote = SchedulerRemote(
+                    self.core, config, identity=identity, shards=self.remote_shards
+                )
 
     def _chunk_size(self) -> int:
         chunk = self.hybridkv_config.chunk_size

@@ -47,12 +47,12 @@ are reserved STORING through the core (:meth:`~hybridkv.connector.ConnectorCore.
 so the claim DEFERs on them like on any STORING key, and the next metadata orders the fetch.
 The worker GETs each chunk (bounded by the same timeout), verifies it against the expected
 members (:func:`hybridkv.remote.decode_chunk`: magic, version, member keys, lengths, digest
-or, with a fleet key, the MAC or AES-GCM tag over the chunk key and the value, and each payload
-exactly one slot), writes the payloads into the reserved slots and reports the
-outcome: PROMOTED (members READY) or MISSING / FAULT / TIMEOUT / CORRUPT (members dropped; the
-chunk is remembered failed, so the claim ends before it and vLLM recomputes exactly what is
-missing). A fetch runs inside ``start_load_kv`` and its bytes land before the worker reports,
-so a report never precedes its writes.
+or, with a fleet key, the MAC or AES-GCM tag over the key the value is stored under (this
+rank's shard key) and the value, and each payload exactly one slot), writes the payloads into
+the reserved slots and reports the outcome: PROMOTED (members READY) or MISSING / FAULT /
+TIMEOUT / CORRUPT (members dropped; the chunk is remembered failed, so the claim ends before it
+and vLLM recomputes exactly what is missing). A fetch runs inside ``start_load_kv`` and its
+bytes land before the worker reports, so a report never precedes its writes.
 
 Termination (TT-4): a promotion not reported within ``PROMOTION_DEADLINE_STEPS`` engine steps
 (it cannot be, with vLLM's in-order outputs; the bound guards against a lost report) resolves
@@ -60,8 +60,19 @@ TIMEOUT and its members are dropped; a late report of it is ignored (counted). E
 promoted at most once per request, so read-through cannot loop evicting what it promoted.
 Failed chunks are remembered (at most ``FAILED_MEMORY`` of them, oldest forgotten first).
 
-Not built: tensor parallelism > 1 with a remote tier (refused at start-up: each rank would need
-its own shard of every chunk), and writes on host eviction (writes happen on store).
+Tensor parallelism (:mod:`hybridkv.remote.shards`): each rank holds its own shard of every
+chunk, so a chunk is one server value per shard, each under its own key (the namespace scoped
+by an identity naming the shard's rank and the TP size). Orders carry every shard's key
+(``FetchOrder.shard_keys``); each rank's worker writes and fetches only its own. A lookup asks
+every shard's key in the same pipelined EXISTS and counts a chunk only if all are there, so a
+shard missing on one rank is a miss. A promotion resolves once every fetching rank reported it
+(vLLM's aggregator hands the scheduler every rank's worker metadata), PROMOTED only if each
+rank promoted its shard; a shard gone between the lookup and one rank's fetch fails the
+promotion, its members are dropped on every rank, and the claim ends before the chunk, before
+vLLM ever counted it: never a partial load. Replicated KV (MLA, ``kv_tp_replicas``) is one
+shard per group of replicas, written by the group's first rank only.
+
+Not built: writes on host eviction (writes happen on store).
 """
 
 from __future__ import annotations
@@ -86,17 +97,22 @@ from hybridkv.remote import (
     ClientFault,
     ModelIdentity,
     PromoteOutcome,
-    RedisClient,
     Refusals,
     RemoteConfig,
     RemoteTier,
+    ShardPlan,
+    chunk_key,
+    client_for,
+    combined_outcome,
     decode_chunk,
+    held_on_every_shard,
     make_chunk,
     redis_key,
-    scoped_namespace,
+    shard_namespaces,
 )
 from hybridkv.store import LookupResult
 from hybridkv.vllm.config import RemoteSettings
+from hybridkv.vllm.ranks import HostSharding
 
 __all__ = [
     "FAILED_MEMORY",
@@ -108,9 +124,9 @@ __all__ = [
     "WorkerRemote",
     "config_digest",
     "model_identity",
-    "refuse_tensor_parallel",
     "refuse_unshared_hashes",
     "remote_config",
+    "remote_shards",
 ]
 
 PROMOTION_DEADLINE_STEPS = 8
@@ -132,16 +148,22 @@ def remote_config(settings: RemoteSettings) -> RemoteConfig:
         credentials=settings.credentials,
         tls=settings.tls,
         key=settings.key,
+        cluster_nodes=settings.cluster_nodes,
     )
 
 
 @dataclass(frozen=True, slots=True)
 class FetchOrder:
-    """One chunk's members and their host slots (a write copies from them, a fetch into them)."""
+    """One chunk's members and their host slots (a write copies from them, a fetch into them).
+
+    ``chunk_key`` names the chunk (its first shard's key: what reports name); ``shard_keys``
+    is every shard's server key in shard order (:mod:`hybridkv.remote.shards`; one at TP 1,
+    equal to ``chunk_key``), of which each rank writes or fetches its own."""
 
     chunk_key: bytes
     members: tuple[bytes, ...]
     slots: tuple[int, ...]
+    shard_keys: tuple[bytes, ...]
 
 
 @dataclass(frozen=True, slots=True)
@@ -155,8 +177,9 @@ class RemoteOrders:
 
 @dataclass(frozen=True, slots=True)
 class FetchReport:
-    """A fetch's outcome (worker metadata, worker -> scheduler): ``outcome`` is a
-    :class:`hybridkv.remote.PromoteOutcome` value."""
+    """One rank's fetch outcome (worker metadata, worker -> scheduler): ``outcome`` is a
+    :class:`hybridkv.remote.PromoteOutcome` value. Under tensor parallelism every fetching rank
+    reports each chunk; vLLM's aggregator concatenates them."""
 
     chunk_key: bytes
     outcome: str
@@ -165,9 +188,12 @@ class FetchReport:
 @dataclass(slots=True)
 class _Promotion:
     members: tuple[bytes, ...]
+    keys: tuple[bytes, ...]  # every shard's key, as looked up (a reset may come in between)
     salt: str | None
     born: int
     sent: bool = False
+    heard: int = 0  # fetching ranks that reported it
+    outcome: PromoteOutcome = PromoteOutcome.PROMOTED  # combined over those ranks
 
 
 SCHEDULER_COUNTERS = (
@@ -197,18 +223,22 @@ class SchedulerRemote:
         client: Any = None,
         *,
         identity: ModelIdentity,
+        shards: ShardPlan | None = None,
     ) -> None:
-        """Lookups go through ``client`` (default: a :class:`RedisClient` on ``config``'s
-        server; this side only asks EXISTS); every chunk key is scoped by ``identity`` and the
-        weights version, 0 until the first :meth:`reset`, after which the engine's own epoch
-        (random, drawn at the first reset) scopes it too."""
+        """Lookups go through ``client`` (default: :func:`hybridkv.remote.client_for`'s, on
+        ``config``'s server or cluster; this side only asks EXISTS); every chunk key is scoped
+        by ``identity`` and the weights version, 0 until the first :meth:`reset`, after which
+        the engine's own epoch (random, drawn at the first reset) scopes it too. ``shards``:
+        how the TP ranks map onto each chunk's shards (default: one per rank of
+        ``identity.tp_size``, private memory)."""
         self.core = core
         self.config = config
         self.identity = identity
+        self.shards = shards if shards is not None else ShardPlan(identity.tp_size)
         self.weights_version = 0
         self.epoch = b""  # shared with every engine of this identity until a reset
-        self.namespace = scoped_namespace(config.namespace, identity, 0)
-        self._client = client if client is not None else RedisClient(config)
+        self._scope()
+        self._client = client if client is not None else client_for(config)
         self._step = 0
         self._promotions: dict[bytes, _Promotion] = {}
         self._failed: OrderedDict[bytes, None] = OrderedDict()
@@ -245,7 +275,7 @@ class SchedulerRemote:
         self._asked[rid] = question
         asked = [chunk for options in steps for chunk in options]
         self.count["remote_lookups"] += 1
-        found = self._client.exists([redis_key(chunk.key) for chunk in asked])
+        found = held_on_every_shard(self._client, [self._shard_keys(c) for c in asked])
         if isinstance(found, ClientFault):
             self.count["remote_lookup_faults"] += 1
             return  # a fault answers nothing present
@@ -260,7 +290,10 @@ class SchedulerRemote:
                 self.count["promotions_refused"] += 1
                 break  # no room in the host: the claim simply ends here
             tried.add(chunk.key)
-            self._promotions[chunk.key] = _Promotion(chunk.members, view.cache_salt, self._step)
+            keys = self._shard_keys(chunk)
+            self._promotions[chunk.key] = _Promotion(
+                chunk.members, keys, view.cache_salt, self._step
+            )
             self.count["promotions_started"] += 1
 
     def _steps(
@@ -286,6 +319,19 @@ class SchedulerRemote:
             elif chunks:
                 break  # only failed or already-tried variants: the claim ends before them
         return steps
+
+    def _scope(self) -> None:
+        """Every shard's namespace for the current weights version and epoch; the chunk's own
+        (what names it) is the first shard's."""
+        self.namespaces = shard_namespaces(
+            self.config.namespace, self.identity, self.shards, self.weights_version, self.epoch
+        )
+        self.namespace = self.namespaces[0]
+
+    def _shard_keys(self, chunk: Chunk) -> tuple[bytes, ...]:
+        """Every shard's key of ``chunk`` (made under the first shard's namespace)."""
+        rest = (chunk_key(namespace, chunk.members) for namespace in self.namespaces[1:])
+        return (chunk.key, *rest)
 
     def _variants(self, view: RequestView, end: int) -> tuple[tuple[bytes, ...], ...]:
         """The chunk ending at ``end``, then (on a model with mamba groups) its attention-only
@@ -331,7 +377,8 @@ class SchedulerRemote:
         writes = []
         for key, (members, salt) in self._writes.items():
             if all(status(m) is _HIT for m in members):
-                writes.append(FetchOrder(key, members, core.store.slots(members)))
+                keys = self._shard_keys(Chunk(key, members))
+                writes.append(FetchOrder(key, members, core.store.slots(members), keys))
                 self.count["writes_ordered"] += 1
                 if self.record:
                     self.written_log.append((key, salt))
@@ -341,20 +388,29 @@ class SchedulerRemote:
             if not promotion.sent:
                 promotion.sent = True
                 members = promotion.members
-                fetches.append(FetchOrder(key, members, core.store.slots(members)))
+                slots = core.store.slots(members)
+                fetches.append(FetchOrder(key, members, slots, promotion.keys))
         self._step += 1
         if not writes and not fetches:
             return None
         return RemoteOrders(tuple(writes), tuple(fetches))
 
     def fold(self, reports: Iterable[FetchReport]) -> None:
-        """Resolve the promotions the worker reported, then those past their deadline."""
+        """Resolve the promotions every fetching rank reported (PROMOTED only if each rank
+        promoted its shard: :func:`~hybridkv.remote.combined_outcome`), then those past their
+        deadline. A promotion some ranks reported waits for the others."""
+        fetchers = self.shards.fetchers
         for report in reports:
-            promotion = self._promotions.pop(report.chunk_key, None)
+            promotion = self._promotions.get(report.chunk_key)
             if promotion is None:
                 self.count["late_reports"] += 1  # resolved TIMEOUT already
                 continue
-            self._resolve(report.chunk_key, promotion, PromoteOutcome(report.outcome))
+            promotion.heard += 1
+            reported = PromoteOutcome(report.outcome)
+            promotion.outcome = combined_outcome((promotion.outcome, reported))
+            if promotion.heard == fetchers:
+                del self._promotions[report.chunk_key]
+                self._resolve(report.chunk_key, promotion, promotion.outcome)
         late = [
             key
             for key, p in self._promotions.items()
@@ -380,9 +436,7 @@ class SchedulerRemote:
         self.weights_version += 1
         if not self.epoch:
             self.epoch = os.urandom(EPOCH_BYTES)
-        self.namespace = scoped_namespace(
-            self.config.namespace, self.identity, self.weights_version, self.epoch
-        )
+        self._scope()
         self._writes = {}
         self._job_chunks = {}
         self._job_salt = {}
@@ -437,7 +491,8 @@ WORKER_COUNTERS = (
 
 
 class WorkerRemote:
-    """The worker side's remote tier: copies and queues writes, runs verified fetches."""
+    """The worker side's remote tier: copies and queues writes, runs verified fetches, each of
+    this rank's own shard (:mod:`hybridkv.remote.shards`)."""
 
     def __init__(
         self,
@@ -446,10 +501,23 @@ class WorkerRemote:
         *,
         client: Any = None,
         background: bool = True,
+        rank: int = 0,
+        shards: ShardPlan | None = None,
     ) -> None:
+        """``rank``: this worker's tensor-parallel rank; ``shards``: how the ranks map onto a
+        chunk's shards (default: one rank). A rank that is not its shard's writer queues no
+        write; a rank whose shared host region its group's first rank fills runs no fetch and
+        reports none (the promotion waits for ``shards.fetchers`` reports)."""
         self.config = config
         self.host = host
-        self._client = client if client is not None else RedisClient(config)
+        self.shards = shards if shards is not None else ShardPlan()
+        if not 0 <= rank < self.shards.tp_size:
+            raise HybridKVConfigError(
+                "rank", rank, f"must be in [0, {self.shards.tp_size})", "pass the worker's rank"
+            )
+        self.rank = rank
+        self.shard = self.shards.shard_of(rank)  # which of an order's shard keys is ours
+        self._client = client if client is not None else client_for(config)
         self.tier = RemoteTier(config, self._client, background=background)
         self._lock = threading.Lock()
         self.count = dict.fromkeys(WORKER_COUNTERS, 0)
@@ -461,29 +529,34 @@ class WorkerRemote:
         self.before_fetch: Callable[[FetchOrder], None] | None = None
 
     def run(self, orders: RemoteOrders) -> tuple[FetchReport, ...]:
-        """Copy and queue every write, then fetch every chunk into its slots; the outcomes."""
+        """Copy and queue every write, then fetch every chunk into its slots; the outcomes
+        (this rank's shard of each; none where this rank neither writes nor fetches)."""
         slot_bytes = self.host.slot_bytes
-        for order in orders.writes:
+        writes = orders.writes if self.shards.writes(self.rank) else ()
+        for order in writes:
             payloads = [bytes(self.host.slot(s).numpy()) for s in order.slots]  # the copy
-            chunk = Chunk(order.chunk_key, order.members)
+            chunk = Chunk(order.shard_keys[self.shard], order.members)
             verdict = self.tier.write_behind(chunk, payloads)
             if verdict is Admission.ENQUEUED:
                 self.count["remote_writes_enqueued"] += 1
                 self.count["remote_written_bytes"] += slot_bytes * len(payloads)
             elif verdict is Admission.DROPPED:
                 self.count["remote_writes_dropped"] += 1
+        if not self.shards.fetches(self.rank):
+            return ()  # the group's first rank fills the shared slots and reports
         return tuple(self._fetch(order) for order in orders.fetches)
 
     def _fetch(self, order: FetchOrder) -> FetchReport:
         if self.before_fetch is not None:
             self.before_fetch(order)
         self.count["remote_fetches"] += 1
-        reply = self._client.get(redis_key(order.chunk_key))
+        key = order.shard_keys[self.shard]
+        reply = self._client.get(redis_key(key))
         outcome = self._verify_into(order, reply)
         if outcome in (PromoteOutcome.MISSING, PromoteOutcome.CORRUPT):
             # The server lost it (TTL, eviction, flush) or holds a bad copy: if this worker
             # wrote it, the next store of it must write it again, not trust the index.
-            self.tier.forget(order.chunk_key)
+            self.tier.forget(key)
         self.outcomes[outcome.value] += 1
         return FetchReport(order.chunk_key, outcome.value)
 
@@ -492,9 +565,12 @@ class WorkerRemote:
             return PromoteOutcome.MISSING
         if isinstance(reply, ClientFault):
             return PromoteOutcome.TIMEOUT if reply is ClientFault.TIMEOUT else PromoteOutcome.FAULT
-        decoded = decode_chunk(reply, order.members, self.config.key, order.chunk_key)
+        # The MAC binds the key the value is stored under: this rank's shard key, not the
+        # chunk's name (a shard moved under another rank's key is refused).
+        shard_key = order.shard_keys[self.shard]
+        decoded = decode_chunk(reply, order.members, self.config.key, shard_key)
         if decoded.corruption is not None:
-            self.refusals.note(decoded.corruption, order.chunk_key)
+            self.refusals.note(decoded.corruption, shard_key)
             return PromoteOutcome.CORRUPT
         size = self.host.slot_bytes
         if any(len(p) != size for p in decoded.payloads):
@@ -524,7 +600,7 @@ class WorkerRemote:
 def model_identity(vllm_config: Any, layout: Any, tp_rank: int = 0) -> ModelIdentity:
     """The :class:`~hybridkv.remote.ModelIdentity` of the engine ``vllm_config`` serves, over
     its :class:`~hybridkv.vllm.layout.VllmLayout`. ``tp_rank``: the rank whose shard the chunks
-    hold (0: a remote tier runs with one rank, :func:`refuse_tensor_parallel`)."""
+    hold (each shard's namespace names its own: :func:`hybridkv.remote.shard_namespaces`)."""
     model = vllm_config.model_config
     cache = vllm_config.cache_config
     groups = ";".join(
@@ -566,16 +642,13 @@ def config_digest(vllm_config: Any) -> str:
     return digest.hexdigest()
 
 
-def refuse_tensor_parallel(world_size: int) -> None:
-    """A remote tier needs one worker (module docstring)."""
-    if world_size != 1:
-        raise HybridKVConfigError(
-            "kv_connector_extra_config.remote_url",
-            world_size,
-            "a remote tier with tensor parallelism > 1 is not built (each rank would need its "
-            "own shard of every chunk)",
-            "drop remote_url, or serve with --tensor-parallel-size 1",
-        )
+def remote_shards(sharding: HostSharding, kv_cache_config: Any) -> ShardPlan:
+    """The shards of a chunk for vLLM's ranks: one per group of ranks holding identical KV
+    (``kv_tp_replicas``, whether or not the group shares a host region), fetched into a shared
+    region by its first rank only (``sharding``, :func:`hybridkv.vllm.ranks.host_sharding`,
+    which refused a replica count that does not divide the ranks)."""
+    replicas = int(getattr(kv_cache_config, "kv_tp_replicas", 1))
+    return ShardPlan(sharding.world_size, replicas, shared_host=sharding.replicas > 1)
 
 
 # vLLM's non-cryptographic block hashes (``_NON_CRYPTO_HASH_FUNCTIONS``,

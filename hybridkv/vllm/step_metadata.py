@@ -47,7 +47,9 @@ class HybridKVWorkerMeta(KVConnectorWorkerMetadata):
     """
 
     reports: tuple[RankReport, ...] = ()
-    fetches: tuple[FetchReport, ...] = ()  # remote tier (one worker: TP is refused with it)
+    # Remote tier: every fetching rank's reports, concatenated (SchedulerRemote.fold waits for
+    # all of a chunk's before resolving it).
+    fetches: tuple[FetchReport, ...] = ()
 
     def aggregate(self, other: KVConnectorWorkerMetadata) -> KVConnectorWorkerMetadata:
         """Workers added, success ANDed per job (vLLM folds the workers of one step so)."""

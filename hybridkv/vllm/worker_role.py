@@ -26,6 +26,7 @@ from hybridkv.connector import JobId, JobResult
 from hybridkv.connector.worker import JobFaultHook, TransferWorker
 from hybridkv.errors import HybridKVConfigError
 from hybridkv.hostmem import HostMemory, PinMode
+from hybridkv.remote import ShardPlan
 from hybridkv.transfer import TransferEngine
 from hybridkv.transfer.cpu_engine import FaultHook
 from hybridkv.vllm.config import HybridKVConfig
@@ -57,6 +58,7 @@ class WorkerRole:
     hybridkv_config: HybridKVConfig
     layout: VllmLayout
     sharding: HostSharding
+    remote_shards: ShardPlan
     rank: int
     num_chunks: int
     _slots: MetaSlots
@@ -134,7 +136,12 @@ class WorkerRole:
             engine = ReplicaEngine(engine)
         self._host, self._engine = host, engine
         if self.hybridkv_config.remote is not None:
-            self.worker_remote = WorkerRemote(remote_config(self.hybridkv_config.remote), host)
+            self.worker_remote = WorkerRemote(
+                remote_config(self.hybridkv_config.remote),
+                host,
+                rank=self.rank,
+                shards=self.remote_shards,
+            )
         self.worker = TransferWorker(engine, self._slots, caches, host, fault_hook=job_fault_hook)
 
     def handle_preemptions(self, kv_connector_metadata: Any) -> None:

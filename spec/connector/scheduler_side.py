@@ -578,7 +578,12 @@ class ReferenceConnector:
             for items, priority in by_class:
                 if not items:
                     continue
-                prepared = self.store.prepare_store([item.key for item in items], priority)
+                # A mamba state serves only a claim ending at its unit, which loads the unit's
+                # attention chunks too: bound to them when the call holds any.
+                kinds = self.geometry.kinds
+                mamba = [i.key for i in items if kinds[i.group_idx] is GroupKind.MAMBA]
+                bound = mamba if len(mamba) < len(items) else []
+                prepared = self.store.prepare_store([item.key for item in items], priority, bound)
                 if isinstance(prepared, PrepareStoreOutput):
                     kept.update(prepared.keys_to_store)
                     continue

@@ -191,6 +191,9 @@ def _draw_operation(
     if name == "prepare_store" and data.draw(_sampled((False, True))):
         # Admission classes: a LOW store takes free slots only.
         kwargs["priority"] = data.draw(_sampled(("normal", "low")))
+    if name == "prepare_store" and isinstance(keys, list) and data.draw(_sampled((False, True))):
+        # Unit binding: dead-weight victims (a bound key whose call lost a key) go first.
+        kwargs["bound"] = [key for key in keys if data.draw(_sampled((False, True)))]
     return name, (keys,), kwargs
 
 
@@ -300,3 +303,61 @@ def test_the_optimized_store_never_imports_spec() -> None:
     )
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "(b'a',)"
+
+
+# Unit-shaped stores: 4 units of a full-attention key and two mamba states each, the mamba
+# states bound to the unit (as the connector binds them). Stores name a whole unit (or what
+# is missing of it plus the rest), evictions for room and for bad data split units, so
+# several dead keys wait at once and their order (first dead, first out) decides victims.
+UNITS = tuple(tuple(f"u{u}{part}".encode() for part in "fmn") for u in range(4))
+
+
+def _draw_unit_operation(data: st.DataObject, ref: SpecStore) -> tuple[str, tuple, dict]:
+    name = data.draw(_sampled(("prepare_store",) * 3 + ("complete_store",) * 3 + UNIT_OTHERS))
+    if name == "prepare_store":
+        unit = data.draw(_sampled(UNITS))
+        # Bound in either order: one departure kills its unit's states in binding order.
+        return name, (list(unit),), {"bound": data.draw(st.permutations(unit[1:]))}
+    if name == "complete_store":
+        storing = _in_state(ref, "storing")
+        keys = _draw_keys(data, storing, distinct=True, size=(1, 6))
+        return name, (keys,), {"success": data.draw(_sampled((True, True, True, False)))}
+    pool = _in_state(ref, "ready") or list(KEYS)
+    return name, (_draw_keys(data, pool, distinct=name != "touch", size=(1, 2)),), {}
+
+
+UNIT_OTHERS = ("touch", "evict", "prepare_load")
+
+
+@pytest.mark.parametrize("policy", ["lru", "arc"])
+@given(capacity=st.integers(3, 9), data=st.data())
+def test_both_stores_agree_on_unit_shaped_traces(
+    policy: str, capacity: int, data: st.DataObject
+) -> None:
+    ref, fast = SpecStore(capacity, policy), FastStore(capacity, policy)
+    snapshot = fast.snapshot()
+    for _ in range(data.draw(st.integers(10, 80), label="steps")):
+        name, args, kwargs = _draw_unit_operation(data, ref)
+        expected = _call(ref, name, args, kwargs, snapshot)
+        assert _call(fast, name, args, kwargs, snapshot) == expected, (name, args, kwargs)
+        snapshot = fast.snapshot()
+        assert snapshot == ref.snapshot(), (name, args, kwargs)
+        if name == "prepare_store" and expected[0] == "PrepareStoreOutput":
+            event(f"victims {len(expected[1][1])}")
+    assert check_all("store", fast.snapshot()) == {}
+
+
+@pytest.mark.parametrize("store_type", [SpecStore, FastStore])
+@pytest.mark.parametrize("policy", ["lru", "arc"])
+def test_the_key_that_died_first_leaves_first(store_type: type, policy: str) -> None:
+    """Two units' mamba states die in the order opposite to the policy's (LRU: oldest first):
+    the first to die is the victim, not the policy's first."""
+    store = store_type(4, policy)
+    (f1, m1, _), (f2, m2, _) = UNITS[0], UNITS[1]
+    for full, state in ((f1, m1), (f2, m2)):
+        store.prepare_store([full, state], bound=[state])
+        store.complete_store([full, state], success=True)
+    assert store.evict([f2]) == (f2,)  # m2 dies first
+    assert store.evict([f1]) == (f1,)  # then m1, older in the policy's order
+    out = store.prepare_store(list(UNITS[2]))  # three keys, two slots free: one victim
+    assert out.evicted_keys == (m2,)

@@ -147,6 +147,27 @@ def test_present_keys_are_skipped_and_protected_from_eviction() -> None:
     _ok(store)
 
 
+@pytest.mark.parametrize("policy", ["lru", "arc"])
+def test_a_bound_key_whose_unit_lost_a_key_is_evicted_first(policy: str) -> None:
+    # a stands for a unit's full-attention chunk, b for its mamba state: b is bound to ab.
+    store = HostStore(4, policy)
+    out = store.prepare_store([A, B], bound=[B])
+    assert isinstance(out, PrepareStoreOutput)
+    store.complete_store([A, B], success=True)
+    _stored(store, [C])
+    _stored(store, [D])
+    store.touch([B])  # order a, c, d, b (ARC: b into T2)
+    # Two victims: a, the policy's first; then b, dead without a, before c.
+    assert _stored(store, [E, F]).evicted_keys == (A, B)
+    _stored(store, [A])  # order c, d, f, e, a; nothing bound is left
+    store.touch([C])
+    assert _stored(store, [B]).evicted_keys == (D,)  # the policy's order again
+    with pytest.raises(ConfigError) as bad:
+        store.prepare_store([C], bound=[D])
+    assert bad.value.field == "bound"
+    _ok(store)
+
+
 def test_pins_block_eviction_until_the_load_completes() -> None:
     store = HostStore(2)
     _stored(store, [A, B])

@@ -64,6 +64,54 @@ def test_lru_sequence_by_hand() -> None:
     assert store.take_events() == ()
 
 
+def _bound(store: HostStore, keys: list[bytes], bound: list[bytes]) -> PrepareStoreOutput:
+    out = store.prepare_store(keys, bound=bound)
+    assert isinstance(out, PrepareStoreOutput)
+    store.complete_store(out.keys_to_store, success=True)
+    assert check_all("store", store.snapshot()) == {}
+    return out
+
+
+@pytest.mark.parametrize("policy", ["lru", "arc"])
+def test_dead_weight_goes_before_the_policys_choice(policy: str) -> None:
+    # Unit ab: a plays the full-attention chunk, b a mamba state bound to it.
+    store = HostStore(4, policy)
+    _bound(store, [A, B], [B])
+    _stored(store, [C])
+    _stored(store, [D])
+    store.touch([B])  # b most recent (ARC: T2): the policy's order a, c, d, b
+    assert _stored(store, [E]).evicted_keys == (A,)  # the policy's first: b is dead weight now
+    # The policy's next is c; b, most recent but unreadable without a, goes first.
+    assert _stored(store, [F]).evicted_keys == (B,)
+    assert sorted(row[0] for row in store.snapshot()["entries"]) == sorted(_hex(C, D, E, F))
+
+
+@pytest.mark.parametrize("policy", ["lru", "arc"])
+def test_a_victims_bound_mates_follow_it_and_an_unbound_key_stays(policy: str) -> None:
+    store = HostStore(4, policy)
+    _bound(store, [A, B], [B])
+    _stored(store, [C])
+    _stored(store, [D])
+    store.touch([B])  # a, c, d, b
+    assert _stored(store, [E, F]).evicted_keys == (A, B)  # b follows a, before c
+    store = HostStore(4, policy)
+    _bound(store, [A, B], [B])
+    _stored(store, [C])
+    _stored(store, [D])  # b, a, c, d
+    assert _stored(store, [E]).evicted_keys == (B,)
+    store.touch([A])  # c, d, e, a: a, the unbound full chunk, still serves longer claims
+    assert _stored(store, [F]).evicted_keys == (C,)
+
+
+def test_bound_keys_must_be_keys_of_the_call() -> None:
+    store = HostStore(2, "lru")
+    before = store.snapshot()
+    with pytest.raises(HybridKVConfigError) as bad:
+        store.prepare_store([A], bound=[B])
+    assert bad.value.field == "bound"
+    assert store.snapshot() == before
+
+
 def test_arc_ghost_hit_raises_p_and_the_t1_boundary_is_inclusive() -> None:
     store = HostStore(2, "arc")
     _stored(store, [A])

@@ -2,6 +2,10 @@
 full attention, each its own HybridKVConnector and host tier) sharing one real Redis server,
 with a server fault drawn for every fetch.
 
+Under tensor parallel (``play(..., tp=2)``, ranks simulated in process) each rank writes and
+fetches its own shard of every chunk; the faults fire before the fetches of one rank (drawn
+from the seed), on that rank's own shard, so a deleted or corrupted shard is one rank's alone.
+
 Shared by ``test_remote_two_engines.py`` (Hypothesis draws the seeds) and the soak runner
 (``tools/soak.py``), so it imports no pytest. A trace is a pure function of its seed (the
 server's answers aside: a paused or killed server answers by the wall clock).
@@ -136,18 +140,42 @@ def remote_residue(engine: InProcessEngine) -> Counter[str]:
     return +found
 
 
-def counter_mismatches(engine: InProcessEngine) -> list[str]:
-    """Promotion counters that do not add up: started = resolved, fetches = their outcomes,
-    the worker's outcomes = the scheduler's."""
-    count = engine.scheduler.connector.remote.count
-    worker = engine.worker.worker_remote
+def fetching_workers(engine: InProcessEngine) -> list[Any]:
+    """The ranks' worker-side remote tiers that fetch (all but replicas sharing a host region
+    their group's first rank fills)."""
     found = []
-    if count["promotions_started"] != sum(count[name] for name in OUTCOMES):
+    for rank in engine.ranks:
+        remote = rank.worker.worker_remote
+        if remote.shards.fetches(remote.rank):
+            found.append(remote)
+    return found
+
+
+def counter_mismatches(engine: InProcessEngine) -> list[str]:
+    """Promotion counters that do not add up: started = resolved; on every fetching rank,
+    fetches = their outcomes = the scheduler's resolved promotions (each rank fetched each
+    promotion once); the scheduler's outcomes = the rank's (one rank), or bounded by the ranks'
+    (several: a promotion is PROMOTED only if every rank promoted its shard)."""
+    count = engine.scheduler.connector.remote.count
+    resolved = {name: count[name] for name in OUTCOMES}
+    failed = sum(resolved.values()) - resolved["promoted"]
+    workers = fetching_workers(engine)
+    found = []
+    if count["promotions_started"] != sum(resolved.values()):
         found.append(f"promotions_started != resolved: {count}")
-    if worker.count["remote_fetches"] != sum(worker.outcomes.values()):
-        found.append(f"remote_fetches != outcomes: {worker.count} {worker.outcomes}")
-    if worker.outcomes != {name: count[name] for name in OUTCOMES}:
-        found.append(f"worker outcomes {worker.outcomes} != scheduler's {count}")
+    for worker in workers:
+        outcomes = worker.outcomes
+        if worker.count["remote_fetches"] != sum(outcomes.values()):
+            found.append(f"remote_fetches != outcomes: {worker.count} {outcomes}")
+        if sum(outcomes.values()) != sum(resolved.values()):
+            found.append(f"rank {worker.rank} fetched {outcomes}, scheduler resolved {resolved}")
+        if len(workers) == 1 and outcomes != resolved:
+            found.append(f"worker outcomes {outcomes} != scheduler's {resolved}")
+        if outcomes["promoted"] < resolved["promoted"]:
+            found.append(f"rank {worker.rank} promoted {outcomes}, scheduler {resolved}")
+    rank_failures = [sum(w.outcomes.values()) - w.outcomes["promoted"] for w in workers]
+    if not max(rank_failures) <= failed <= sum(rank_failures):
+        found.append(f"scheduler failures {failed} outside the ranks' {rank_failures}")
     return found
 
 
@@ -168,17 +196,18 @@ def _kill_connections(server: Any) -> None:
     admin.close()
 
 
-def _injector(server: Any, faults: tuple[str, ...], injected: Counter[str]) -> Any:
+def _injector(server: Any, faults: tuple[str, ...], injected: Counter[str], shard: int) -> Any:
     cycle = itertools.cycle(faults)  # every fetch draws the next fault
 
     def before_fetch(order: FetchOrder) -> None:
         restart_if_dead(server)
         kind = next(cycle)
         injected[kind] += 1
+        key = redis_key(order.shard_keys[shard])  # the fetching rank's own shard
         if kind == "deleted":
-            server.admin().delete(redis_key(order.chunk_key))
+            server.admin().delete(key)
         elif kind == "corrupted":
-            server.admin().setrange(redis_key(order.chunk_key), 100, b"\x00\x01" * 4)
+            server.admin().setrange(key, 100, b"\x00\x01" * 4)
         elif kind == "client-kill":
             _kill_connections(server)
         elif kind == "paused":
@@ -193,8 +222,11 @@ def _injector(server: Any, faults: tuple[str, ...], injected: Counter[str]) -> A
     return before_fetch
 
 
-def play(server: Any, trace: TwoEngineTrace) -> TwoEngineOutcome:
-    """Play ``trace`` on ``server`` (emptied first); both engines are closed after."""
+def play(
+    server: Any, trace: TwoEngineTrace, *, tp: int = 1, replicated: bool = False
+) -> TwoEngineOutcome:
+    """Play ``trace`` on ``server`` (emptied first) with engines of ``tp`` ranks
+    (``replicated``: holding replicated KV); both engines are closed after."""
     shape = SHAPES[Layout.SLIDING_FULL]
     restart_if_dead(server)
     admin = server.admin()
@@ -202,12 +234,18 @@ def play(server: Any, trace: TwoEngineTrace) -> TwoEngineOutcome:
     admin.close()
     rng = random.Random(trace.seed)
     prefixes = [[rng.randint(3, 999) for _ in range(rng.randint(64, 200))] for _ in range(3)]
-    engines = {name: build(shape, server.port, namespace="n", timeout_ms=100) for name in "AB"}
+    engines = {
+        name: build(shape, server.port, namespace="n", timeout_ms=100, tp=tp, replicated=replicated)
+        for name in "AB"
+    }
     checkers = {name: InvariantChecker(engine) for name, engine in engines.items()}
     out = TwoEngineOutcome()
     try:
         for engine in engines.values():
-            engine.worker.worker_remote.before_fetch = _injector(server, trace.faults, out.injected)
+            # The faults fire before one fetching rank's fetches (drawn from the seed).
+            workers = fetching_workers(engine)
+            faulty = workers[trace.seed % len(workers)]
+            faulty.before_fetch = _injector(server, trace.faults, out.injected, faulty.shard)
         for i, wave in enumerate(trace.waves):
             tokens = prefixes[wave.family] + [rng.randint(3, 999) for _ in range(wave.tail)]
             tokens = tokens[: shape.settings.max_model_len - 8]

@@ -36,6 +36,7 @@ __all__ = [
     "Shape",
     "build",
     "chat_prompts",
+    "config_json",
     "flush_writes",
     "redis_binary_or_skip",
     "run_prompts",
@@ -104,12 +105,12 @@ def started_server(workdir: Path) -> Iterator[RedisServer]:
 
 
 def transfer(
-    shape: Shape, port: int | None, *, namespace: str = "hybridkv", timeout_ms: int = 200
+    shape: Shape, port: int | str | None, *, namespace: str = "hybridkv", timeout_ms: int = 200
 ) -> Any:
     extra: dict[str, Any] = {"host_memory_bytes": HOST_BYTES, "chunk_size": shape.chunk}
     if port is not None:
         extra |= {
-            "remote_url": f"redis://127.0.0.1:{port}/0",
+            "remote_url": port if isinstance(port, str) else f"redis://127.0.0.1:{port}/0",
             "remote_namespace": namespace,
             "remote_timeout_ms": timeout_ms,
         }
@@ -122,14 +123,47 @@ def transfer(
     )
 
 
-def build(shape: Shape, port: int | None, *, model: str = "model", **kw: Any) -> InProcessEngine:
-    """One engine (its own host tier) on the shared server at ``port`` (None: no remote),
-    serving the model named ``model`` (another name: another model of the same geometry)."""
+# vLLM 0.33's CPU MoE kernel takes an expert width per rank that is a multiple of this
+# (``experts/cpu_moe.py``: ``intermediate_size_per_partition % 32``); with none that does,
+# building the model fails ("No Unquantized MoE backend supports the deployment configuration").
+_CPU_MOE_WIDTH = 32
+
+
+def config_json(shape: Shape, tp: int) -> dict[str, Any]:
+    """The layout's config.json, its experts widened where ``tp`` ranks would split them into
+    widths vLLM's CPU MoE kernel refuses (gpt-oss's 2880 over 4 ranks: 720). The KV geometry
+    (heads, head size, layers, windows) is untouched."""
+    config = RECIPES[shape.layout].config_json()
+    width = config.get("intermediate_size")
+    step = _CPU_MOE_WIDTH * tp
+    if isinstance(width, int) and width % step:
+        config["intermediate_size"] = -(-width // step) * step
+    return config
+
+
+def build(
+    shape: Shape,
+    port: int | str | None,
+    *,
+    model: str = "model",
+    tp: int = 1,
+    replicated: bool = False,
+    **kw: Any,
+) -> InProcessEngine:
+    """One engine (its own host tier) on the shared server at ``port`` (None: no remote; a
+    str: the ``remote_url`` itself, e.g. a cluster's), serving the model named ``model``
+    (another name: another model of the same geometry), on
+    ``tp`` tensor-parallel ranks simulated in process (``replicated``: the ranks hold
+    replicated KV, as an MLA model's; each rank reports its jobs a step apart from the last)."""
+    settings = dataclasses.replace(
+        shape.settings, model_name=model, tensor_parallel_size=tp, replicated_kv=replicated
+    )
+    adapters = [HybridKVOnCPU(delay=1 + rank % 2) for rank in range(tp)]
     engine = InProcessEngine(
-        RECIPES[shape.layout].config_json(),
-        dataclasses.replace(shape.settings, model_name=model),
+        config_json(shape, tp),
+        settings,
         transfer(shape, port, **kw),
-        HybridKVOnCPU(delay=1),
+        adapters if tp > 1 else adapters[0],
     )
     remote = engine.scheduler.connector.remote
     if remote is not None:
@@ -184,6 +218,6 @@ def run_prompts(
 
 
 def flush_writes(engine: InProcessEngine, timeout_s: float = 10.0) -> bool:
-    """Wait until the engine's worker wrote every queued chunk (write-behind is async)."""
-    remote = engine.worker.worker_remote
-    return remote is None or remote.flush(timeout_s)
+    """Wait until every rank's worker wrote every queued chunk (write-behind is async)."""
+    remotes = [rank.worker.worker_remote for rank in engine.ranks]
+    return all(remote is None or remote.flush(timeout_s) for remote in remotes)

@@ -29,7 +29,10 @@ from hybridkv.vllm.config import (
 pytestmark = pytest.mark.vllm
 
 W = "kv_connector_extra_config"
-URL_FIX = 'write "redis://HOST:PORT" (database 0; separate engines with remote_namespace)'
+URL_FIX = (
+    'write "redis://HOST:PORT" (database 0; separate engines with remote_namespace), '
+    'or "redis+cluster://HOST:PORT,HOST:PORT" for a cluster'
+)
 KEYS = (
     "chunk_size, eviction_policy, gpu_scratch_bytes, host_memory_bytes, load_deadline_steps, "
     "offload_decode_state, sync_load_max_bytes"

@@ -278,10 +278,10 @@ def test_a_worker_that_finds_its_own_chunk_gone_writes_it_again() -> None:
     ((key_hex, members_hex), *_) = a.worker.tier.snapshot()["remote"]
     key, members = bytes.fromhex(key_hex), tuple(bytes.fromhex(m) for m in members_hex)
     slots = a.core.store.slots(members)
-    write = FetchOrder(key, members, slots)
+    write = FetchOrder(key, members, slots, (key,))
     assert a.worker.tier.write_behind(Chunk(key, members), [b"z"]) is Admission.KNOWN
     del server.data[redis_key(key)]
-    (report,) = a.worker.run(RemoteOrders((), (FetchOrder(key, members, slots),)))
+    (report,) = a.worker.run(RemoteOrders((), (FetchOrder(key, members, slots, (key,)),)))
     assert report.outcome == "missing"
     assert key_hex not in {k for k, _ in a.worker.tier.snapshot()["remote"]}
     enqueued = a.worker.counters()["remote_writes_enqueued"]
@@ -322,12 +322,3 @@ def test_orders_and_reports_cross_processes_by_pickle() -> None:
     merged = meta.aggregate(HybridKVWorkerMeta())
     assert isinstance(merged, HybridKVWorkerMeta)
     assert merged.fetches == meta.fetches
-
-
-def test_a_remote_tier_refuses_tensor_parallelism() -> None:
-    from hybridkv.errors import HybridKVConfigError
-    from hybridkv.vllm.remote import refuse_tensor_parallel
-
-    refuse_tensor_parallel(1)
-    with pytest.raises(HybridKVConfigError, match="remote_url"):
-        refuse_tensor_parallel(2)

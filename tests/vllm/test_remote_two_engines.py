@@ -18,6 +18,12 @@ the forward reads content-checked) share one real ``redis-server`` through the r
   ``nox -s soak`` plays by the thousand) with remote faults injected before fetches: 0 wrong
   loads, 0 cross-tenant hits, 0 wedges, 0 leaks, the promotion counters add up, and the spec's
   invariants hold on each engine after every step (``_invariants_on_vllm``).
+- Tensor parallel 2 and 4 (issue 30, ranks simulated in process as for the host tier): each
+  rank SETs its own shard of every chunk (replicated KV: one SET per chunk, rank 0's), B's
+  ranks each fetch their own, 0 wrong reads on every rank. A shard missing on one rank before
+  the lookup is a miss (nothing promoted); gone between the lookup and that rank's fetch, the
+  promotion fails on every rank, vLLM never sees a load of it, B recomputes exactly what is
+  missing. The random fault traces pass at TP 2 and 4 (faults on one drawn rank's fetches).
 
 The slow-server fault uses ``CLIENT PAUSE`` (the server stops answering for longer than
 ``remote_timeout_ms``): ``DEBUG SLEEP`` needs ``enable-debug-command``, off by default in
@@ -40,7 +46,12 @@ import pytest
 pytestmark = [pytest.mark.vllm, pytest.mark.remote]
 pytest.importorskip("vllm.v1.core.sched.scheduler", reason="vLLM 0.33 is not installed")
 
-from _two_engine_traces import OUTCOMES, random_two_engine_trace  # noqa: E402
+from _two_engine_traces import (  # noqa: E402
+    OUTCOMES,
+    TwoEngineOutcome,
+    counter_mismatches,
+    random_two_engine_trace,
+)
 from _two_engine_traces import play as play_two_engines  # noqa: E402
 from _two_engines import (  # noqa: E402
     SHAPES,
@@ -84,12 +95,9 @@ def _quiescent(engine: InProcessEngine) -> None:
 
 
 def _counters_add_up(engine: InProcessEngine) -> None:
-    count = _remote(engine).count
-    assert count["promotions_started"] == sum(count[name] for name in OUTCOMES), count
-    worker = engine.worker.worker_remote
-    assert worker.count["remote_fetches"] == sum(worker.outcomes.values())
-    # Every fetch the worker ran was reported and folded (none resolved by the deadline).
-    assert worker.outcomes == {name: count[name] for name in OUTCOMES}
+    # Every fetch each rank ran was reported and folded (none resolved by the deadline).
+    assert not counter_mismatches(engine), counter_mismatches(engine)
+    assert _remote(engine).count["promotion_deadlines"] == 0
 
 
 def _every_token_once(report: InProcessReport) -> None:
@@ -323,7 +331,7 @@ def test_fault_between_lookup_and_load_recomputes_what_is_missing(server: Any, f
 TRACES = int(
     os.environ.get("HYBRIDKV_TWO_ENGINE_TRACES", max(8, settings.default.max_examples // 10))
 )
-FIGURES: Counter[str] = Counter()
+FIGURES: dict[str, Counter[str]] = {}
 
 
 @settings(
@@ -336,7 +344,10 @@ def test_random_two_engine_traces_with_remote_faults(server: Any, seed: int) -> 
     """Waves of requests (a family's shared prefix plus a drawn tail on one engine under a
     drawn tenant, then maybe the same prompt on the other engine), one drawn fault per fetch:
     0 wrong loads, 0 cross-tenant hits, 0 wedges, the promotion counters add up."""
-    out = play_two_engines(server, random_two_engine_trace(random.Random(seed)))
+    _check_trace(play_two_engines(server, random_two_engine_trace(random.Random(seed))), "tp1")
+
+
+def _check_trace(out: TwoEngineOutcome, name: str) -> None:
     assert out.unfinished == 0
     assert out.unflushed == 0
     for report in out.reports.values():
@@ -344,11 +355,169 @@ def test_random_two_engine_traces_with_remote_faults(server: Any, seed: int) -> 
     assert out.cross_tenant_hits == 0
     assert not out.residue, dict(out.residue)  # 0 wedges: every promotion and job resolved
     assert not out.counter_mismatches, out.counter_mismatches
-    FIGURES.update(out.outcomes)
-    FIGURES["external_hits"] += sum(r.external_hits for r in out.reports.values())
-    FIGURES["wrong_reads"] += sum(r.wrong_reads for r in out.reports.values())
-    FIGURES["slots_checked"] += sum(r.slots_checked for r in out.reports.values())
-    FIGURES["cross_tenant_hits"] += out.cross_tenant_hits
-    FIGURES["traces"] += 1
-    FIGURES.update({f"injected_{k}": v for k, v in out.injected.items()})
-    print(f"\ntwo-engine traces so far: {dict(sorted(FIGURES.items()))}")
+    figures = FIGURES.setdefault(name, Counter())
+    figures.update(out.outcomes)
+    figures["external_hits"] += sum(r.external_hits for r in out.reports.values())
+    figures["wrong_reads"] += sum(r.wrong_reads for r in out.reports.values())
+    figures["slots_checked"] += sum(r.slots_checked for r in out.reports.values())
+    figures["cross_tenant_hits"] += out.cross_tenant_hits
+    figures["traces"] += 1
+    figures.update({f"injected_{k}": v for k, v in out.injected.items()})
+    print(f"\ntwo-engine traces so far ({name}): {dict(sorted(figures.items()))}")
+
+
+# ------------------------------------------------------------------ tensor parallel (issue 30)
+# Ranks simulated in process as for the host tier (hybridkv.vllm.harness.inprocess): each rank
+# its own caches, worker-side connector, host memory and server connection; vLLM's own
+# KVOutputAggregator folds the ranks' outputs. Replicated KV: kv_tp_replicas = the TP size (an
+# all-MLA model), one host region the ranks share.
+
+TP_CASES = [(2, False), (4, False), (2, True), (4, True)]
+
+
+def _tp_id(case: tuple[int, bool]) -> str:
+    return f"tp{case[0]}{'-replicated' if case[1] else ''}"
+
+
+def _sets(server: Any) -> int:
+    """SET commands the server ran (its own count, ``INFO commandstats``)."""
+    admin = server.admin()
+    calls = int(admin.info("commandstats").get("cmdstat_set", {}).get("calls", 0))
+    admin.close()
+    return calls
+
+
+@pytest.mark.parametrize("case", TP_CASES, ids=_tp_id)
+def test_tp_engines_share_every_ranks_shard(server: Any, case: tuple[int, bool]) -> None:
+    tp, replicated = case
+    shape = SHAPES[Layout.SLIDING_FULL]
+    a = build(shape, server.port, tp=tp, replicated=replicated)
+    ra = run_prompts(a, chat_prompts(shape.trace, "a-"))
+    assert flush_writes(a)
+    chunks = {key for key, _ in _remote(a).written_log}
+    assert chunks
+    written = [rank.worker.worker_remote.counters()["remote_written"] for rank in a.ranks]
+    sets = _sets(server)
+    print(f"\n{_tp_id(case)}: {len(chunks)} chunks, {sets} SETs, per rank {written}")
+    if replicated:  # one shard per chunk, written by rank 0 alone: once, not once per rank
+        assert written == [len(chunks)] + [0] * (tp - 1)
+        assert sets == len(chunks)
+    else:  # each rank its own shard under its own key
+        assert written == [len(chunks)] * tp
+        assert sets == tp * len(chunks)
+    admin = server.admin()
+    assert admin.dbsize() == sets
+    admin.close()
+    b = build(shape, server.port, tp=tp, replicated=replicated)
+    rb = run_prompts(b, chat_prompts(shape.trace, "b-"))
+    b_remote = _remote(b)
+    assert b_remote.count["promoted"] > 0
+    assert rb.external_hits > 0
+    assert set(b_remote.promoted_log) <= set(_remote(a).written_log)
+    fetched = [rank.worker.worker_remote.count["remote_fetches"] for rank in b.ranks]
+    promotions = b_remote.count["promotions_started"]
+    # One shared host region is filled by rank 0 alone; otherwise every rank fetches its own.
+    assert fetched == ([promotions] + [0] * (tp - 1) if replicated else [promotions] * tp)
+    for report in (ra, rb):
+        assert report.finished == report.requests > 0
+        assert report.slots_checked > 0
+        assert report.wrong_reads == 0  # every rank's reads content-checked, rank-salted
+        _every_token_once(report)
+    for engine in (a, b):
+        _quiescent(engine)
+        _counters_add_up(engine)
+        engine.close()
+
+
+@pytest.mark.parametrize("tp", [2, 4])
+def test_a_shard_missing_on_one_rank_before_the_lookup_is_a_miss(server: Any, tp: int) -> None:
+    shape = SHAPES[Layout.SLIDING_FULL]
+    a = build(shape, server.port, tp=tp)
+    run_prompts(a, chat_prompts(shape.trace, "a-"))
+    assert flush_writes(a)
+    # The last rank's shards vanish (TTL, eviction); every other rank's stay on the server.
+    last = a.ranks[-1].worker.worker_remote
+    gone = [redis_key(bytes.fromhex(key)) for key, _ in last.tier.snapshot()["remote"]]
+    assert gone
+    admin = server.admin()
+    assert admin.delete(*gone) == len(gone)
+    assert admin.dbsize() == (tp - 1) * len(gone)
+    admin.close()
+    b = build(shape, server.port, tp=tp)
+    rb = run_prompts(b, chat_prompts(shape.trace, "b-"))
+    count = _remote(b).count
+    assert count["remote_lookups"] > 0
+    assert count["remote_chunks_found"] == 0  # every chunk lacks one rank's shard: a miss
+    assert count["promotions_started"] == 0
+    assert [rank.worker.worker_remote.count["remote_fetches"] for rank in b.ranks] == [0] * tp
+    assert rb.failed_loads == 0
+    assert rb.wrong_reads == 0
+    _every_token_once(rb)
+    for engine in (a, b):
+        _quiescent(engine)
+        engine.close()
+
+
+@pytest.mark.parametrize("tp", [2, 4])
+def test_a_shard_gone_before_one_ranks_fetch_fails_the_chunk_on_every_rank(
+    server: Any, tp: int
+) -> None:
+    shape = SHAPES[Layout.SLIDING_FULL]
+    a, _ = _serve_a_tp(shape, server.port, tp)
+    b = build(shape, server.port, tp=tp, timeout_ms=100)
+    victim = b.ranks[-1].worker.worker_remote
+    fired: list[bytes] = []
+
+    def before_fetch(order: FetchOrder) -> None:
+        if not fired:  # the first fetch only: its shard on the last rank is gone
+            fired.append(order.chunk_key)
+            server.admin().delete(redis_key(order.shard_keys[victim.shard]))
+
+    victim.before_fetch = before_fetch
+    rb = run_prompts(b, chat_prompts(shape.trace, "b-"))
+    count = _remote(b).count
+    print(f"\ntp{tp}, one shard gone: {dict(count)}; {rb}")
+    assert fired
+    assert count["missing"] == 1
+    assert victim.outcomes["missing"] == 1
+    # The other ranks promoted their shards of that chunk, and the scheduler still failed it.
+    for rank in b.ranks[:-1]:
+        assert rank.worker.worker_remote.outcomes["promoted"] == count["promoted"] + 1
+    assert all(key != fired[0] for key, _ in _remote(b).promoted_log)
+    assert rb.failed_loads == 0  # the claim ended before the chunk: vLLM saw no load of it
+    assert rb.finished == rb.requests
+    assert rb.wrong_reads == 0
+    _every_token_once(rb)
+    _quiescent(b)
+    _counters_add_up(b)
+    for engine in (a, b):
+        engine.close()
+
+
+def _serve_a_tp(shape: Shape, port: int, tp: int) -> tuple[InProcessEngine, InProcessReport]:
+    a = build(shape, port, tp=tp)
+    report = run_prompts(a, chat_prompts(shape.trace, "a-"))
+    assert flush_writes(a)
+    return a, report
+
+
+# A quarter of the TP 1 count per TP case (three cases, each engine up to four ranks): `nox -s
+# remote`'s 200 give 50 traces each.
+TP_TRACES = max(4, TRACES // 4)
+
+
+@pytest.mark.parametrize("case", [(2, False), (4, False), (4, True)], ids=_tp_id)
+@settings(
+    max_examples=TP_TRACES,
+    deadline=None,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture],
+)
+@given(seed=st.integers(0, 2**32 - 1))
+def test_random_two_engine_traces_with_remote_faults_under_tp(
+    server: Any, case: tuple[int, bool], seed: int
+) -> None:
+    """The random traces with both engines on ``tp`` ranks, the faults before one drawn rank's
+    fetches on its own shard: the same verdicts as at TP 1."""
+    tp, replicated = case
+    trace = random_two_engine_trace(random.Random(seed))
+    _check_trace(play_two_engines(server, trace, tp=tp, replicated=replicated), _tp_id(case))
