@@ -21,7 +21,8 @@ user the server rejects, a user without the commands the tier runs, a TLS handsh
 fails) is a :class:`~hybridkv.errors.HybridKVConfigError` naming the setting to fix, so a
 misconfigured engine stops at start-up with one line instead of counting faults for ever. A
 server that is down or slow is not refused (it may come back; every call then counts a
-fault): it is logged once.
+fault): it is logged once. A cluster client runs the same probe and reads its failure the same
+way (:mod:`hybridkv.remote.cluster`, "Start-up check").
 """
 
 from __future__ import annotations

@@ -79,8 +79,9 @@ CALL_THREADS = 4
 """Calls one client runs at once (the writer's SET, a fetch's GET, a lookup, with room)."""
 
 _T = TypeVar("_T")
-# A cluster client also asks for the slot map, and is sent ASKING when a slot is moving.
-_CLUSTER_GRANT = _GRANT + " +cluster|slots +asking"
+# A cluster client also asks for the slot map and the command table (where each command
+# names its keys), and sends ASKING when a slot is moving.
+_CLUSTER_GRANT = _GRANT + " +cluster|slots +command +asking"
 
 
 def client_for(config: RemoteConfig) -> ChunkClient:

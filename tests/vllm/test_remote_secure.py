@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -26,6 +27,11 @@ import pytest
 pytestmark = pytest.mark.vllm
 pytest.importorskip("vllm.v1.core.sched.scheduler", reason="vLLM 0.33 is not installed")
 
+# The fake server of the library tests (the TP test needs no real one).
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "remote"))
+
+import torch  # noqa: E402
+from _fake_chunk_client import FakeClient  # noqa: E402
 from _two_engines import (  # noqa: E402
     HOST_BYTES,
     SHAPES,
@@ -39,11 +45,28 @@ from diffharness.layouts import RECIPES, Layout  # noqa: E402
 from vllm.config import KVTransferConfig  # noqa: E402
 
 from hybridkv.errors import HybridKVConfigError  # noqa: E402
-from hybridkv.remote import Credentials, FleetKey, TlsFiles, redis_key  # noqa: E402
+from hybridkv.hostmem import HostMemory, PinMode  # noqa: E402
+from hybridkv.remote import (  # noqa: E402
+    Credentials,
+    FleetKey,
+    ModelIdentity,
+    RemoteConfig,
+    ShardPlan,
+    TlsFiles,
+    redis_key,
+    shard_keys,
+    shard_namespaces,
+)
 from hybridkv.vllm.config import parse_extra_config  # noqa: E402
 from hybridkv.vllm.harness.cpu_worker import HybridKVOnCPU  # noqa: E402
 from hybridkv.vllm.harness.inprocess import InProcessEngine  # noqa: E402
-from hybridkv.vllm.remote import remote_config  # noqa: E402
+from hybridkv.vllm.remote import (  # noqa: E402
+    FetchOrder,
+    FetchReport,
+    RemoteOrders,
+    WorkerRemote,
+    remote_config,
+)
 
 W = "kv_connector_extra_config"
 PASSWORD = "engine-password-5b1e"
@@ -142,6 +165,102 @@ def test_a_url_of_another_scheme_with_credentials_is_refused_without_echoing_the
         "http://<credentials>@cache.local:6379",
         "is not a redis:// or rediss:// URL",
     )
+
+
+def test_a_tls_cluster_url_carries_every_security_key(
+    files: dict[str, str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("HYBRIDKV_TEST_PASSWORD", PASSWORD)
+    extra = {
+        "remote_url": "rediss+cluster://10.0.0.5:7000,10.0.0.6:7001",
+        "remote_password_env": "HYBRIDKV_TEST_PASSWORD",
+        "remote_tls_ca_file": files["ca.crt"],
+        "remote_secret_file": files["secret"],
+    }
+    remote = parse_extra_config(extra).remote
+    assert remote is not None
+    assert remote.cluster_nodes == (("10.0.0.5", 7000), ("10.0.0.6", 7001))
+    assert (remote.host, remote.port) == ("10.0.0.5", 7000)
+    assert remote.credentials == Credentials(None, PASSWORD)
+    assert remote.tls == TlsFiles(files["ca.crt"])
+    assert remote.key == FleetKey(SECRET.encode())
+    config = remote_config(remote)
+    assert (config.cluster_nodes, config.credentials, config.tls, config.key) == (
+        remote.cluster_nodes,
+        remote.credentials,
+        remote.tls,
+        remote.key,
+    )
+    # A plaintext cluster URL with TLS files is refused, as a plaintext server's is.
+    plain = extra | {"remote_url": "redis+cluster://10.0.0.5:7000"}
+    refused = _refusal(plain)
+    assert (refused.field, refused.problem) == (
+        f"{W}.remote_tls_ca_file",
+        "is set but remote_url is plaintext",
+    )
+
+
+@pytest.mark.parametrize(
+    ("url", "shown"),
+    [
+        ("redis+cluster://u:hunter2@h:1,h:2", "redis+cluster://<credentials>@h:1,h:2"),
+        ("rediss+cluster://h:1,u:hunter2@h:2", "rediss+cluster://<credentials>@h:2"),
+    ],
+)
+def test_credentials_in_a_cluster_url_are_refused_without_echoing_them(
+    url: str, shown: str
+) -> None:
+    refused = _refusal({"remote_url": url})
+    assert (refused.value, refused.problem) == (
+        shown,
+        "carries credentials: the URL is logged with vLLM's config",
+    )
+    assert "hunter2" not in str(refused)
+
+
+def test_each_tp_rank_verifies_its_shard_under_its_own_key() -> None:
+    """Under TP the MAC binds each value to its rank's shard key (the key it is stored under):
+    engine B's ranks load the shards A's ranks wrote, and a shard copied under another rank's
+    key is refused."""
+    slot, plan = 64, ShardPlan(tp_size=2)
+    config = RemoteConfig(namespace=b"t", key=FleetKey(SECRET.encode()))
+    identity = ModelIdentity("org/model", "", "torch.bfloat16/auto", "small", 2, 0)
+    members = (b"\x01" * 32, b"\x02" * 32)
+    keys = shard_keys(shard_namespaces(config.namespace, identity, plan, 0), members)
+    order = FetchOrder(keys[0], members, (0, 1), keys)
+    server = FakeClient()
+
+    def shard(member: bytes, rank: int) -> bytes:
+        return (member[:1] + bytes([rank])) * (slot // 2)
+
+    def ranks() -> tuple[list[HostMemory], list[WorkerRemote]]:
+        hosts = [HostMemory(4 * slot, slot, PinMode.OFF) for _ in range(plan.tp_size)]
+        workers = [
+            WorkerRemote(config, hosts[r], client=server, background=False, rank=r, shards=plan)
+            for r in range(plan.tp_size)
+        ]
+        return hosts, workers
+
+    a_hosts, a = ranks()
+    for rank, (host, worker) in enumerate(zip(a_hosts, a, strict=True)):
+        for index, member in enumerate(members):
+            host.slot(index).copy_(
+                torch.frombuffer(bytearray(shard(member, rank)), dtype=torch.uint8)
+            )
+        assert worker.run(RemoteOrders(writes=(order,))) == ()
+        assert worker.tier.write_pending() == 1
+    assert set(server.data) == {redis_key(k) for k in keys}  # one value per shard key
+    b_hosts, b = ranks()
+    promoted = (FetchReport(keys[0], "promoted"),)
+    assert [worker.run(RemoteOrders(fetches=(order,))) for worker in b] == [promoted] * 2
+    for rank, host in enumerate(b_hosts):
+        assert [bytes(host.slot(i).numpy()) for i in (0, 1)] == [shard(m, rank) for m in members]
+    # Rank 0's valid value copied under rank 1's key: the MAC names rank 0's key, refused.
+    server.data[redis_key(keys[1])] = server.data[redis_key(keys[0])]
+    _, c = ranks()
+    assert c[1].run(RemoteOrders(fetches=(order,))) == (FetchReport(keys[0], "corrupt"),)
+    assert c[1].refusals.counts()["mac"] == 1
+    assert c[1].counters()["remote_fetches_unauthenticated"] == 1
 
 
 PLAINTEXT_FIX = 'write "remote_url": "rediss://HOST:PORT" (TLS), or drop the key'
