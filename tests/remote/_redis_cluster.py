@@ -9,7 +9,10 @@ primary's replica takes over within a few seconds. A test may kill a primary and
 failover, or add a shard (a primary and its replica) and move slots to it while clients run.
 
 With ``password``, every node runs with ``--requirepass`` and ``--masterauth`` (replicas sync
-with it) and the fixture's own clients and ``redis-cli`` send it.
+with it) and the fixture's own clients and ``redis-cli`` send it. With ``tls`` (a
+``_certs.Certs``), every node speaks only TLS, to clients, to its replicas and on the cluster
+bus (``--port 0 --tls-port``, ``--tls-cluster yes``, ``--tls-replication yes``), no client
+certificate asked.
 
 Each node's cluster bus port is chosen free too (``--cluster-port``), not the port + 10000
 that an OS-chosen port could push past 65535.
@@ -25,6 +28,7 @@ import subprocess
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import redis
 from _redis_server import free_port
@@ -54,6 +58,10 @@ def cli_or_skip() -> str:
     return cli
 
 
+def _tls_kwargs(ca: str | None) -> dict[str, Any]:
+    return {} if ca is None else {"ssl": True, "ssl_ca_certs": ca}
+
+
 @dataclass(slots=True)
 class Node:
     """One cluster node's process, ports and directory."""
@@ -64,11 +72,17 @@ class Node:
     process: subprocess.Popen[bytes] | None = None
     stopped: bool = False  # SIGSTOPped by the test
     password: str | None = None
+    ca: str | None = None  # TLS: the CA file that signed the node's certificate
 
     def admin(self) -> redis.Redis:
         """A plain client of this node alone (CLUSTER, INFO, DBSIZE...)."""
         return redis.Redis(
-            port=self.port, password=self.password, socket_timeout=5, socket_connect_timeout=1
+            host="127.0.0.1",  # the name the TLS certificate carries
+            port=self.port,
+            password=self.password,
+            socket_timeout=5,
+            socket_connect_timeout=1,
+            **_tls_kwargs(self.ca),
         )
 
     def alive(self) -> bool:
@@ -94,6 +108,7 @@ class LocalCluster:
     replicas: int = 1
     node_timeout_ms: int = 1000
     password: str | None = None
+    tls: Any = None  # a _certs.Certs: every node TLS only
     nodes: list[Node] = field(default_factory=list)
 
     # --- life cycle ---
@@ -143,7 +158,12 @@ class LocalCluster:
             password=self.password,
             socket_timeout=5,
             socket_connect_timeout=1,
+            **_tls_kwargs(self._ca),
         )
+
+    @property
+    def _ca(self) -> str | None:
+        return None if self.tls is None else str(self.tls.ca)
 
     def topology(self) -> dict[int, tuple[str, int | None, int]]:
         """Each live node's (role, its primary's port for a replica, slots it owns), as a
@@ -280,7 +300,7 @@ class LocalCluster:
             bus = free_port()
         workdir = self.workdir / f"node-{port}"
         workdir.mkdir()
-        node = Node(port, bus, workdir, password=self.password)
+        node = Node(port, bus, workdir, password=self.password, ca=self._ca)
         args = [
             self.binary,
             "--port", str(port),
@@ -298,6 +318,14 @@ class LocalCluster:
         ]  # fmt: skip
         if self.password is not None:
             args += ["--requirepass", self.password, "--masterauth", self.password]
+        if self.tls is not None:
+            args[args.index("--port") + 1] = "0"
+            args += [
+                "--tls-port", str(port), "--tls-cluster", "yes", "--tls-replication", "yes",
+                "--tls-cert-file", str(self.tls.server_cert),
+                "--tls-key-file", str(self.tls.server_key),
+                "--tls-ca-cert-file", str(self.tls.ca), "--tls-auth-clients", "no",
+            ]  # fmt: skip
         node.process = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         self.nodes.append(node)
         deadline = time.monotonic() + timeout_s
@@ -327,8 +355,9 @@ class LocalCluster:
         return done.stdout
 
     def _auth(self) -> list[str]:
-        """``redis-cli``'s password options (none without a password)."""
-        return [] if self.password is None else ["-a", self.password, "--no-auth-warning"]
+        """``redis-cli``'s password and TLS options (none without either)."""
+        auth = [] if self.password is None else ["-a", self.password, "--no-auth-warning"]
+        return auth if self.tls is None else [*auth, "--tls", "--cacert", str(self.tls.ca)]
 
     def _node_id(self, port: int) -> str:
         admin = self.node(port).admin()

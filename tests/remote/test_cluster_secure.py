@@ -10,12 +10,13 @@ start-up check and the keyed values, and quick to start.
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from _certs import make_certs
+from _certs import Certs, make_certs
 from _redis_cluster import LocalCluster, cli_or_skip
 from _remote_helpers import chunk_of, content
 
@@ -23,6 +24,7 @@ from hybridkv.errors import HybridKVConfigError
 from hybridkv.remote import (
     Admission,
     Chunk,
+    ClientFault,
     ClusterClient,
     Credentials,
     FleetKey,
@@ -91,7 +93,7 @@ def locked_cluster(
 
 
 def config_of(cluster: LocalCluster, **kw: object) -> RemoteConfig:
-    return RemoteConfig(cluster_nodes=cluster.seeds, deadline_s=2.0, **kw)  # type: ignore[arg-type]
+    return RemoteConfig(**{"cluster_nodes": cluster.seeds, "deadline_s": 2.0, **kw})  # type: ignore[arg-type]
 
 
 def _one_line(error: HybridKVConfigError) -> str:
@@ -238,4 +240,60 @@ def test_keyed_values_on_a_cluster(locked_cluster: LocalCluster, encrypt: bool) 
     assert reader.refusals.counts()["mac"] == 1
     assert reader.refusals.unauthenticated() == 2
     for tier in (writer, reader, unkeyed):
+        tier.close()
+
+
+# ------------------------------------------------------------------ a cluster speaking only TLS
+
+
+@pytest.fixture(scope="module")
+def tls_cluster(
+    redis_binary: str, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[tuple[LocalCluster, Certs]]:
+    certs = make_certs(tmp_path_factory.mktemp("cluster-certs"))
+    cluster = LocalCluster(
+        redis_binary,
+        cli_or_skip(),
+        tmp_path_factory.mktemp("tls-cluster"),
+        replicas=0,
+        password=PASSWORD,
+        tls=certs,
+    )
+    try:
+        started = time.monotonic()
+        cluster.start()
+        print(f"\n3-primary TLS cluster ready in {time.monotonic() - started:.1f} s")
+        yield cluster, certs
+    finally:
+        cluster.stop()
+
+
+@pytest.mark.remote
+def test_a_tls_cluster_serves_keyed_values_to_tls_clients_only(
+    tls_cluster: tuple[LocalCluster, Certs], caplog: pytest.LogCaptureFixture
+) -> None:
+    cluster, certs = tls_cluster
+    tls = TlsFiles(str(certs.ca))
+    key = FleetKey(SECRET)
+    writer = RemoteTier(config_of(cluster, credentials=AUTHED, tls=tls, key=key), background=False)
+    reader = RemoteTier(config_of(cluster, credentials=AUTHED, tls=tls, key=key), background=False)
+    items = [chunk_of(i, groups=2, salt=b"tls", slot=SLOT) for i in range(9)]
+    for chunk in items:
+        _publish(writer, chunk, [content(k, SLOT) for k in chunk.members])
+    assert len({cluster.owner(redis_key(c.key)) for c in items}) == 3  # every node, over TLS
+    for chunk in items:
+        expected = tuple(content(k, SLOT) for k in chunk.members)
+        assert _fetch(reader, chunk) == (PromoteOutcome.PROMOTED, expected)
+    # A certificate the client's CA did not sign: one clean error at start-up.
+    with pytest.raises(HybridKVConfigError) as caught:
+        ClusterClient(config_of(cluster, credentials=AUTHED, tls=TlsFiles(str(certs.other_ca))))
+    assert caught.value.field == "remote_tls_ca_file"
+    assert "CERTIFICATE_VERIFY_FAILED" in _one_line(caught.value)
+    # A plaintext client gets nothing: no answer at start-up (logged), every call a fault.
+    with caplog.at_level(logging.WARNING, logger="hybridkv.remote"):
+        plaintext = ClusterClient(config_of(cluster, credentials=AUTHED, deadline_s=0.5))
+    assert any("did not answer at start-up" in r.getMessage() for r in caplog.records)
+    assert plaintext.get(redis_key(items[0].key)) is ClientFault.FAULT
+    plaintext.close()
+    for tier in (writer, reader):
         tier.close()
