@@ -22,6 +22,14 @@ Layouts come from the planner's plan of built-in presets (tp=1, the recommended 
 per group; a member is one host slot of the largest group's unit bytes, as the connector's host
 tier allocates them) plus a named 128 KB one below the smallest preset.
 
+The value codec alone (no server, one thread), side by side in the same run: per layout,
+:func:`encode_chunk` and :func:`decode_chunk` of every chunk as each value format does it, the
+plain SHA-256 digest (no fleet key, format 2), the keyed MAC (HMAC-SHA256, format 3) and AES-256-GCM
+encryption (format 4); GB/s of payload each way and the seconds per GB of one encode plus one
+decode, the cost an engine pays per GB written and read back. Every decode is checked equal to
+the source bytes. Encryption needs ``cryptography`` (``hybridkv[remote-crypto]``); without it
+its rows say so.
+
 Then, on the same server and in the same run, two engines (``tools/_shared_tier.py``): vLLM
 0.33's real ``Scheduler`` in-process with HybridKVConnector; engine A serves a chat trace and
 writes behind, engine B serves the same prompts through the remote tier, and a third engine
@@ -41,6 +49,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import hashlib
+import os
 import platform
 import random
 import shutil
@@ -57,9 +66,11 @@ from pathlib import Path
 import redis
 
 from hybridkv.cli.plan import build_plan
+from hybridkv.errors import HybridKVConfigError
 from hybridkv.remote import (
     Admission,
     Chunk,
+    FleetKey,
     PromoteOutcome,
     RemoteConfig,
     RemoteTier,
@@ -329,6 +340,98 @@ def measure(layout: Layout, count: int, repeats: int, port: int, seed: int = 0) 
     )  # fmt: skip
 
 
+# --- the value codec alone: digest, MAC, AES-GCM ---
+
+VALUE_MODES = ("digest", "mac", "aes-gcm")
+
+
+@dataclass(frozen=True, slots=True)
+class CodecRow:
+    """One layout's codec medians (seconds per pass) in one value format."""
+
+    layout: Layout
+    mode: str
+    payload_bytes: int
+    encode_s: float
+    decode_s: float
+
+    @property
+    def s_per_gb(self) -> float:
+        """Seconds of one encode plus one decode per GB of payload."""
+        return (self.encode_s + self.decode_s) / (self.payload_bytes / 1e9)
+
+
+def _fleet_key(mode: str) -> FleetKey | str | None:
+    """The key of ``mode`` (a fresh random secret), or why it cannot run."""
+    if mode == "digest":
+        return None
+    try:
+        return FleetKey(os.urandom(32), encrypt=mode == "aes-gcm")
+    except HybridKVConfigError as missing:
+        return f"skipped: {missing.problem}"
+
+
+def codec_costs(layout: Layout, count: int, repeats: int, seed: int = 0) -> list[CodecRow | str]:
+    """Median encode and decode seconds of ``count`` chunks of ``layout`` in each value mode
+    (a string where a mode cannot run); every decode checked equal to the source."""
+    data = bytearray(random.Random(seed).randbytes(count * layout.chunk_bytes))
+    source = SlotBuffer(data, layout.member_bytes)
+    chunks = _chunks(layout, count, b"codec")
+    rows: list[CodecRow | str] = []
+    for mode in VALUE_MODES:
+        key = _fleet_key(mode)
+        if isinstance(key, str):
+            rows.append(f"{layout.name} {mode}: {key}")
+            continue
+        encode_s, decode_s = [], []
+        for _ in range(repeats):
+            values: list[bytes] = []
+            for c, chunk in enumerate(chunks):
+                payloads = [source.view(c * layout.members + g) for g in range(layout.members)]
+                start = time.perf_counter()
+                values.append(encode_chunk(chunk.members, payloads, key, chunk.key))
+                encode_s.append(time.perf_counter() - start)
+            for c, (chunk, value) in enumerate(zip(chunks, values, strict=True)):
+                start = time.perf_counter()
+                decoded = decode_chunk(value, chunk.members, key, chunk.key)
+                decode_s.append(time.perf_counter() - start)
+                whole = b"".join(decoded.payloads)
+                at = c * layout.chunk_bytes
+                assert whole == data[at : at + layout.chunk_bytes], f"{mode} chunk {c} differs"
+        per_pass = count  # samples are per chunk: a pass is the sum of `count` of them
+        rows.append(
+            CodecRow(
+                layout, mode, count * layout.chunk_bytes,
+                statistics.median(encode_s) * per_pass, statistics.median(decode_s) * per_pass,
+            )
+        )  # fmt: skip
+    return rows
+
+
+CODEC_HEADER = (
+    "| chunk | value | encode GB/s | decode GB/s | s per GB (encode + decode) | x digest |"
+)
+
+
+def format_codec(rows: Sequence[CodecRow | str]) -> list[str]:
+    """The codec table's rows (and the lines of modes that could not run)."""
+    lines, base = [], 0.0
+    for row in rows:
+        if isinstance(row, str):
+            lines.append(row)
+            continue
+        if row.mode == "digest":
+            base = row.s_per_gb
+        n = row.payload_bytes
+        cells = (
+            f"{row.layout.name} ({_size(row.layout.chunk_bytes)})", row.mode,
+            f"{_gbps(n, row.encode_s):.2f}", f"{_gbps(n, row.decode_s):.2f}",
+            f"{row.s_per_gb:.3f}", f"{row.s_per_gb / base:.2f}" if base else "-",
+        )  # fmt: skip
+        lines.append("| " + " | ".join(cells) + " |")
+    return lines
+
+
 # --- report ---
 
 HEADER = (
@@ -409,6 +512,20 @@ def report(rows: Sequence[Row], port: int, server: str, digests: dict[str, float
         print(format_bytes_check(row))
 
 
+def report_codec(layouts: Sequence[Layout], total_bytes: int, repeats: int) -> None:
+    """Print the value codec's cost per layout and value format (module docstring)."""
+    print()
+    print("value codec alone, one thread, no server: per chunk, median of the repeats; GB/s "
+          "of payload; x digest = s per GB over the digest's")  # fmt: skip
+    print()
+    print(CODEC_HEADER)
+    print("|" + "---|" * (CODEC_HEADER.count(" | ") + 1))
+    for layout in layouts:
+        count = max(3, total_bytes // layout.chunk_bytes)
+        for line in format_codec(codec_costs(layout, count, repeats)):
+            print(line)
+
+
 def _server_version(port: int) -> str:
     client = redis.Redis(port=port, socket_timeout=5)
     info = client.info("server")
@@ -439,6 +556,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         port = args.port if args.port is not None else stack.enter_context(own_server())
         rows = run(layouts, total, args.repeats, port)
         report(rows, port, _server_version(port), digest_speeds(min(total, 16 << 20)))
+        report_codec(layouts, total, args.repeats)
         if args.tiny or args.no_engines:
             return 0
         return two_engines(port)

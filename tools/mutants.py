@@ -112,13 +112,16 @@ MODULES: dict[str, tuple[str, ...]] = {
     "hybridkv/remote/codec.py": (
         "tests/remote/test_codec.py",
         "tests/remote/test_codec_refusals.py",
+        "tests/remote/test_codec_keyed.py",
     ),
+    "hybridkv/remote/security.py": ("tests/remote/test_codec_keyed.py",),
     # Not tests/vllm/test_hybridkv_tensor_parallel.py: a mutant it reaches often leaves its
     # two-rank engines waiting (0% CPU) until mutmut's wall-clock limit, minutes a mutant; it
     # stays in the vllm session.
     "hybridkv/vllm/ranks.py": ("tests/vllm/test_ranks_units.py",),
     "hybridkv/vllm/config.py": (
         "tests/vllm/test_extra_config_refusals.py",
+        "tests/vllm/test_remote_secure.py",
         "tests/vllm/test_hybridkv_connector.py",
     ),
 }

@@ -1,7 +1,8 @@
 """The remote tier (issue 12): content-addressed chunks on a shared Redis/Valkey server under
 the host store. One idea per module: :mod:`.values`, :mod:`.config`, :mod:`.codec` (chunk keys
-and verified values), :mod:`.client` (redis-py, faults returned), :mod:`.cluster` (the same on
-a Redis/Valkey Cluster), :mod:`.tier` (write-behind, lookups, fetches, counters), :mod:`.slots`
+and verified values), :mod:`.security` (credentials, TLS files, the fleet key that MACs or
+encrypts values), :mod:`.client` (redis-py, faults returned), :mod:`.cluster` (the same on a
+Redis/Valkey Cluster), :mod:`.tier` (write-behind, lookups, fetches, counters), :mod:`.slots`
 (host slot bytes), :mod:`.identity` (the model identity and weights version scoped into chunk
 keys), :mod:`.shards` (a chunk's tensor-parallel shards: one key each, held only when all are),
 :mod:`.two_tier` (the host store composed with the tier), and, so that a slow or dead server
@@ -28,6 +29,7 @@ from hybridkv.remote.codec import (
     FORMAT_VERSION,
     MAGIC,
     Decoded,
+    ValueFormat,
     chunk_key,
     decode_chunk,
     encode_chunk,
@@ -39,6 +41,7 @@ from hybridkv.remote.fetches import LATE, FetchPool, Late
 from hybridkv.remote.identity import EPOCH_BYTES, ModelIdentity, scoped_namespace
 from hybridkv.remote.lookup_book import Consult, Consulted, LookupBook, LookupMode, LookupPolicy
 from hybridkv.remote.lookups import Lookup, LookupCounts, LookupQueue
+from hybridkv.remote.security import Credentials, FleetKey, Refusals, TlsFiles, read_secret
 from hybridkv.remote.shards import (
     ShardPlan,
     combined_outcome,
@@ -51,6 +54,7 @@ from hybridkv.remote.slots import SlotBuffer
 from hybridkv.remote.tier import RemoteTier
 from hybridkv.remote.two_tier import Promotion, TwoTierStore
 from hybridkv.remote.values import (
+    AUTH_REFUSALS,
     REMOTE_COUNTER_NAMES,
     Admission,
     Chunk,
@@ -63,6 +67,7 @@ from hybridkv.remote.values import (
 )
 
 __all__ = [
+    "AUTH_REFUSALS",
     "EPOCH_BYTES",
     "FORMAT_VERSION",
     "LATE",
@@ -80,9 +85,11 @@ __all__ = [
     "Consult",
     "Consulted",
     "Corruption",
+    "Credentials",
     "Decoded",
     "FetchPool",
     "Fetched",
+    "FleetKey",
     "GuardedClient",
     "Late",
     "Lookup",
@@ -97,11 +104,14 @@ __all__ = [
     "PromoteRefusal",
     "Promotion",
     "RedisClient",
+    "Refusals",
     "RemoteConfig",
     "RemoteTier",
     "ShardPlan",
     "SlotBuffer",
+    "TlsFiles",
     "TwoTierStore",
+    "ValueFormat",
     "WriteOutcome",
     "breaker_counters",
     "chunk_key",
@@ -113,6 +123,7 @@ __all__ = [
     "held_on_every_shard",
     "held_per_chunk",
     "make_chunk",
+    "read_secret",
     "redis_key",
     "scoped_namespace",
     "shard_keys",

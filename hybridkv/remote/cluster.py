@@ -30,9 +30,23 @@ is promoted. Each connection error makes redis-py reload the slot map, so at mos
 client faults after the promotion (its map, reloaded before it, still named the dead node) and
 the next reaches the new primary. The tier counts each fault and recomputes (TT-5).
 
-The cluster client is built on the first call, on a call thread, not in ``__init__``: building
-it asks the seeds for the slot map, which must not raise, nor wait past a deadline, at engine
-start-up when the cluster is down. A failed build is a FAULT and the next call builds again.
+Security. Every node is reached with the single-server client's keywords
+(:func:`hybridkv.remote.client.connection_kwargs`): the same deadlines, AUTH (a password, or an
+ACL user and password, which every node must accept alike) and TLS files; ``rediss+cluster://``
+seeds speak TLS to every node. Values are the same keyed values, MACed over the key each is
+stored under (:mod:`hybridkv.remote.codec`): which shard holds a value changes nothing.
+
+Start-up check. Building a :class:`ClusterClient` runs the single-server client's probe (one
+EXISTS of a key no chunk uses) as a call: on a call thread, the caller waiting at most the
+budget. A refusal that will not go away by itself (a seed refusing the password or the ACL
+user, a user without the commands a cluster client runs, a failed TLS handshake) is one
+:class:`~hybridkv.errors.HybridKVConfigError`; a cluster that is down or slow is logged once,
+never raised, and the client runs, counting faults.
+
+The cluster client (redis-py's, with its slot map) is built by that probe, on a call thread, not
+on the caller's: building it asks the seeds for the slot map, which must not wait past a
+deadline at engine start-up when the cluster is down. A failed build is a FAULT and the next
+call builds again.
 """
 
 from __future__ import annotations
@@ -45,7 +59,17 @@ from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
 from hybridkv.errors import HybridKVConfigError
-from hybridkv.remote.client import ChunkClient, RedisClient, _redis, fault_of
+from hybridkv.remote.client import (
+    _GRANT,
+    _PROBE,
+    ChunkClient,
+    RedisClient,
+    _redis,
+    _startup_refusal,
+    _unanswered,
+    connection_kwargs,
+    fault_of,
+)
 from hybridkv.remote.config import RemoteConfig
 from hybridkv.remote.values import ClientFault
 
@@ -55,6 +79,9 @@ CALL_THREADS = 4
 """Calls one client runs at once (the writer's SET, a fetch's GET, a lookup, with room)."""
 
 _T = TypeVar("_T")
+# A cluster client also asks for the slot map and the command table (where each command
+# names its keys), and sends ASKING when a slot is moving.
+_CLUSTER_GRANT = _GRANT + " +cluster|slots +command +asking"
 
 
 def client_for(config: RemoteConfig) -> ChunkClient:
@@ -67,13 +94,11 @@ def client_for(config: RemoteConfig) -> ChunkClient:
 
 
 def cluster_kwargs(config: RemoteConfig) -> dict[str, Any]:
-    """redis-py's ``RedisCluster`` keyword arguments for ``config`` (besides the seeds)."""
-    retry = importlib.import_module("redis.retry").Retry
-    no_backoff = importlib.import_module("redis.backoff").NoBackoff
+    """redis-py's ``RedisCluster`` keyword arguments for ``config`` (besides the seeds): the
+    single-server client's (deadlines, one attempt per call, credentials, TLS), which
+    ``RedisCluster`` hands every node's connections, and the cluster's own."""
     return {
-        "socket_connect_timeout": config.connect_timeout_s,
-        "socket_timeout": config.deadline_s,
-        "retry": retry(no_backoff(), 0),  # one attempt per call (module docstring, Deadline)
+        **connection_kwargs(config),  # one attempt per call (module docstring, Deadline)
         # A slot map with a shard missing still serves the other shards' slots.
         "require_full_coverage": False,
     }
@@ -83,11 +108,14 @@ class ClusterClient:
     """:class:`ChunkClient` on a Redis/Valkey Cluster (redis-py ``RedisCluster``, RESP2)."""
 
     def __init__(self, config: RemoteConfig, *, calls: int = CALL_THREADS) -> None:
-        """A client of ``config``'s cluster (``config.cluster_nodes``: the seeds); connects on
-        the first call.
+        """A client of ``config``'s cluster (``config.cluster_nodes``: the seeds), checked at
+        once (module docstring, "Start-up check").
 
         Errors: HybridKVConfigError (field ``remote_url``) when redis-py is not installed,
-        (``remote_cluster_nodes``) when ``config`` names no seed, (``calls``) when < 1.
+        (``remote_cluster_nodes``) when ``config`` names no seed, (``calls``) when < 1; when a
+        seed refuses the credentials (``remote_password``), the ACL user's rights
+        (``remote_username``) or the TLS handshake (``remote_tls_ca_file``,
+        ``remote_tls_cert_file``).
         """
         seeds = ",".join(f"{host}:{port}" for host, port in config.cluster_nodes)
         if not seeds:
@@ -108,6 +136,8 @@ class ClusterClient:
         self._build = threading.Lock()
         self._free = threading.BoundedSemaphore(calls)
         self._pool = concurrent.futures.ThreadPoolExecutor(calls, "hybridkv-cluster")
+        scheme = "rediss+cluster" if config.tls else "redis+cluster"
+        self._check(f"{scheme}://{seeds}")
 
     def exists(self, keys: Sequence[bytes]) -> tuple[bool, ...] | ClientFault:
         """One EXISTS per key (slots differ), pipelined: one round trip per node."""
@@ -149,6 +179,32 @@ class ClusterClient:
                 cluster.close()
 
     # --- internals ---
+
+    def _check(self, server: str) -> None:
+        """The start-up probe, as a call (module docstring, "Start-up check")."""
+        self._free.acquire()  # a new client: every call thread is free
+        try:
+            error = self._pool.submit(self._probe).result(timeout=self._budget_s)
+        except concurrent.futures.TimeoutError:
+            error = TimeoutError(f"no answer within {self._budget_s:g} s")
+        if error is None:
+            return
+        refused = _startup_refusal(self.config, server, error, _CLUSTER_GRANT)
+        if refused is None:
+            _unanswered(server, error)
+            return
+        self.close()
+        raise refused from None
+
+    def _probe(self) -> Exception | None:
+        """Build the cluster client and ask the probe's EXISTS: what failed, or None."""
+        try:
+            self._connected().exists(_PROBE)
+        except self._errors as error:
+            return error
+        finally:
+            self._free.release()
+        return None
 
     def _call(self, ask: Callable[[Any], _T]) -> _T | ClientFault:
         """``ask`` on a call thread; the caller waits at most the budget (module docstring)."""

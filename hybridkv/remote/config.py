@@ -1,10 +1,12 @@
-"""Where the remote tier's server is and how long it may take: checked eagerly, one field each."""
+"""Where the remote tier's server is, how to reach it safely and how long it may take: checked
+eagerly, one field each."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from hybridkv.errors import HybridKVConfigError
+from hybridkv.remote.security import Credentials, FleetKey, TlsFiles
 
 __all__ = ["RemoteConfig"]
 
@@ -25,6 +27,11 @@ class RemoteConfig:
         index_entries: chunks the tier remembers having written (>= 1); the oldest is
             forgotten past it, so a long-running engine's memory stays bounded. A forgotten
             chunk is written again when it is next stored (an identical SET: harmless).
+        credentials: the AUTH the client sends (none by default; :mod:`.security`).
+        tls: the TLS files, or None for a plaintext connection.
+        key: the fleet key values are MACed (or encrypted) under, or None: unkeyed values,
+            whose digest anyone who can write to the server can compute (docs/howto/
+            share-prefix-cache.md, "Threat model").
         cluster_nodes: seed nodes ``(host, port)`` of a Redis/Valkey Cluster; empty (the
             default) = the one server at ``host:port``. With seeds, ``host`` and ``port`` are
             not used: the client learns every shard from the first seed that answers
@@ -39,6 +46,9 @@ class RemoteConfig:
     max_pending: int = 64
     namespace: bytes = b"hybridkv"
     index_entries: int = 1 << 16
+    credentials: Credentials = field(default_factory=Credentials)
+    tls: TlsFiles | None = None
+    key: FleetKey | None = None
     cluster_nodes: tuple[tuple[str, int], ...] = ()
 
     def __post_init__(self) -> None:
@@ -55,6 +65,13 @@ class RemoteConfig:
             raise HybridKVConfigError(
                 "remote_namespace", self.namespace, "must be bytes", "encode it (utf-8)"
             )
+        for name, value, kind in (
+            ("remote_credentials", self.credentials, Credentials),
+            ("remote_tls", self.tls, TlsFiles | None),
+            ("remote_key", self.key, FleetKey | None),
+        ):
+            if not isinstance(value, kind):
+                raise HybridKVConfigError(name, value, f"must be a {kind}", "build one")
 
 
 def _int_in(field: str, value: object, low: int, high: int, fix: str) -> None:

@@ -31,6 +31,7 @@ from hybridkv.remote.client import ChunkClient
 from hybridkv.remote.cluster import client_for
 from hybridkv.remote.codec import decode_chunk, encode_chunk, redis_key
 from hybridkv.remote.config import RemoteConfig
+from hybridkv.remote.security import Refusals
 from hybridkv.remote.values import (
     REMOTE_COUNTER_NAMES,
     Admission,
@@ -83,6 +84,8 @@ class RemoteTier:
         self._promotions: dict[bytes, Chunk] = {}
         self._failed: set[bytes] = set()
         self._counters = dict.fromkeys(REMOTE_COUNTER_NAMES, 0)
+        # Why CORRUPT fetches were refused, apart from the contract's counters (TT-8).
+        self.refusals = Refusals()
         self._closed = False
         self._writer: threading.Thread | None = None
         if background:
@@ -105,7 +108,8 @@ class RemoteTier:
             early = self._admission(chunk)
         if early is not Admission.ENQUEUED:
             return early
-        value = encode_chunk(chunk.members, payloads)  # the copy, made outside the lock
+        # The copy (and the MAC or encryption), made outside the lock.
+        value = encode_chunk(chunk.members, payloads, self.config.key, chunk.key)
         with self._lock:
             verdict = self._admission(chunk)
             if verdict is Admission.ENQUEUED:
@@ -282,8 +286,8 @@ class RemoteTier:
                 chunk, value = self._queue.popleft()
             self._write_one(chunk, value)
 
-    @staticmethod
     def _fetched(
+        self,
         chunk: Chunk,
         reply: bytes | ClientFault | None,
         accept: Callable[[tuple[bytes, ...]], bool],
@@ -292,7 +296,9 @@ class RemoteTier:
             return Fetched(PromoteOutcome.MISSING)
         if isinstance(reply, ClientFault):
             return Fetched(_FAULT_OUTCOME[reply])
-        decoded = decode_chunk(reply, chunk.members)
+        decoded = decode_chunk(reply, chunk.members, self.config.key, chunk.key)
+        if decoded.corruption is not None:
+            self.refusals.note(decoded.corruption, chunk.key)
         if decoded.corruption is not None or not accept(decoded.payloads):
             return Fetched(PromoteOutcome.CORRUPT)
         return Fetched(PromoteOutcome.PROMOTED, decoded.payloads)

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from enum import Enum
 
 __all__ = [
+    "AUTH_REFUSALS",
     "REMOTE_COUNTER_NAMES",
     "Admission",
     "Chunk",
@@ -113,7 +114,13 @@ class ClientFault(Enum):
 
 
 class Corruption(Enum):
-    """What verification found wrong in a chunk value (any of them: CORRUPT, nothing loaded)."""
+    """What verification found wrong in a chunk value (any of them: CORRUPT, nothing loaded).
+
+    KEYING: the value is sealed another way than the reader expects (unkeyed where the reader
+    holds a fleet key, or keyed where it holds none). MAC: its MAC or AES-GCM tag does not
+    verify under the reader's fleet key (forged, tampered, another secret, another chunk key).
+    Both are authentication refusals (:data:`AUTH_REFUSALS`).
+    """
 
     TRUNCATED = "truncated"
     MAGIC = "magic"
@@ -121,6 +128,12 @@ class Corruption(Enum):
     MEMBERS = "members"
     LENGTHS = "lengths"
     DIGEST = "digest"
+    KEYING = "keying"
+    MAC = "mac"
+
+
+AUTH_REFUSALS = frozenset({Corruption.KEYING, Corruption.MAC})
+"""Refusals that mean a writer without this engine's fleet key, or a value altered since."""
 
 
 @dataclass(frozen=True, slots=True)

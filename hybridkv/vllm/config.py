@@ -38,12 +38,14 @@ Every key, its default and what it does (docs/howto/serve.md repeats this table)
 The remote tier (issue 12, :mod:`hybridkv.vllm.remote`; off by default,
 docs/howto/share-prefix-cache.md):
 
-- ``remote_url`` (``"redis://host:port"`` or ``"redis://host:port/0"``, or null = no remote
-  tier): the Redis/Valkey server engines share. Only database 0 (chunks are namespaced by
-  ``remote_namespace`` instead). Under tensor parallelism each rank shares its own shard of
-  every chunk (:mod:`hybridkv.remote.shards`).
-  A Redis/Valkey Cluster: ``"redis+cluster://host1:port1,host2:port2"``, its seed nodes (one
-  is enough, the client learns every shard from the first that answers; no database).
+- ``remote_url`` (``"redis://host:port"`` or ``"redis://host:port/0"``, ``rediss://`` for TLS,
+  or null = no remote tier): the Redis/Valkey server engines share. Only database 0 (chunks are
+  namespaced by ``remote_namespace`` instead). No user or password in it, in any form: those
+  come from the keys below. Under tensor parallelism each rank shares its own shard of every
+  chunk (:mod:`hybridkv.remote.shards`).
+  A Redis/Valkey Cluster: ``"redis+cluster://host1:port1,host2:port2"`` (``rediss+cluster://``
+  for TLS), its seed nodes (one is enough, the client learns every shard from the first that
+  answers; no database). The security keys below apply to every node alike.
 - ``remote_namespace`` (non-empty str, default ``"hybridkv"``): mixed into every chunk key;
   engines share chunks only under equal namespaces (and equal models and salts).
 - ``remote_ttl_s`` (int >= 0, default 0 = none): the TTL of each written chunk on the server.
@@ -60,6 +62,23 @@ docs/howto/share-prefix-cache.md):
   circuit breaker; the tier is then skipped (lookups answer no hit at once, fetches fail at
   once, writes are dropped, all counted) for the backoff, then probed with one call.
 
+Security (issue 30; docs/howto/share-prefix-cache.md, "Secure set-up" and "Threat model").
+Secrets are read when the config is parsed (engine start-up, every process), from an
+environment variable or a file, never from the config, which vLLM logs:
+
+- ``remote_username`` (str or null): the ACL user; needs a password.
+- ``remote_password_env`` / ``remote_password_file`` (str or null, at most one): the variable
+  or the file holding the password (``requirepass``, or the ACL user's).
+- ``remote_tls_ca_file`` (str or null = the system's CAs), ``remote_tls_cert_file`` and
+  ``remote_tls_key_file`` (both or neither: a client certificate): TLS files; need ``rediss://``.
+- ``remote_secret_env`` / ``remote_secret_file`` (str or null, at most one): the fleet secret
+  (at least 32 bytes), the same on every engine sharing the namespace. With it every value
+  carries an HMAC-SHA256 over its chunk key and bytes, and values without a valid one are
+  refused (a miss). Without it values carry a plain digest, which anyone who can write to the
+  server can forge.
+- ``remote_encrypt`` (bool, default false; needs the secret and ``hybridkv[remote-crypto]``):
+  payloads are written AES-256-GCM encrypted.
+
 Unknown keys and bad values raise a one-line :class:`~hybridkv.errors.HybridKVConfigError`
 naming the key, the value and the fix.
 """
@@ -67,10 +86,11 @@ naming the key, the value and the fix.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from hybridkv.errors import HybridKVConfigError
+from hybridkv.remote.security import Credentials, FleetKey, TlsFiles, read_secret
 
 __all__ = [
     "DEFAULTS",
@@ -96,9 +116,33 @@ DEFAULTS: dict[str, Any] = {
     "remote_lookup_wait_ms": 20,
     "remote_breaker_failures": 3,
     "remote_breaker_backoff_ms": 5000,
+    "remote_username": None,
+    "remote_password_env": None,
+    "remote_password_file": None,
+    "remote_tls_ca_file": None,
+    "remote_tls_cert_file": None,
+    "remote_tls_key_file": None,
+    "remote_secret_env": None,
+    "remote_secret_file": None,
+    "remote_encrypt": False,
 }
 _POLICIES = ("lru", "arc")
+_TLS_FILES = ("remote_tls_ca_file", "remote_tls_cert_file", "remote_tls_key_file")
+_SECURITY_STRINGS = (
+    "remote_username",
+    "remote_password_env",
+    "remote_password_file",
+    *_TLS_FILES,
+    "remote_secret_env",
+    "remote_secret_file",
+)
 CLUSTER_SCHEME = "redis+cluster://"
+# Every remote_url scheme; each with "s" after "redis" speaks TLS. No one is a prefix of another.
+_SCHEMES = ("redis://", "rediss://", CLUSTER_SCHEME, "rediss+cluster://")
+_URL_FIX = (
+    'write "redis://HOST:PORT" (database 0; separate engines with remote_namespace), '
+    f'or "{CLUSTER_SCHEME}HOST:PORT,HOST:PORT" for a cluster'
+)
 _WHERE = "kv_connector_extra_config"
 
 
@@ -116,6 +160,9 @@ class RemoteSettings:
     lookup_wait_s: float = 0.02
     breaker_failures: int = 3
     breaker_backoff_s: float = 5.0
+    credentials: Credentials = field(default_factory=Credentials)
+    tls: TlsFiles | None = None
+    key: FleetKey | None = None
     cluster_nodes: tuple[tuple[str, int], ...] = ()  # a cluster's seeds; host, port the first
 
 
@@ -141,11 +188,13 @@ def parse_extra_config(extra: Mapping[str, Any] | None) -> HybridKVConfig:
     given = dict(extra or {})
     for key in sorted(given):
         if key not in DEFAULTS:
+            # "remote_password": "..." is a likely mistake: never echo what may be a secret.
+            secret = "password" in key or "secret" in key
             raise HybridKVConfigError(
                 f"{_WHERE}.{key}",
-                given[key],
+                "<hidden>" if secret else given[key],
                 "is not a hybridkv key",
-                f"use only {', '.join(sorted(DEFAULTS))} (docs/howto/serve.md)",
+                _known_keys(key),
             )
     values = {**DEFAULTS, **given}
     config = HybridKVConfig(
@@ -160,6 +209,16 @@ def parse_extra_config(extra: Mapping[str, Any] | None) -> HybridKVConfig:
     )
     _refuse_unimplemented(config)
     return config
+
+
+def _known_keys(unknown: str) -> str:
+    """The keys to use instead of ``unknown``: the remote tier's for a ``remote_*`` typo, else
+    the others (all of them make a line past what an error message shows)."""
+    if unknown.startswith("remote_"):
+        remote = ", ".join(k for k in sorted(DEFAULTS) if k.startswith("remote_"))
+        return f"use only {remote} (docs/howto/share-prefix-cache.md)"
+    others = ", ".join(k for k in sorted(DEFAULTS) if not k.startswith("remote_"))
+    return f"use only {others}, or a remote_* key (docs/howto/serve.md)"
 
 
 def check_failure_policy(config: HybridKVConfig, kv_load_failure_policy: str) -> None:
@@ -219,23 +278,16 @@ def _policy(value: object) -> str:
 def _remote(values: Mapping[str, Any]) -> RemoteSettings | None:
     url = values["remote_url"]
     if url is None:
-        for key in (
-            "remote_namespace",
-            "remote_ttl_s",
-            "remote_max_pending_writes",
-            "remote_timeout_ms",
-            "remote_lookup_wait_ms",
-            "remote_breaker_failures",
-            "remote_breaker_backoff_ms",
-        ):
+        for key in (k for k in DEFAULTS if k.startswith("remote_")):  # remote_url: at default
             if values[key] != DEFAULTS[key]:
                 raise HybridKVConfigError(
                     f"{_WHERE}.{key}", values[key], "is set but remote_url is null",
                     'set "remote_url": "redis://host:port", or drop the key',
                 )  # fmt: skip
         return None
-    seeds = _cluster_url(url) if str(url).startswith(CLUSTER_SCHEME) else ()
-    host, port = seeds[0] if seeds else _redis_url(url)
+    scheme, where = _scheme(url)
+    seeds = _cluster_url(url, where) if scheme.endswith("+cluster://") else ()
+    host, port = seeds[0] if seeds else _redis_url(url, where)
     namespace = values["remote_namespace"]
     if not isinstance(namespace, str) or not namespace:
         raise HybridKVConfigError(
@@ -257,6 +309,7 @@ def _remote(values: Mapping[str, Any]) -> RemoteSettings | None:
         breaker_failures=_int(values, "remote_breaker_failures", low=1),
         breaker_backoff_s=_int_at_most(values, "remote_breaker_backoff_ms", 1, 3_600_000) / 1000,
         cluster_nodes=seeds,
+        **_security(values, tls=scheme.startswith("rediss")),
     )
 
 
@@ -269,37 +322,107 @@ def _int_at_most(values: Mapping[str, Any], key: str, low: int, high: int) -> in
     return value
 
 
-def _redis_url(url: object) -> tuple[str, int]:
-    """``redis://host:port[/0]`` -> (host, port)."""
+def _security(values: Mapping[str, Any], *, tls: bool) -> dict[str, Any]:
+    """The credentials, TLS files and fleet key of the security keys (module docstring), the
+    secrets read now; a library refusal comes back under its ``kv_connector_extra_config`` key."""
+    for key in _SECURITY_STRINGS:
+        value = values[key]
+        if value is not None and (not isinstance(value, str) or not value):
+            raise HybridKVConfigError(
+                f"{_WHERE}.{key}", value, "must be a non-empty string or null", "e.g. null"
+            )
+    encrypt = _bool(values, "remote_encrypt")
+    given_tls = next((k for k in _TLS_FILES if values[k] is not None), None)
+    if given_tls is not None and not tls:
+        raise HybridKVConfigError(
+            f"{_WHERE}.{given_tls}", values[given_tls], "is set but remote_url is plaintext",
+            'write "remote_url": "rediss://HOST:PORT" (TLS), or drop the key',
+        )  # fmt: skip
+    try:
+        password = _text(read_secret("remote_password", *_sources(values, "remote_password")))
+        secret = read_secret("remote_secret", *_sources(values, "remote_secret"))
+        if encrypt and secret is None:
+            raise HybridKVConfigError(
+                "remote_encrypt", True, "needs the fleet secret (the AES key derives from it)",
+                "set remote_secret_env or remote_secret_file, or drop remote_encrypt",
+            )  # fmt: skip
+        return {
+            "credentials": Credentials(values["remote_username"], password),
+            "tls": TlsFiles(*(values[k] for k in _TLS_FILES)) if tls else None,
+            "key": None if secret is None else FleetKey(secret, encrypt),
+        }
+    except HybridKVConfigError as refused:
+        where = refused.field
+        if where in ("remote_password", "remote_secret"):  # the secret: name the key giving it
+            where += "_env" if _sources(values, where)[0] is not None else "_file"
+        raise HybridKVConfigError(
+            f"{_WHERE}.{where}", refused.value, refused.problem, refused.fix
+        ) from None
+
+
+def _sources(values: Mapping[str, Any], name: str) -> tuple[str | None, str | None]:
+    return values[f"{name}_env"], values[f"{name}_file"]
+
+
+def _text(password: bytes | None) -> str | None:
+    try:
+        return None if password is None else password.decode()
+    except UnicodeDecodeError:
+        raise HybridKVConfigError(
+            "remote_password", "<hidden>", "is not UTF-8 text", "give the password as text"
+        ) from None
+
+
+def _scheme(url: object) -> tuple[str, str]:
+    """``remote_url``'s scheme (one of ``_SCHEMES``) and the rest; a URL with credentials is
+    refused first, whatever its form, and no refusal shows them."""
     field = f"{_WHERE}.remote_url"
-    fix = (
-        'write "redis://HOST:PORT" (database 0; separate engines with remote_namespace), '
-        f'or "{CLUSTER_SCHEME}HOST:PORT,HOST:PORT" for a cluster'
-    )
-    if not isinstance(url, str) or not url.startswith("redis://"):
-        raise HybridKVConfigError(field, url, "is not a redis:// URL", fix)
-    rest = url[len("redis://") :]
+    shown = _masked(url)  # every refusal below may be logged: never the credentials
+    if not isinstance(url, str) or not url.startswith(_SCHEMES):
+        raise HybridKVConfigError(field, shown, "is not a redis:// or rediss:// URL", _URL_FIX)
+    scheme = next(s for s in _SCHEMES if url.startswith(s))
+    if shown != url:
+        raise HybridKVConfigError(
+            field, shown, "carries credentials: the URL is logged with vLLM's config",
+            "drop them from the URL; give remote_username and remote_password_env or "
+            "remote_password_file",
+        )  # fmt: skip
+    return scheme, url[len(scheme) :]
+
+
+def _redis_url(url: str, rest: str) -> tuple[str, int]:
+    """``redis://host:port[/0]`` (or ``rediss://``; ``rest``: after the scheme) -> (host, port)."""
+    field = f"{_WHERE}.remote_url"
     where, _, db = rest.partition("/")
     if db not in ("", "0"):
-        raise HybridKVConfigError(field, url, f"names database {db!r}: only 0 is used", fix)
+        raise HybridKVConfigError(field, url, f"names database {db!r}: only 0 is used", _URL_FIX)
     host, _, port = where.rpartition(":")
-    if not host or "@" in host or not port.isdigit() or not 1 <= int(port) <= 65535:
-        raise HybridKVConfigError(field, url, "needs a host and a port 1..65535, no user", fix)
+    if not host or not port.isdigit() or not 1 <= int(port) <= 65535:
+        raise HybridKVConfigError(field, url, "needs a host and a port 1..65535, no user", _URL_FIX)
     return host, int(port)
 
 
-def _cluster_url(url: str) -> tuple[tuple[str, int], ...]:
-    """``redis+cluster://h1:p1,h2:p2[/0]`` -> the seeds ((h1, p1), (h2, p2))."""
+def _masked(url: object) -> object:
+    """``url`` with whatever comes before its last ``@`` after the scheme hidden."""
+    if not isinstance(url, str) or "@" not in url:
+        return url
+    scheme, sep, _ = url.partition("//")
+    return f"{scheme}{sep}<credentials>@{url.rpartition('@')[2]}"
+
+
+def _cluster_url(url: str, rest: str) -> tuple[tuple[str, int], ...]:
+    """``redis+cluster://h1:p1,h2:p2[/0]`` (or ``rediss+cluster://``; ``rest``: after the
+    scheme) -> the seeds ((h1, p1), (h2, p2))."""
     field = f"{_WHERE}.remote_url"
     fix = f'write "{CLUSTER_SCHEME}HOST:PORT,HOST:PORT" (the seed nodes, no user, no database)'
-    where, _, db = url[len(CLUSTER_SCHEME) :].partition("/")
+    where, _, db = rest.partition("/")
     if db not in ("", "0"):
         raise HybridKVConfigError(field, url, f"names database {db!r}: a cluster has only 0", fix)
     seeds = []
     for node in where.split(","):
         host, _, port = node.strip().rpartition(":")
         number = port.isascii() and port.isdigit() and 1 <= int(port) <= 65535
-        if not host or "@" in host or not number:
+        if not host or not number:
             raise HybridKVConfigError(
                 field, url, f"seed {node!r} needs a host and a port 1..65535, no user", fix
             )

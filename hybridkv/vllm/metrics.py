@@ -150,6 +150,9 @@ REMOTE_COUNTERS: dict[str, str] = {
     "server, the breaker open",
     "remote_fetched_bytes": "bytes written into host slots by verified fetches",
     "remote_written_bytes": "bytes of host slots copied into queued writes",
+    "remote_fetches_unauthenticated": "fetched values refused because they carry no valid MAC "
+    "under this engine's fleet key (remote_secret_*): planted, tampered, or written by an "
+    "engine with another secret or none; counted under corrupt too, the first logged",
 }
 """The remote tier's counters (hybridkv.vllm.remote; present only with ``remote_url``)."""
 COUNTERS: dict[str, str] = {**SCHEDULER_COUNTERS, **WORKER_COUNTERS}

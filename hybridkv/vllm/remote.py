@@ -52,14 +52,15 @@ whole chunk if present, else the attention-only one): their members are reserved
 through the core (:meth:`~hybridkv.connector.ConnectorCore.reserve_promotion`), so the claim
 DEFERs on them like on any STORING key, and the next metadata orders the fetch.
 The worker GETs each chunk (bounded by the same timeout), verifies it against the expected
-members (:func:`hybridkv.remote.decode_chunk`: magic, version, member keys, lengths, digest,
-and each payload exactly one slot), writes the payloads into the reserved slots and reports the
-outcome: PROMOTED (members READY) or MISSING / FAULT / TIMEOUT / CORRUPT (members dropped; the
-chunk is remembered failed, so the claim ends before it and vLLM recomputes exactly what is
-missing). A step's fetches run side by side on a few threads inside ``start_load_kv``
-(:class:`hybridkv.remote.FetchPool`); a result past the deadline is TIMEOUT, and the bytes of
-those in time are copied into their slots on the worker's thread before it reports, so a
-report never precedes its writes and a late fetch writes nothing.
+members (:func:`hybridkv.remote.decode_chunk`: magic, version, member keys, lengths, digest
+or, with a fleet key, the MAC or AES-GCM tag over the key the value is stored under (this
+rank's shard key) and the value, and each payload exactly one slot), writes the payloads into
+the reserved slots and reports the outcome: PROMOTED (members READY) or MISSING / FAULT /
+TIMEOUT / CORRUPT (members dropped; the chunk is remembered failed, so the claim ends before it
+and vLLM recomputes exactly what is missing). A step's fetches run side by side on a few threads
+inside ``start_load_kv`` (:class:`hybridkv.remote.FetchPool`); a result past the deadline is
+TIMEOUT, and the bytes of those in time are copied into their slots on the worker's thread
+before it reports, so a report never precedes its writes and a late fetch writes nothing.
 
 Termination (TT-4): a promotion not reported within ``PROMOTION_DEADLINE_STEPS`` engine steps
 (it cannot be, with vLLM's in-order outputs; the bound guards against a lost report) resolves
@@ -115,6 +116,7 @@ from hybridkv.remote import (
     LookupQueue,
     ModelIdentity,
     PromoteOutcome,
+    Refusals,
     RemoteConfig,
     RemoteTier,
     ShardPlan,
@@ -178,6 +180,9 @@ def remote_config(settings: RemoteSettings) -> RemoteConfig:
         ttl_s=settings.ttl_s,
         max_pending=settings.max_pending_writes,
         namespace=settings.namespace.encode(),
+        credentials=settings.credentials,
+        tls=settings.tls,
+        key=settings.key,
         cluster_nodes=settings.cluster_nodes,
     )
 
@@ -566,6 +571,7 @@ WORKER_COUNTERS = (
     "remote_fetches_late",
     "remote_fetched_bytes",
     "remote_written_bytes",
+    "remote_fetches_unauthenticated",
 )
 FETCH_WORKERS = 4
 """Fetch threads per worker (:class:`hybridkv.remote.FetchPool`)."""
@@ -612,6 +618,7 @@ class WorkerRemote:
         self.pool = FetchPool(fetch_workers)
         self.count = dict.fromkeys(WORKER_COUNTERS, 0)
         self.outcomes = dict.fromkeys((o.value for o in PromoteOutcome), 0)
+        self.refusals = Refusals()  # why CORRUPT fetches were refused; logs the first forgery
         # In-package test hook (never a user setting): called for each fetch before any GET
         # of the step, so a test can kill the server, reset connections, pause it or delete
         # the chunk between the scheduler's lookup and the worker's load.
@@ -679,9 +686,15 @@ class WorkerRemote:
         if isinstance(reply, ClientFault):
             timed_out = reply is ClientFault.TIMEOUT
             return Fetched(PromoteOutcome.TIMEOUT if timed_out else PromoteOutcome.FAULT)
-        decoded = decode_chunk(reply, order.members)
+        # The MAC binds the key the value is stored under: this rank's shard key, not the
+        # chunk's name (a shard moved under another rank's key is refused).
+        shard_key = order.shard_keys[self.shard]
+        decoded = decode_chunk(reply, order.members, self.config.key, shard_key)
+        if decoded.corruption is not None:
+            self.refusals.note(decoded.corruption, shard_key)  # thread-safe
+            return Fetched(PromoteOutcome.CORRUPT)
         size = self.host.slot_bytes
-        if decoded.corruption is not None or any(len(p) != size for p in decoded.payloads):
+        if any(len(p) != size for p in decoded.payloads):
             return Fetched(PromoteOutcome.CORRUPT)
         return Fetched(PromoteOutcome.PROMOTED, decoded.payloads)
 
@@ -699,6 +712,7 @@ class WorkerRemote:
         found["remote_writes_failed"] = tier["writes_failed"]
         if self.breaker is not None:
             found.update(breaker_counters("remote_breaker_", self.breaker.counts()))
+        found["remote_fetches_unauthenticated"] = self.refusals.unauthenticated()
         return found
 
     def flush(self, timeout_s: float) -> bool:

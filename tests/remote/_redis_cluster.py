@@ -8,6 +8,12 @@ synced refuses to fail over). The node timeout is short (1 s by default) so that
 primary's replica takes over within a few seconds. A test may kill a primary and wait for the
 failover, or add a shard (a primary and its replica) and move slots to it while clients run.
 
+With ``password``, every node runs with ``--requirepass`` and ``--masterauth`` (replicas sync
+with it) and the fixture's own clients and ``redis-cli`` send it. With ``tls`` (a
+``_certs.Certs``), every node speaks only TLS, to clients, to its replicas and on the cluster
+bus (``--port 0 --tls-port``, ``--tls-cluster yes``, ``--tls-replication yes``), no client
+certificate asked.
+
 Each node's cluster bus port is chosen free too (``--cluster-port``), not the port + 10000
 that an OS-chosen port could push past 65535.
 """
@@ -22,6 +28,7 @@ import subprocess
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import redis
 from _redis_server import free_port
@@ -51,6 +58,10 @@ def cli_or_skip() -> str:
     return cli
 
 
+def _tls_kwargs(ca: str | None) -> dict[str, Any]:
+    return {} if ca is None else {"ssl": True, "ssl_ca_certs": ca}
+
+
 @dataclass(slots=True)
 class Node:
     """One cluster node's process, ports and directory."""
@@ -60,10 +71,19 @@ class Node:
     workdir: Path
     process: subprocess.Popen[bytes] | None = None
     stopped: bool = False  # SIGSTOPped by the test
+    password: str | None = None
+    ca: str | None = None  # TLS: the CA file that signed the node's certificate
 
     def admin(self) -> redis.Redis:
         """A plain client of this node alone (CLUSTER, INFO, DBSIZE...)."""
-        return redis.Redis(port=self.port, socket_timeout=5, socket_connect_timeout=1)
+        return redis.Redis(
+            host="127.0.0.1",  # the name the TLS certificate carries
+            port=self.port,
+            password=self.password,
+            socket_timeout=5,
+            socket_connect_timeout=1,
+            **_tls_kwargs(self.ca),
+        )
 
     def alive(self) -> bool:
         return self.process is not None and self.process.poll() is None
@@ -87,6 +107,8 @@ class LocalCluster:
     primaries: int = 3
     replicas: int = 1
     node_timeout_ms: int = 1000
+    password: str | None = None
+    tls: Any = None  # a _certs.Certs: every node TLS only
     nodes: list[Node] = field(default_factory=list)
 
     # --- life cycle ---
@@ -133,9 +155,15 @@ class LocalCluster:
         """A redis-py cluster client for the test's own commands."""
         return redis.RedisCluster(
             startup_nodes=[redis.cluster.ClusterNode(h, p) for h, p in self.seeds if self._up(p)],
+            password=self.password,
             socket_timeout=5,
             socket_connect_timeout=1,
+            **_tls_kwargs(self._ca),
         )
+
+    @property
+    def _ca(self) -> str | None:
+        return None if self.tls is None else str(self.tls.ca)
 
     def topology(self) -> dict[int, tuple[str, int | None, int]]:
         """Each live node's (role, its primary's port for a replica, slots it owns), as a
@@ -256,7 +284,7 @@ class LocalCluster:
         migrated slot by slot while clients run); the running command (``wait()`` on it, its
         output in ``reshard-PORT.log`` of the workdir)."""
         args = [
-            self.cli, "--cluster", "reshard", f"127.0.0.1:{to_port}",
+            self.cli, *self._auth(), "--cluster", "reshard", f"127.0.0.1:{to_port}",
             "--cluster-from", "all", "--cluster-to", self._node_id(to_port),
             "--cluster-slots", str(slots), "--cluster-yes",
         ]  # fmt: skip
@@ -272,7 +300,7 @@ class LocalCluster:
             bus = free_port()
         workdir = self.workdir / f"node-{port}"
         workdir.mkdir()
-        node = Node(port, bus, workdir)
+        node = Node(port, bus, workdir, password=self.password, ca=self._ca)
         args = [
             self.binary,
             "--port", str(port),
@@ -288,6 +316,16 @@ class LocalCluster:
             "--logfile", str(workdir / "server.log"),
             "--daemonize", "no",
         ]  # fmt: skip
+        if self.password is not None:
+            args += ["--requirepass", self.password, "--masterauth", self.password]
+        if self.tls is not None:
+            args[args.index("--port") + 1] = "0"
+            args += [
+                "--tls-port", str(port), "--tls-cluster", "yes", "--tls-replication", "yes",
+                "--tls-cert-file", str(self.tls.server_cert),
+                "--tls-key-file", str(self.tls.server_key),
+                "--tls-ca-cert-file", str(self.tls.ca), "--tls-auth-clients", "no",
+            ]  # fmt: skip
         node.process = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         self.nodes.append(node)
         deadline = time.monotonic() + timeout_s
@@ -306,11 +344,20 @@ class LocalCluster:
 
     def _cli(self, *args: str) -> str:
         done = subprocess.run(
-            [self.cli, *args], capture_output=True, text=True, timeout=120, check=False
+            [self.cli, *self._auth(), *args],
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
         )
         if done.returncode != 0 or "[ERR]" in done.stdout:
             raise RuntimeError(f"{self.cli} {' '.join(args)} failed: {done.stdout}{done.stderr}")
         return done.stdout
+
+    def _auth(self) -> list[str]:
+        """``redis-cli``'s password and TLS options (none without either)."""
+        auth = [] if self.password is None else ["-a", self.password, "--no-auth-warning"]
+        return auth if self.tls is None else [*auth, "--tls", "--cacert", str(self.tls.ca)]
 
     def _node_id(self, port: int) -> str:
         admin = self.node(port).admin()

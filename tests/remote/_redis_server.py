@@ -16,7 +16,9 @@ import struct
 import subprocess
 import threading
 import time
+from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 import redis
 
@@ -40,12 +42,24 @@ def free_port() -> int:
 
 
 class RedisServer:
-    """One server process on 127.0.0.1:``port`` with its files in ``workdir``."""
+    """One server process on 127.0.0.1:``port`` with its files in ``workdir``.
 
-    def __init__(self, binary: str, workdir: Path) -> None:
+    ``args``: more server options (``--requirepass``, TLS: ``--port 0 --tls-port PORT ...``,
+    later options win); ``client``: redis-py keywords :meth:`admin` needs to get in.
+    """
+
+    def __init__(
+        self,
+        binary: str,
+        workdir: Path,
+        args: Sequence[str] = (),
+        client: Mapping[str, Any] | None = None,
+    ) -> None:
         self.binary = binary
         self.workdir = workdir
         self.port = free_port()
+        self.args = tuple(args)
+        self.client = dict(client or {})
         self._process: subprocess.Popen[bytes] | None = None
 
     def start(self, timeout_s: float = 10.0) -> None:
@@ -59,6 +73,7 @@ class RedisServer:
             "--dir", str(self.workdir),
             "--logfile", str(self.workdir / "server.log"),
             "--daemonize", "no",
+            *(arg.replace("{port}", str(self.port)) for arg in self.args),
         ]  # fmt: skip
         self._process = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         deadline = time.monotonic() + timeout_s
@@ -75,7 +90,9 @@ class RedisServer:
 
     def admin(self) -> redis.Redis:
         """A plain client for the test's own commands (CLIENT PAUSE, DEL, CONFIG...)."""
-        return redis.Redis(port=self.port, socket_timeout=5, socket_connect_timeout=1)
+        return redis.Redis(
+            port=self.port, socket_timeout=5, socket_connect_timeout=1, **self.client
+        )
 
     def kill(self) -> None:
         """SIGKILL the server, as a crash would, and reap it."""

@@ -42,7 +42,7 @@ def test_tiny_run_prints_one_full_row_and_equal_byte_counts(shared_redis: RedisS
         assert bench.main(["--tiny", "--repeats", "2", "--port", str(shared_redis.port)]) == 0
     lines = out.getvalue().splitlines()
     assert lines[0].startswith("server: redis-server ") or lines[0].startswith("server: valkey")
-    table = [line for line in lines if line.startswith("|")]
+    table = [line for line in lines[: lines.index(bench.CODEC_HEADER)] if line.startswith("|")]
     assert table[0] == bench.HEADER
     assert len(table) == 3  # header, rule, the tiny layout
     cells = [c.strip() for c in table[2].strip("|").split("|")]
@@ -61,6 +61,36 @@ def test_tiny_run_prints_one_full_row_and_equal_byte_counts(shared_redis: RedisS
     (check,) = [line for line in lines if line.startswith("tiny: payload ")]
     counts = {int(n) for n in _NUMBER.findall(check)}
     assert counts == {5 * 3 * 4096}, check  # payload = wrote = promoted = SET = GET
+    # The codec table: one row per value format, side by side, the digest's ratio 1.00.
+    codec = [line for line in lines[lines.index(bench.CODEC_HEADER) + 2 :] if line]
+    cells = [[c.strip() for c in line.strip("|").split("|")] for line in codec]
+    assert [row[:2] for row in cells] == [["tiny (12 KB)", m] for m in bench.VALUE_MODES]
+    assert all(re.fullmatch(r"\d+\.\d\d", c) for row in cells for c in (row[2], row[3], row[5]))
+    assert cells[0][5] == "1.00"
+
+
+def test_codec_costs_decode_every_mode_back_to_the_source() -> None:
+    layout = bench.Layout("two groups", 2, 4096)
+    rows = bench.codec_costs(layout, 3, 1)
+    assert [row.mode for row in rows] == list(bench.VALUE_MODES)  # cryptography installed
+    for row in rows:
+        assert row.payload_bytes == 3 * 2 * 4096
+        assert row.encode_s > 0
+        assert row.decode_s > 0
+        assert row.s_per_gb == pytest.approx(
+            (row.encode_s + row.decode_s) / (row.payload_bytes / 1e9)
+        )
+
+
+def test_encryption_without_cryptography_is_a_line_not_a_crash(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setitem(sys.modules, "cryptography.hazmat.primitives.ciphers.aead", None)
+    rows = bench.codec_costs(bench.Layout("one", 1, 4096), 3, 1)
+    assert [getattr(row, "mode", None) for row in rows[:2]] == ["digest", "mac"]
+    assert isinstance(rows[2], str)
+    assert rows[2].startswith("one aes-gcm: skipped: encryption needs the cryptography package")
+    assert bench.format_codec(rows)[2] == rows[2]
 
 
 @pytest.mark.remote

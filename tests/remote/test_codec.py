@@ -18,6 +18,7 @@ from hybridkv.remote import (
     FORMAT_VERSION,
     MAGIC,
     Corruption,
+    ValueFormat,
     chunk_key,
     decode_chunk,
     encode_chunk,
@@ -106,7 +107,8 @@ def _damaged() -> dict[str, tuple[bytes, Corruption]]:
     head = 4 + 2 + 4
     flipped = bytearray(value)
     flipped[-20] ^= 0xFF  # inside the first payload
-    other_version = value[:4] + struct.pack(">H", FORMAT_VERSION + 1) + value[6:]
+    other_version = value[:4] + struct.pack(">H", max(ValueFormat) + 1) + value[6:]
+    version_one = value[:4] + struct.pack(">H", 1) + value[6:]  # the old BLAKE2b digest
     return {
         "empty": (b"", Corruption.TRUNCATED),
         "header only": (value[:head], Corruption.TRUNCATED),
@@ -114,6 +116,7 @@ def _damaged() -> dict[str, tuple[bytes, Corruption]]:
         "cut in the lengths": (value[: head + 40], Corruption.TRUNCATED),
         "magic": (b"XXXX" + value[4:], Corruption.MAGIC),
         "version": (other_version, Corruption.VERSION),
+        "version 1": (version_one, Corruption.VERSION),
         "other count": (encode_chunk(MEMBERS[:2], PAYLOADS[:2]), Corruption.MEMBERS),
         "other order": (encode_chunk(MEMBERS[::-1], PAYLOADS[::-1]), Corruption.MEMBERS),
         "other key": (encode_chunk((b"k-attn-X", *MEMBERS[1:]), PAYLOADS), Corruption.MEMBERS),

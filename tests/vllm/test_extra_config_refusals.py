@@ -35,9 +35,14 @@ URL_FIX = (
 )
 KEYS = (
     "chunk_size, eviction_policy, gpu_scratch_bytes, host_memory_bytes, load_deadline_steps, "
-    "offload_decode_state, remote_breaker_backoff_ms, remote_breaker_failures, "
-    "remote_lookup_wait_ms, remote_max_pending_writes, remote_namespace, remote_timeout_ms, "
-    "remote_ttl_s, remote_url, sync_load_max_bytes"
+    "offload_decode_state, sync_load_max_bytes"
+)
+REMOTE_KEYS = (
+    "remote_breaker_backoff_ms, remote_breaker_failures, remote_encrypt, "
+    "remote_lookup_wait_ms, remote_max_pending_writes, remote_namespace, "
+    "remote_password_env, remote_password_file, remote_secret_env, remote_secret_file, "
+    "remote_timeout_ms, remote_tls_ca_file, remote_tls_cert_file, remote_tls_key_file, "
+    "remote_ttl_s, remote_url, remote_username"
 )
 NO_REMOTE_FIX = 'set "remote_url": "redis://host:port", or drop the key'
 SYNC_PROBLEM = (
@@ -91,9 +96,22 @@ def test_every_key_at_its_lowest_accepted_value_is_kept_as_given() -> None:
 
 def test_the_first_unknown_key_in_sorted_order_is_refused_naming_every_known_key() -> None:
     refused = _refusal({"zeta": 2, "alpha": 1, "host_memory_bytes": 0})
-    fix = f"use only {KEYS} (docs/howto/serve.md)"
+    fix = f"use only {KEYS}, or a remote_* key (docs/howto/serve.md)"
     assert _whole(refused) == (f"{W}.alpha", 1, "is not a hybridkv key", fix)
     assert str(refused) == f"{W}.alpha=1: is not a hybridkv key; {fix}"
+
+
+@pytest.mark.parametrize("key", ["remote_password", "remote_secret"])
+def test_an_unknown_remote_key_is_refused_naming_every_remote_key(key: str) -> None:
+    refused = _refusal({key: "hunter2"})
+    fix = f"use only {REMOTE_KEYS} (docs/howto/share-prefix-cache.md)"
+    # A password or secret given inline is never echoed: the message goes to logs.
+    assert _whole(refused) == (f"{W}.{key}", "<hidden>", "is not a hybridkv key", fix)
+    assert str(refused) == f"{W}.{key}='<hidden>': is not a hybridkv key; {fix}"
+
+
+def test_an_unknown_key_of_no_secret_shows_its_value() -> None:
+    assert _refusal({"remote_user": "engine"}).value == "engine"
 
 
 @pytest.mark.parametrize(
@@ -247,13 +265,12 @@ def test_a_bad_remote_setting_is_refused_with_an_example(
 @pytest.mark.parametrize(
     ("url", "problem"),
     [
-        (6379, "is not a redis:// URL"),
-        ("http://cache.local:6379", "is not a redis:// URL"),
-        ("rediss://cache.local:6379", "is not a redis:// URL"),
+        (6379, "is not a redis:// or rediss:// URL"),
+        ("http://cache.local:6379", "is not a redis:// or rediss:// URL"),
+        ("rediss:/cache.local:6379", "is not a redis:// or rediss:// URL"),
         ("redis://cache.local:6379/2", "names database '2': only 0 is used"),
         ("redis://cache.local:6379/00", "names database '00': only 0 is used"),
         ("redis://:6379", "needs a host and a port 1..65535, no user"),
-        ("redis://user@cache.local:6379", "needs a host and a port 1..65535, no user"),
         ("redis://cache.local", "needs a host and a port 1..65535, no user"),
         ("redis://cache.local:http", "needs a host and a port 1..65535, no user"),
         ("redis://cache.local:0", "needs a host and a port 1..65535, no user"),
@@ -273,6 +290,7 @@ def test_a_bad_remote_url_is_refused_with_how_to_write_one(url: object, problem:
         ("redis://cache.local:65535/", "cache.local", 65535),
         ("redis://10.0.0.7:6379/0", "10.0.0.7", 6379),
         ("redis://[::1]:6379", "[::1]", 6379),
+        ("rediss://cache.local:6380/0", "cache.local", 6380),
     ],
 )
 def test_a_remote_url_names_host_and_port(url: str, host: str, port: int) -> None:
