@@ -40,6 +40,7 @@ from hybridkv.testbed.host_replay import (
     Event,
     Offer,
     Poll,
+    Refresh,
     ReplayResult,
     Step,
     replay,
@@ -64,7 +65,7 @@ class Recorder:
         self._in_meta = False
         ask, alloc = core.get_num_new_matched_tokens, connector.update_state_after_alloc
         meta, output = core.build_connector_meta, connector.update_connector_output
-        prepare_store = core.store.prepare_store
+        prepare_store, refresh = core.store.prepare_store, core.store.refresh
         units = core.geometry.units
 
         def asked(request: Any, num_computed_tokens: int) -> Any:
@@ -99,6 +100,10 @@ class Recorder:
                 self.events.append(Offer(tuple(keys), *rest[:1], *map(tuple, rest[1:])))
             return prepare_store(keys, *rest)
 
+        def refreshed(keys: Any) -> Any:  # a finished request's units, head first
+            self.events.append(Refresh(tuple(keys)))
+            return refresh(keys)
+
         def reported(connector_output: Any) -> Any:
             self.events.append(Poll())
             return output(connector_output)
@@ -108,6 +113,7 @@ class Recorder:
         core.build_connector_meta = built
         connector.update_connector_output = reported
         core.store.prepare_store = offered
+        core.store.refresh = refreshed
 
 
 def record(

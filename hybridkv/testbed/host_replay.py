@@ -1,10 +1,11 @@
 """Replay a recorded run's host-tier traffic under any eviction policy, MIN included.
 
-A run of the connector core asks the host tier three things, in order: at each scheduled
+A run of the connector core asks the host tier four things, in order: at each scheduled
 request's last ask, how far its prefix can be claimed (:class:`Ask`); at each step, which
-completed units to store (:class:`Offer`, one ``prepare_store`` call); and, ``delay`` polls
-later, that those loads and stores finished (:class:`Step` and :class:`Poll` mark the
-scheduler's steps and the worker's reports). ``tools/host_tier_bound.py`` records these from
+completed units to store (:class:`Offer`, one ``prepare_store`` call); at each finish, to
+refresh the request's units (:class:`Refresh`); and, ``delay`` polls later, that those loads
+and stores finished (:class:`Step` and :class:`Poll` mark the scheduler's steps and the
+worker's reports). ``tools/host_tier_bound.py`` records these from
 vLLM 0.33's real scheduler; :func:`replay` plays them back against a fresh
 :class:`~hybridkv.store.HostStore` of a given capacity and policy, with the claim rule of
 :func:`hybridkv.connector.claims.decide_claim`, and counts what would have been loaded.
@@ -49,6 +50,7 @@ __all__ = [
     "Event",
     "Offer",
     "Poll",
+    "Refresh",
     "ReplayResult",
     "Step",
     "loaded_keys",
@@ -82,6 +84,13 @@ class Offer:
 
 
 @dataclass(frozen=True, slots=True)
+class Refresh:
+    """A finished request's ``HostStore.refresh``: its units' keys, head first."""
+
+    keys: tuple[bytes, ...]
+
+
+@dataclass(frozen=True, slots=True)
 class Step:
     """The end of one scheduler step's ``build_connector_meta``."""
 
@@ -91,7 +100,7 @@ class Poll:
     """One ``update_connector_output``: jobs made ``delay`` steps before it report here."""
 
 
-Event = Ask | Offer | Step | Poll
+Event = Ask | Offer | Refresh | Step | Poll
 
 
 @dataclass(frozen=True, slots=True)
@@ -195,20 +204,9 @@ def replay(
     for position, event in enumerate(events):
         future.advance(position)
         if isinstance(event, Ask):
-            end, defer = decide_claim(
-                geometry,
-                _key_of(event.keys),
-                event.num_tokens,
-                event.start,
-                status=store.status,
-                failed=frozenset(),
-            )
+            end, defer, keys = _claim(store, geometry, event)
             deferred += defer
-            keys = loaded_keys(geometry, event, end)
             if keys:
-                loading = store.prepare_load(keys)
-                assert isinstance(loading, PrepareLoadOutput)  # the claim rule saw them READY
-                store.touch(keys)
                 loads.append((steps, keys))
             key_reads += len(keys)
             ends.append(end - event.start)
@@ -218,19 +216,13 @@ def replay(
                 pinned = frozenset(key for _, held in loads for key in held)
                 keys, declined = _admitted(store, chosen, keys, pinned)
                 bypassed += declined
-            # LRU and ARC keep the run's admission classes and unit bindings; MIN, the
-            # yardstick, ignores both.
-            run_rules = policy != "min"
-            prepared = store.prepare_store(
-                keys,
-                event.priority if run_rules else StorePriority.NORMAL,
-                event.bound if run_rules else (),
-            )
-            if isinstance(prepared, PrepareStoreOutput):
-                if prepared.keys_to_store:
-                    stores.append((steps, prepared.keys_to_store))
-            else:
+            reserved = _offer(store, event, keys, run_rules=policy != "min")
+            if reserved is None:
                 refused += 1
+            elif reserved:
+                stores.append((steps, reserved))
+        elif isinstance(event, Refresh):
+            store.refresh(event.keys)
         elif isinstance(event, Step):
             steps += 1
         else:
@@ -254,6 +246,40 @@ def replay(
         bypassed=bypassed,
         refused=refused,
     )
+
+
+def _offer(
+    store: HostStore, offer: Offer, keys: tuple[bytes, ...], *, run_rules: bool
+) -> tuple[bytes, ...] | None:
+    """The keys ``offer`` (as ``keys``) reserves, None when refused. LRU and ARC keep the run's
+    admission classes and unit bindings (``run_rules``); MIN, the yardstick, ignores both."""
+    prepared = store.prepare_store(
+        keys,
+        offer.priority if run_rules else StorePriority.NORMAL,
+        offer.bound if run_rules else (),
+    )
+    return prepared.keys_to_store if isinstance(prepared, PrepareStoreOutput) else None
+
+
+def _claim(
+    store: HostStore, geometry: ConnectorGeometry, ask: Ask
+) -> tuple[int, bool, tuple[bytes, ...]]:
+    """The claim rule's end at ``ask`` on ``store``, whether it deferred, and the keys it loads
+    (pinned and touched here, in the connector's order)."""
+    end, defer = decide_claim(
+        geometry,
+        _key_of(ask.keys),
+        ask.num_tokens,
+        ask.start,
+        status=store.status,
+        failed=frozenset(),
+    )
+    keys = loaded_keys(geometry, ask, end)
+    if keys:
+        loading = store.prepare_load(keys)
+        assert isinstance(loading, PrepareLoadOutput)  # the claim rule saw them READY
+        store.touch(keys)
+    return end, defer, keys
 
 
 def _key_of(keys: tuple[tuple[bytes, ...], ...]) -> Callable[[int, int], bytes]:
