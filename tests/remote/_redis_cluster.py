@@ -21,7 +21,6 @@ that an OS-chosen port could push past 65535.
 from __future__ import annotations
 
 import contextlib
-import os
 import shutil
 import signal
 import subprocess
@@ -31,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 import redis
-from _redis_server import free_port
+from _redis_server import found_or_skip, free_port
 
 CLIS = ("redis-cli", "valkey-cli")
 
@@ -47,15 +46,8 @@ def find_cli() -> str | None:
 
 def cli_or_skip() -> str:
     """The cluster command line; skip without one unless HYBRIDKV_REQUIRE_REDIS=1 (then fail)."""
-    import pytest  # here only: a runner may import this module bare
-
-    cli = find_cli()
-    if cli is None:
-        reason = f"none of {', '.join(CLIS)} is on PATH (apt-get install redis-tools)"
-        if os.environ.get("HYBRIDKV_REQUIRE_REDIS") == "1":
-            pytest.fail(f"HYBRIDKV_REQUIRE_REDIS=1 but {reason}")
-        pytest.skip(reason)
-    return cli
+    reason = f"none of {', '.join(CLIS)} is on PATH (apt-get install redis-tools)"
+    return found_or_skip(find_cli(), reason)
 
 
 def _tls_kwargs(ca: str | None) -> dict[str, Any]:

@@ -9,6 +9,7 @@ where it is missing.
 from __future__ import annotations
 
 import contextlib
+import os
 import shutil
 import signal
 import socket
@@ -32,6 +33,18 @@ def find_binary() -> str | None:
         if path:
             return path
     return None
+
+
+def found_or_skip(found: str | None, reason: str) -> str:
+    """``found``; when None, the test skips for ``reason``, or fails under
+    HYBRIDKV_REQUIRE_REDIS=1 (where a missing server binary is a broken set-up)."""
+    import pytest  # here only: a runner (tools/soak.py) may import this module bare
+
+    if found is None:
+        if os.environ.get("HYBRIDKV_REQUIRE_REDIS") == "1":
+            pytest.fail(f"HYBRIDKV_REQUIRE_REDIS=1 but {reason}")
+        pytest.skip(reason)
+    return found
 
 
 def free_port() -> int:

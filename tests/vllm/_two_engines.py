@@ -11,7 +11,6 @@ on 127.0.0.1, skipped without the binary unless ``HYBRIDKV_REQUIRE_REDIS=1``).
 from __future__ import annotations
 
 import dataclasses
-import os
 import sys
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -20,7 +19,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "remote"))
 
-from _redis_server import BINARIES, RedisServer, find_binary
+from _redis_server import BINARIES, RedisServer, find_binary, found_or_skip
 from diffharness.layouts import RECIPES, Layout
 from vllm.config import KVTransferConfig
 
@@ -84,15 +83,8 @@ SHAPES = {
 
 def redis_binary_or_skip() -> str:
     """The server binary; skip without one unless HYBRIDKV_REQUIRE_REDIS=1 (then fail)."""
-    import pytest  # here only: the soak runner (tools/soak.py) imports this module bare
-
-    binary = find_binary()
-    if binary is None:
-        reason = f"none of {', '.join(BINARIES)} is on PATH (`nox -s remote` installs one)"
-        if os.environ.get("HYBRIDKV_REQUIRE_REDIS") == "1":
-            pytest.fail(f"HYBRIDKV_REQUIRE_REDIS=1 but {reason}")
-        pytest.skip(reason)
-    return binary
+    reason = f"none of {', '.join(BINARIES)} is on PATH (`nox -s remote` installs one)"
+    return found_or_skip(find_binary(), reason)
 
 
 def started_server(workdir: Path) -> Iterator[RedisServer]:
