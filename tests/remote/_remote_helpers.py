@@ -1,13 +1,28 @@
-"""Chunks with content a function of their keys, a GPU-like store, and the TT-8 check."""
+"""Chunks with content a function of their keys, a GPU-like store, the TT-8 check, and the
+logins a locked server must refuse."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from hybridkv.remote import Chunk, TwoTierStore, make_chunk
+import pytest
+
+from hybridkv.remote import Chunk, Credentials, TwoTierStore, make_chunk
 from hybridkv.store import Refusal
 
 SLOT = 8
+
+# Logins a server with a password and an ACL must refuse, and the words of each refusal: one
+# start-up error each, on one server and on a cluster.
+WRONG_LOGINS = pytest.mark.parametrize(
+    ("credentials", "problem"),
+    [
+        (Credentials(password="not-the-password-1234"), "refused the password"),
+        (Credentials(), "requires a password"),
+        (Credentials("nobody", "not-the-password-1234"), "refused ACL user 'nobody'"),
+    ],
+    ids=["wrong password", "no password", "unknown user"],
+)
 
 
 def chunk_of(step: int, groups: int = 2, salt: bytes = b"", slot: int = SLOT) -> Chunk:

@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 from _certs import Certs, make_certs
 from _redis_cluster import LocalCluster, cli_or_skip
-from _remote_helpers import chunk_of, content
+from _remote_helpers import WRONG_LOGINS, chunk_of, content
 
 from hybridkv.errors import HybridKVConfigError
 from hybridkv.remote import (
@@ -104,15 +104,7 @@ def _one_line(error: HybridKVConfigError) -> str:
 
 
 @pytest.mark.remote
-@pytest.mark.parametrize(
-    ("credentials", "problem"),
-    [
-        (Credentials(password="not-the-password-1234"), "refused the password"),
-        (Credentials(), "requires a password"),
-        (Credentials("nobody", "not-the-password-1234"), "refused ACL user 'nobody'"),
-    ],
-    ids=["wrong password", "no password", "unknown user"],
-)
+@WRONG_LOGINS
 def test_a_wrong_password_on_a_cluster_is_one_clean_error_at_start_up(
     locked_cluster: LocalCluster, credentials: Credentials, problem: str
 ) -> None:

@@ -18,7 +18,14 @@ from typing import Any
 import pytest
 from _certs import Certs, make_certs
 from _redis_server import RedisServer
-from _remote_helpers import check_counters, chunk_of, content, host_bytes, store_from_gpu
+from _remote_helpers import (
+    WRONG_LOGINS,
+    check_counters,
+    chunk_of,
+    content,
+    host_bytes,
+    store_from_gpu,
+)
 
 from hybridkv.errors import HybridKVConfigError
 from hybridkv.remote import (
@@ -95,15 +102,7 @@ AUTHED = {"credentials": Credentials(password=PASSWORD)}
 # --- a password and ACL users ---
 
 
-@pytest.mark.parametrize(
-    ("credentials", "problem"),
-    [
-        (Credentials(password="not-the-password-1234"), "refused the password"),
-        (Credentials(), "requires a password"),
-        (Credentials("nobody", "not-the-password-1234"), "refused ACL user 'nobody'"),
-    ],
-    ids=["wrong password", "no password", "unknown user"],
-)
+@WRONG_LOGINS
 def test_a_wrong_password_is_one_clean_error_at_start_up(
     password_server: RedisServer, credentials: Credentials, problem: str
 ) -> None:
