@@ -8,30 +8,18 @@ same payload bytes, the promoted slots equal the written bytes, and a mismatch s
 from __future__ import annotations
 
 import contextlib
-import importlib.util
 import io
 import re
 import sys
 from pathlib import Path
-from types import ModuleType
 
 import pytest
 from _redis_server import RedisServer
 
-_PATH = Path(__file__).resolve().parents[2] / "tools" / "bench_remote.py"
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "vllm"))
+from _inprocess import load_tool
 
-
-def _load() -> ModuleType:
-    loaded = importlib.util.spec_from_file_location("bench_remote", _PATH)
-    assert loaded is not None
-    assert loaded.loader is not None
-    module = importlib.util.module_from_spec(loaded)
-    sys.modules[loaded.name] = module  # dataclasses look their module up while it loads
-    loaded.loader.exec_module(module)
-    return module
-
-
-bench = _load()
+bench = load_tool("bench_remote")
 _NUMBER = re.compile(r"\d+(?:\.\d+)?")
 
 

@@ -6,25 +6,13 @@ times it observed is checked here on runs built by hand.
 
 from __future__ import annotations
 
-import importlib.util
 import sys
 from pathlib import Path
-from types import ModuleType
 
-_PATH = Path(__file__).resolve().parents[2] / "tools" / "bench_remote_stall.py"
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "vllm"))
+from _inprocess import load_tool
 
-
-def _load() -> ModuleType:
-    loaded = importlib.util.spec_from_file_location("bench_remote_stall", _PATH)
-    assert loaded is not None
-    assert loaded.loader is not None
-    module = importlib.util.module_from_spec(loaded)
-    sys.modules[loaded.name] = module  # dataclasses look their module up while it loads
-    loaded.loader.exec_module(module)
-    return module
-
-
-bench = _load()
+bench = load_tool("bench_remote_stall")
 
 
 def _run(state: str, path: str, schedule_ms: list[float], blocked_ms: float = 0.0) -> object:
