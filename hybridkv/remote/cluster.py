@@ -30,6 +30,13 @@ is promoted. Each connection error makes redis-py reload the slot map, so at mos
 client faults after the promotion (its map, reloaded before it, still named the dead node) and
 the next reaches the new primary. The tier counts each fault and recomputes (TT-5).
 
+Slot-map races. While a shard joins or slots move, one call thread may find a slot with no
+node at all in the slot map another thread is rebuilding: redis-py then raises an
+AttributeError (or a KeyError, IndexError, TypeError) from inside itself, not a RedisError
+(redis/redis-py#2432, #3835). A call that hits one runs once more (the map is whole again by
+then, within the same budget); a second such error is a FAULT, logged once. Never an exception:
+it would end the tier's writer thread or the scheduler step that asked.
+
 Security. Every node is reached with the single-server client's keywords
 (:func:`hybridkv.remote.client.connection_kwargs`): the same deadlines, AUTH (a password, or an
 ACL user and password, which every node must accept alike) and TLS files; ``rediss+cluster://``
@@ -54,6 +61,7 @@ from __future__ import annotations
 import concurrent.futures
 import contextlib
 import importlib
+import logging
 import threading
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
@@ -79,6 +87,10 @@ CALL_THREADS = 4
 """Calls one client runs at once (the writer's SET, a fetch's GET, a lookup, with room)."""
 
 _T = TypeVar("_T")
+logger = logging.getLogger(__name__)
+# What redis-py raises from inside itself when a slot has no node in its map (module
+# docstring, "Slot-map races"); none of these is a RedisError.
+_MAP_RACES: tuple[type[Exception], ...] = (AttributeError, KeyError, IndexError, TypeError)
 # A cluster client also asks for the slot map and the command table (where each command
 # names its keys), and sends ASKING when a slot is moving.
 _CLUSTER_GRANT = _GRANT + " +cluster|slots +command +asking"
@@ -132,6 +144,7 @@ class ClusterClient:
             OSError,
         )
         self._budget_s = config.connect_timeout_s + config.deadline_s
+        self._races = 0  # calls lost to a slot-map race (module docstring): logged once
         self._cluster: Any = None
         self._build = threading.Lock()
         self._free = threading.BoundedSemaphore(calls)
@@ -224,9 +237,22 @@ class ClusterClient:
 
     def _run(self, ask: Callable[[Any], _T]) -> _T | ClientFault:
         try:
-            return ask(self._connected())
+            try:
+                return ask(self._connected())
+            except _MAP_RACES:  # module docstring, "Slot-map races": once more
+                return ask(self._connected())
         except self._errors as error:
             return fault_of(error)
+        except _MAP_RACES as error:
+            self._races += 1
+            if self._races == 1:
+                logger.warning(
+                    "hybridkv remote tier: redis-py's cluster client raised %s twice running "
+                    "one call (its slot map lacked a node); the call is a fault and the tier "
+                    "recomputes. Logged once per client.",
+                    repr(error),
+                )
+            return ClientFault.FAULT
         finally:
             self._free.release()
 

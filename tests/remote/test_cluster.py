@@ -10,6 +10,8 @@
 - Every node paused (SIGSTOP): no call waits past ``connect_timeout_s + deadline_s``, and with
   every call thread stuck a call answers TIMEOUT at once; after SIGCONT reads recover.
 - A shard added and slots moved to it while a tier reads and writes: every read whole.
+- redis-py's own slot-map race (a slot with no node mid-rebuild, an AttributeError from inside
+  redis-py): the call runs once more; a map that stays broken is a FAULT, never an exception.
 
 The config checks and the unreachable cluster need no server (no ``remote`` marker).
 """
@@ -190,6 +192,52 @@ def test_exists_answers_per_key_across_slots_in_order(shared_cluster: LocalClust
     admin = shared_cluster.client()
     assert 0 < admin.ttl(b"hybridkv:test:ttl") <= 60
     admin.close()
+    client.close()
+
+
+def _slot_map_without_nodes(client: ClusterClient, times: int) -> list[int]:
+    """Make the first ``times`` slot lookups of ``client``'s redis-py cluster find no node, as a
+    lookup does while another thread rebuilds the slot map (redis/redis-py#2432): the lookups
+    made so far are counted in the returned list."""
+    nodes = client._connected().nodes_manager
+    real = nodes.get_node_from_slot
+    made: list[int] = []
+
+    def lookup(*args: Any, **kwargs: Any) -> Any:
+        made.append(1)
+        return None if len(made) <= times else real(*args, **kwargs)
+
+    nodes.get_node_from_slot = lookup
+    return made
+
+
+@remote
+def test_a_slot_with_no_node_in_the_map_runs_the_call_again(shared_cluster: LocalCluster) -> None:
+    """redis-py raises AttributeError (not a RedisError) when its slot map names no node for a
+    slot mid-rebuild; the call runs once more and succeeds instead of raising out of the tier."""
+    client = ClusterClient(config_of(shared_cluster))
+    assert client.set(b"hybridkv:test:race", b"v", 0) is None
+    made = _slot_map_without_nodes(client, times=1)
+    assert client.get(b"hybridkv:test:race") == b"v"
+    assert len(made) >= 2  # the lookup that found no node, then the rerun's
+    made = _slot_map_without_nodes(client, times=1)
+    assert client.set(b"hybridkv:test:race2", b"w", 0) is None
+    assert client.get(b"hybridkv:test:race2") == b"w"
+    client.close()
+
+
+@remote
+def test_a_slot_map_that_stays_broken_is_a_fault_logged_once(
+    shared_cluster: LocalCluster, caplog: pytest.LogCaptureFixture
+) -> None:
+    client = ClusterClient(config_of(shared_cluster))
+    _slot_map_without_nodes(client, times=1_000)
+    with caplog.at_level("WARNING", logger="hybridkv.remote.cluster"):
+        assert client.get(b"hybridkv:test:race") is ClientFault.FAULT
+        assert client.set(b"hybridkv:test:race", b"v", 0) is ClientFault.FAULT
+    warned = [r for r in caplog.records if "slot map lacked a node" in r.getMessage()]
+    assert len(warned) == 1
+    assert "AttributeError" in warned[0].getMessage()
     client.close()
 
 
