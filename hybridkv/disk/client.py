@@ -141,7 +141,7 @@ class DiskClient:
         self._index = DiskIndex(config.capacity_bytes, config.policy)
         self._counters = dict.fromkeys(DISK_COUNTER_NAMES, 0)
         self._pool = ThreadPoolExecutor(config.threads, thread_name_prefix="hybridkv-disk")
-        self._io = FileIO(config.direct, self._pool if config.threads > 1 else None)
+        self._io = FileIO(config.direct, self._pool if config.threads > 1 else None, config.path)
         self._buffers = Buffers(keep=config.threads + 2)
         self._closed = False
         self._active = 0  # calls past the closed check: close() waits for them (pool use)
@@ -239,6 +239,7 @@ class DiskClient:
         """The plain view the spec compares (module docstring). Frame: nothing changes."""
         with self._lock:
             index = self._index
+            self._counters["direct_fallbacks"] = self._io.fallbacks
             return {
                 "index": tuple(key.hex() for key in index.order()),
                 "bytes": index.bytes,
@@ -338,7 +339,7 @@ class DiskClient:
                         raise
                     if self.config.direct is DirectIO.ON:
                         raise
-                    self._fell_back(temp, error)
+                    self._io.fall_back(error)
                     os.close(fd)
                     fd = -1
                     os.unlink(temp)
@@ -385,7 +386,7 @@ class DiskClient:
                     raise
                 if self.config.direct is DirectIO.ON:
                     raise
-                self._fell_back(path, error)
+                self._io.fall_back(error)
                 with open(path, "rb", buffering=0) as plain:
                     got = plain.readinto(image) or 0
             self._count("bytes_read", got)
@@ -481,7 +482,7 @@ class DiskClient:
                     "filesystem with O_DIRECT",
                 ) from None
             if error.errno == errno.EINVAL:
-                self._fell_back(probe, error)
+                self._io.fall_back(error)
             else:
                 raise HybridKVConfigError(
                     "disk_dir",
@@ -502,11 +503,6 @@ class DiskClient:
                 os.pwrite(fd, block, 0)
         finally:
             os.close(fd)
-
-    def _fell_back(self, path: Path, error: OSError) -> None:
-        self._io.fall_back(path, error)
-        with self._lock:
-            self._counters["direct_fallbacks"] = self._io.fallbacks
 
     def _rebuild(self) -> None:
         """DK-5: the index is exactly the complete files; what a crash left is removed."""
