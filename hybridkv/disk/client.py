@@ -67,7 +67,7 @@ from pathlib import Path
 from typing import Any
 
 from hybridkv.disk.config import DirectIO, DiskConfig, DiskRole, FsyncPolicy
-from hybridkv.disk.fileformat import ALIGN, MAX_KEY, Damage, decode, encode_into, padded_size
+from hybridkv.disk.fileformat import ALIGN, MAX_KEY, Damage, padded_size
 from hybridkv.disk.index import DiskIndex
 from hybridkv.disk.io import Buffers, FileIO
 from hybridkv.disk.names import HOST, chunk_path, temp_path
@@ -325,31 +325,17 @@ class DiskClient:
     def _write(self, temp: Path, final: Path, key: bytes, value: bytes, size: int) -> None:
         flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC
         with self._buffers.lease(size) as image:
-            encode_into(image, key, value)
             try:
                 fd, direct = self._io.open(temp, flags)
             except FileNotFoundError:  # the subdirectory's first file (or it was removed)
                 os.makedirs(final.parent, exist_ok=True)
                 fd, direct = self._io.open(temp, flags)
             try:
-                try:
-                    self._io.write(fd, image)
-                except OSError as error:
-                    if not (direct and error.errno == errno.EINVAL):
-                        raise
-                    if self.config.direct is DirectIO.ON:
-                        raise
-                    self._io.fall_back(error)
-                    os.close(fd)
-                    fd = -1
-                    os.unlink(temp)
-                    fd, _ = self._io.open(temp, flags)
-                    self._io.write(fd, image)
+                self._io.retrying(fd, direct, lambda: self._io.write_chunk(fd, image, key, value))
                 if self.config.fsync is FsyncPolicy.FILE:
                     os.fdatasync(fd)
             finally:
-                if fd >= 0:
-                    os.close(fd)
+                os.close(fd)
         os.rename(temp, final)
 
     # --- reads ---
@@ -379,18 +365,8 @@ class DiskClient:
             self._damaged(key, path, info, Damage.TRUNCATED)
             return None
         with self._buffers.lease(size) as image:
-            try:
-                got = self._io.read(fd, image)
-            except OSError as error:
-                if not (direct and error.errno == errno.EINVAL):
-                    raise
-                if self.config.direct is DirectIO.ON:
-                    raise
-                self._io.fall_back(error)
-                with open(path, "rb", buffering=0) as plain:
-                    got = plain.readinto(image) or 0
-            self._count("bytes_read", got)
-            value = decode(image[:got], key)
+            value = self._io.retrying(fd, direct, lambda: self._io.read_chunk(fd, image, key, size))
+        self._count("bytes_read", size)
         if isinstance(value, Damage):
             self._damaged(key, path, info, value)
             return None

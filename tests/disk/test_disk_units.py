@@ -14,7 +14,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from hybridkv.disk import ALIGN, Damage, DirectIO, DiskConfig, DiskIndexError, FsyncPolicy
-from hybridkv.disk.fileformat import HEADER, decode, encode_into, padded_size
+from hybridkv.disk.fileformat import HEADER, SLICE, decode, encode_into, padded_size
 from hybridkv.disk.index import DiskIndex
 from hybridkv.disk.names import HOST, TempName, chunk_path, is_torn, key_of, parse_temp, temp_path
 from hybridkv.errors import HybridKVConfigError
@@ -68,9 +68,8 @@ def test_a_file_image_decodes_to_its_value(key: bytes, value: bytes) -> None:
     image = _image(key, value)
     assert len(image) == padded_size(len(key), len(value))
     assert len(image) % ALIGN == 0
-    assert image[HEADER + len(key) + len(value) :] == bytes(
-        len(image) - HEADER - len(key) - len(value)
-    )
+    assert image[HEADER + len(key) : ALIGN] == bytes(ALIGN - HEADER - len(key))
+    assert image[ALIGN + len(value) :] == bytes(len(image) - ALIGN - len(value))
     assert decode(memoryview(image), key) == value
 
 
@@ -83,7 +82,9 @@ def test_any_flipped_byte_of_header_key_or_value_is_damage(
     key: bytes, value: bytes, data: st.DataObject
 ) -> None:
     image = _image(key, value)
-    at = data.draw(st.integers(0, HEADER + len(key) + len(value) - 1))
+    at = data.draw(
+        st.one_of(st.integers(0, HEADER + len(key) - 1), st.integers(ALIGN, ALIGN + len(value) - 1))
+    )
     image[at] ^= data.draw(st.integers(1, 255))
     assert isinstance(decode(memoryview(image), key), Damage)
 
@@ -96,7 +97,7 @@ def test_any_cut_is_damage(value: bytes, data: st.DataObject) -> None:
 
 
 def test_each_damage_is_named() -> None:
-    key, value = b"a" * 32, b"v" * 5000
+    key, value = b"a" * 32, b"v" * 5000  # 2 blocks of value
     image = _image(key, value)
     assert decode(memoryview(image)[: len(image) - ALIGN], key) is Damage.TRUNCATED
     assert decode(memoryview(image)[:100], key) is Damage.TRUNCATED
@@ -111,14 +112,29 @@ def test_each_damage_is_named() -> None:
     bad[-1] = 1  # the padding is not covered, the lengths are: the value is still whole
     assert decode(memoryview(bad), key) == value
     bad = bytearray(image)
-    bad[8] = 1  # value length 5000 -> 5001: same padded size, another digest
+    bad[8] ^= 1  # value length 5000 -> 5001: same padded size, another digest
     assert decode(memoryview(bad), key) is Damage.DIGEST
     bad = bytearray(image)
     bad[9] ^= 0x40  # value length +16 KiB: another padded size
     assert decode(memoryview(bad), key) is Damage.TRUNCATED
+    bad = bytearray(image)
+    bad[6] = 31  # key length 32 -> 31: another key
+    assert decode(memoryview(bad), key) is Damage.FOREIGN
     small = _image(key, b"v")
     longer = small + bytes(ALIGN)
     assert decode(memoryview(longer), key) is Damage.LENGTHS
+
+
+def test_a_value_of_many_slices_hashes_each_slice() -> None:
+    key = b"k" * 32
+    value = bytes(range(256)) * (3 * SLICE // 256 + 7)  # 4 slices, the last short
+    image = _image(key, value)
+    assert decode(memoryview(image), key) == value
+    for at in (ALIGN, ALIGN + SLICE, ALIGN + 3 * SLICE + 1, ALIGN + len(value) - 1):
+        bad = bytearray(image)
+        bad[at] ^= 1
+        assert decode(memoryview(bad), key) is Damage.DIGEST
+    assert decode(memoryview(_image(key, b"")), key) == b""
 
 
 # --- names ---
