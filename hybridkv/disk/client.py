@@ -9,9 +9,10 @@ Roles (:class:`~hybridkv.disk.config.DiskRole`). An OWNER rebuilds its index fro
 at construction (DK-5: complete files indexed, recency from their modification times, oldest
 first; truncated files and torn temporary files removed; when the files exceed the capacity the
 oldest are removed), reserves, evicts, writes, reads and removes damaged files, and rescans
-every ``rescan_s`` to adopt files other engines wrote into the directory and forget files they
-removed. A READER (the lookup side, in another process) keeps no index: ``exists`` stats files,
-``get`` reads and verifies; it never writes, evicts or removes anything.
+the directory (one subdirectory at a time, a whole pass every ``rescan_s``) to adopt files
+other engines wrote into it and forget files they removed. A READER (the lookup side, in
+another process) keeps no index: ``exists`` stats files, ``get`` reads and verifies; it never
+writes, evicts or removes anything.
 
 Operations (pre, post, frame; a refused call changes nothing but its counters):
 
@@ -47,8 +48,8 @@ sorted), ``counters`` (:data:`DISK_COUNTER_NAMES`, every one present):
 - start-up and rescans: ``rebuild_files``, ``rebuild_bytes``, ``rebuild_torn`` (temporary files
   removed), ``rebuild_truncated`` (removed), ``rebuild_over_capacity`` (oldest files removed to
   fit), ``rebuild_us`` (the rebuild's wall time, microseconds: a measurement, not a count),
-  ``rescans``, ``adopted``, ``adopt_refused`` (no room), ``temps_removed`` (torn, by a rescan),
-  ``rescan_truncated`` (truncated files a rescan removed);
+  ``rescans`` (whole passes), ``adopted``, ``adopt_refused`` (no room), ``temps_removed``
+  (torn, by a rescan), ``rescan_truncated`` (truncated files a rescan removed);
 - ``direct_fallbacks`` (1 once O_DIRECT was refused and AUTO fell back), ``closed_calls``
   (calls after ``close``, each a FAULT).
 """
@@ -71,7 +72,7 @@ from hybridkv.disk.fileformat import ALIGN, MAX_KEY, Damage, padded_size
 from hybridkv.disk.index import DiskIndex
 from hybridkv.disk.io import Buffers, FileIO
 from hybridkv.disk.names import HOST, chunk_path, temp_path
-from hybridkv.disk.scan import scan
+from hybridkv.disk.scan import scan, scan_subdir
 from hybridkv.errors import HybridKVConfigError
 from hybridkv.remote.values import ClientFault
 
@@ -120,6 +121,7 @@ DISK_COUNTER_NAMES: tuple[str, ...] = (
 )
 """The snapshot's ``counters`` keys (module docstring)."""
 
+_SUBDIRS = 256  # the first byte of a key names its subdirectory
 _STAT_FANOUT = 16  # a lookup statting more keys than this spreads them over the pool
 _MISSING = (errno.ENOENT, errno.ENOTDIR)
 
@@ -504,30 +506,41 @@ class DiskClient:
         counters["rebuild_us"] = int((time.perf_counter() - began) * 1e6)
 
     def _rescan_loop(self) -> None:
-        while not self._stop.wait(self.config.rescan_s):
-            self.rescan()
+        # One subdirectory per tick: a whole pass every rescan_s, the lock held briefly.
+        first = 0
+        while not self._stop.wait(self.config.rescan_s / _SUBDIRS):
+            self._rescan_part(first)
+            first = (first + 1) % _SUBDIRS
+            if first == 0:
+                self._count("rescans")
 
     def rescan(self) -> None:
-        """Adopt the complete files other engines wrote, forget the indexed files they removed,
-        remove torn temporary files (an OWNER's periodic pass; callable at once). Adopting
-        makes room by policy like a write; a file there is no room for stays unindexed."""
+        """One whole pass at once (the rescan thread spreads the same over ``rescan_s``):
+        adopt the complete files other engines wrote, forget the indexed files they removed,
+        remove torn temporary files and truncated files. Adopting makes room by policy like a
+        write; a file there is no room for stays unindexed (``adopt_refused``)."""
+        for first in range(_SUBDIRS):
+            self._rescan_part(first)
+        self._count("rescans")
+
+    def _rescan_part(self, first: int) -> None:
+        """The rescan of subdirectory ``first`` (the keys whose first byte it is)."""
         if self.role is DiskRole.READER:
             return
         with self._lock:
             if self._closed:
                 return
             since = self._index.generation
-        listing = scan(self.directory, None, self.config.stale_temp_s)
+        listing = scan_subdir(self.directory, f"{first:02x}", self.config.stale_temp_s)
         removed = _unlink_all(listing.torn)
         truncated = _unlink_all(listing.truncated)
         on_disk = {found.key for found in listing.files}
         with self._lock:
-            self._counters["rescans"] += 1
             self._counters["temps_removed"] += removed
             self._counters["rescan_truncated"] += truncated
             index = self._index
-            for key in [k for k, born in index.born.items() if born <= since]:
-                if key not in on_disk and key not in index.pins:
+            for key in list(index.groups.get(first, ())):
+                if index.born[key] <= since and key not in on_disk and key not in index.pins:
                     self._counters["vanished"] += 1
                     index.remove(key)
             for found in sorted(listing.files, key=lambda f: (f.mtime_ns, f.key)):

@@ -1,12 +1,12 @@
 """One pass over a disk tier's directory: the complete files, and what a crash left.
 
-Used at start-up (the rebuild, DK-5) and by an OWNER's periodic rescan (files other engines
-wrote or removed). Reads names and ``stat`` only, never a file's bytes: a file is complete when
-its name is a chunk's and its size a positive multiple of the alignment (every file the tier
-renames into place is); its content is verified when it is read (DK-1, DK-6). A complete-named
-file of another size is truncated. Temporary files are judged by :func:`~.names.is_torn`. Names
-the tier never writes are left alone. The 256 subdirectories are listed side by side on the
-I/O pool.
+Used at start-up (the rebuild, DK-5: every subdirectory, side by side on the I/O pool) and by
+an OWNER's periodic rescan (files other engines wrote or removed: one subdirectory at a time).
+Reads names and ``stat`` only, never a file's bytes: a file is complete when its name is a
+chunk's and its size a positive multiple of the alignment (every file the tier renames into
+place is); its content is verified when it is read (DK-1, DK-6). A complete-named file of
+another size is truncated. Temporary files are judged by :func:`~.names.is_torn`. Names the
+tier never writes are left alone.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from pathlib import Path
 from hybridkv.disk.fileformat import ALIGN
 from hybridkv.disk.names import is_torn, key_of, parse_temp
 
-__all__ = ["Found", "Listing", "scan"]
+__all__ = ["Found", "Listing", "scan", "scan_subdir"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,6 +64,11 @@ def scan(directory: Path, pool: Executor | None, stale_temp_s: float) -> Listing
     for part in parts:
         listing.merge(part)
     return listing
+
+
+def scan_subdir(directory: Path, subdir: str, stale_temp_s: float) -> Listing:
+    """List one chunk subdirectory (``"00"`` to ``"ff"``; a missing one lists nothing)."""
+    return _scan_one(directory / subdir, subdir, time.time(), stale_temp_s)
 
 
 def _is_subdir(entry: os.DirEntry[str]) -> bool:
