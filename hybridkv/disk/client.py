@@ -489,18 +489,18 @@ class DiskClient:
         counters = self._counters
         counters["rebuild_torn"] += _unlink_all(listing.torn)
         counters["rebuild_truncated"] += _unlink_all(listing.truncated)
-        newest_first = sorted(listing.files, key=lambda f: (f.mtime_ns, f.key), reverse=True)
+        newest_first = sorted(listing.files, reverse=True)
         room, kept = self._index.capacity, []
         for found in newest_first:
             if found.size <= room:
                 room -= found.size
-                kept.append(found)
+                kept.append((found.key, found.size))
             else:
                 counters["rebuild_over_capacity"] += _unlink_all(
                     [chunk_path(self.directory, found.key)]
                 )
-        for found in reversed(kept):
-            self._index.insert(found.key, found.size)
+        kept.reverse()  # oldest first: the last inserted is the most recent
+        self._index.insert_all(kept)
         counters["rebuild_files"] = len(kept)
         counters["rebuild_bytes"] = self._index.bytes
         counters["rebuild_us"] = int((time.perf_counter() - began) * 1e6)
@@ -543,7 +543,7 @@ class DiskClient:
                 if index.born[key] <= since and key not in on_disk and key not in index.pins:
                     self._counters["vanished"] += 1
                     index.remove(key)
-            for found in sorted(listing.files, key=lambda f: (f.mtime_ns, f.key)):
+            for found in sorted(listing.files):
                 if found.key in index.sizes or found.key in index.writing:
                     continue
                 victims = index.victims_for(found.size)
