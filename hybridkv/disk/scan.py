@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Iterable
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -48,19 +47,16 @@ class Listing:
         self.torn += other.torn
 
 
-def scan(directory: Path, pool: Executor | None, stale_temp_s: float) -> Listing:
-    """List ``directory``'s chunk subdirectories (a missing directory lists nothing)."""
+def scan(directory: Path, pool: Executor, stale_temp_s: float) -> Listing:
+    """List ``directory``'s chunk subdirectories side by side on ``pool`` (a missing directory
+    lists nothing)."""
     try:
         with os.scandir(directory) as entries:
             subdirs = [e.name for e in entries if _is_subdir(e)]
     except FileNotFoundError:
         return Listing()
     now = time.time()
-    parts: Iterable[Listing]
-    if pool is None:
-        parts = (_scan_one(directory / s, s, now, stale_temp_s) for s in subdirs)
-    else:
-        parts = pool.map(lambda s: _scan_one(directory / s, s, now, stale_temp_s), subdirs)
+    parts = pool.map(lambda s: _scan_one(directory / s, s, now, stale_temp_s), subdirs)
     listing = Listing()
     for part in parts:
         listing.merge(part)

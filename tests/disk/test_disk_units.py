@@ -215,6 +215,14 @@ def test_index_check_names_the_broken_invariant() -> None:
     with pytest.raises(DiskIndexError, match="DK-2"):
         index.check()
     index.finish(b"b", complete=False)
+    index.policy.on_insert(b"z")
+    with pytest.raises(DiskIndexError, match="policy"):
+        index.check()
+    index.policy.on_remove(b"z")
+    index.groups[ord("a")].add(b"a2")
+    with pytest.raises(DiskIndexError, match="groups"):
+        index.check()
+    index.groups[ord("a")].discard(b"a2")
     index.pins[b"a"] = 0
     with pytest.raises(DiskIndexError, match="DK-3"):
         index.check()
