@@ -121,6 +121,7 @@ DISK_COUNTER_NAMES: tuple[str, ...] = (
 )
 """The snapshot's ``counters`` keys (module docstring)."""
 
+_KEEP_PER_THREAD = 8 << 20  # aligned buffers kept for reuse, per I/O thread
 _SUBDIRS = 256  # the first byte of a key names its subdirectory
 _STAT_FANOUT = 16  # a lookup statting more keys than this spreads them over the pool
 _MISSING = (errno.ENOENT, errno.ENOTDIR)
@@ -144,7 +145,7 @@ class DiskClient:
         self._counters = dict.fromkeys(DISK_COUNTER_NAMES, 0)
         self._pool = ThreadPoolExecutor(config.threads, thread_name_prefix="hybridkv-disk")
         self._io = FileIO(config.direct, self._pool if config.threads > 1 else None, config.path)
-        self._buffers = Buffers(keep=config.threads + 2)
+        self._buffers = Buffers(keep_bytes=(config.threads + 2) * _KEEP_PER_THREAD)
         self._closed = False
         self._active = 0  # calls past the closed check: close() waits for them (pool use)
         self._idle = threading.Condition(self._lock)
