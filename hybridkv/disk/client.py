@@ -49,7 +49,8 @@ sorted), ``counters`` (:data:`DISK_COUNTER_NAMES`, every one present):
   removed), ``rebuild_truncated`` (removed), ``rebuild_over_capacity`` (oldest files removed to
   fit), ``rebuild_us`` (the rebuild's wall time, microseconds: a measurement, not a count),
   ``rescans`` (whole passes), ``adopted``, ``adopt_refused`` (no room), ``temps_removed``
-  (torn, by a rescan), ``rescan_truncated`` (truncated files a rescan removed);
+  (torn, by a rescan), ``rescan_truncated`` (truncated files a rescan removed),
+  ``rescan_faults`` (a subdirectory a rescan could not list: tried again next pass);
 - ``direct_fallbacks`` (1 once O_DIRECT was refused and AUTO fell back), ``closed_calls``
   (calls after ``close``, each a FAULT).
 """
@@ -116,6 +117,7 @@ DISK_COUNTER_NAMES: tuple[str, ...] = (
     "adopt_refused",
     "temps_removed",
     "rescan_truncated",
+    "rescan_faults",
     "direct_fallbacks",
     "closed_calls",
 )
@@ -510,7 +512,7 @@ class DiskClient:
         # One subdirectory per tick: a whole pass every rescan_s, the lock held briefly.
         first = 0
         while not self._stop.wait(self.config.rescan_s / _SUBDIRS):
-            self._rescan_part(first)
+            self._rescan_part(first)  # never raises: the thread runs until close()
             first = (first + 1) % _SUBDIRS
             if first == 0:
                 self._count("rescans")
@@ -532,7 +534,11 @@ class DiskClient:
             if self._closed:
                 return
             since = self._index.generation
-        listing = scan_subdir(self.directory, f"{first:02x}", self.config.stale_temp_s)
+        try:
+            listing = scan_subdir(self.directory, f"{first:02x}", self.config.stale_temp_s)
+        except OSError:
+            self._count("rescan_faults")  # unreadable now: the next pass tries again
+            return
         removed = _unlink_all(listing.torn)
         truncated = _unlink_all(listing.truncated)
         on_disk = {found.key for found in listing.files}
