@@ -27,8 +27,9 @@ Operations (pre, post, frame; a refused call changes nothing but its counters):
   key and digest (DK-1). A missing file is None (DK-7: removed by another engine); a damaged
   one is None, counted, and removed by an OWNER (DK-6). A hit is the most recent in the policy,
   and its modification time is renewed so the order survives a restart.
-- ``exists(keys)``: an OWNER answers indexed keys from its index and stats the rest; a READER
-  stats all. Large batches are statted side by side on the I/O pool.
+- ``exists(keys)``: whether each key's complete file is in the directory now, by a stat (an
+  OWNER's index is not asked: another engine may have removed or written the file). Large
+  batches are statted side by side on the I/O pool.
 
 Snapshot (:meth:`DiskClient.snapshot`): ``index`` (key hex in eviction order, next victim first),
 ``bytes`` (complete files, padded), ``reserved`` (writes in flight), ``pins`` ((key hex, count)
@@ -169,7 +170,7 @@ class DiskClient:
     # --- the ChunkClient protocol ---
 
     def exists(self, keys: Sequence[bytes]) -> tuple[bool, ...] | ClientFault:
-        """Whether each key has a complete file (DK-4). Frame: counters only."""
+        """Whether each key has a complete file now (a stat each, DK-4). Frame: counters."""
         for key in keys:
             _check_key(key)
         with self._lock:
@@ -177,19 +178,16 @@ class DiskClient:
                 return self._closed_call()
             self._counters["exists_calls"] += 1
             self._counters["exists_keys"] += len(keys)
-            known = [key in self._index.sizes for key in keys]
             self._active += 1
         try:
-            statted = self._stat_all([key for key, hit in zip(keys, known, strict=True) if not hit])
+            found = self._stat_all(list(keys))
         finally:
             self._leave()
-        if isinstance(statted, ClientFault):
+        if isinstance(found, ClientFault):
             self._count("exists_faults")
-            return statted
-        answers = iter(statted)
-        found = tuple(hit or next(answers) for hit in known)
+            return found
         self._count("exists_found", sum(found))
-        return found
+        return tuple(found)
 
     def get(self, key: bytes) -> bytes | ClientFault | None:
         """``key``'s value, verified (DK-1); None on a miss or a damaged file (DK-6, DK-7)."""

@@ -78,6 +78,7 @@ def test_files_removed_or_cut_by_others_are_written_again(tmp_path: Path) -> Non
     for i in range(2):
         client.set(*chunk(i), 0)
     os.unlink(chunk_path(tmp_path, key_of(1)))
+    assert client.exists([key_of(0), key_of(1)]) == (True, False)  # the directory, not the index
     assert client.set(*chunk(1), 0) is None  # indexed, but gone: written again
     os.unlink(chunk_path(tmp_path, key_of(0)))  # the next victim, gone already
     assert client.set(*chunk(2), 0) is None
