@@ -70,7 +70,7 @@ from pathlib import Path
 from typing import Any
 
 from hybridkv.disk.config import DirectIO, DiskConfig, DiskRole, FsyncPolicy
-from hybridkv.disk.fileformat import ALIGN, MAX_KEY, Damage, padded_size
+from hybridkv.disk.fileformat import ALIGN, MAX_KEY, SLICE, Damage, padded_size
 from hybridkv.disk.index import DiskIndex
 from hybridkv.disk.io import Buffers, FileIO
 from hybridkv.disk.names import HOST, chunk_path, temp_path
@@ -334,6 +334,10 @@ class DiskClient:
                 os.makedirs(final.parent, exist_ok=True)
                 fd, direct = self._io.open(temp, flags)
             try:
+                if len(value) > SLICE:
+                    # The file's size set first: its slices are then written inside the end
+                    # of file, which filesystems (XFS) let run side by side; past it, one by one.
+                    os.ftruncate(fd, size)
                 self._io.retrying(fd, direct, lambda: self._io.write_chunk(fd, image, key, value))
                 if self.config.fsync is FsyncPolicy.FILE:
                     os.fdatasync(fd)
