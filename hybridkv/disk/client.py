@@ -23,6 +23,12 @@ Operations (pre, post, frame; a refused call changes nothing but its counters):
   key whose file another engine removed is written again. ENOSPC, EIO
   or any OSError: FAULT, the temporary file removed, the reservation released. ``ttl_s`` is
   ignored: a file lives until evicted.
+- A full filesystem: a write refused with ENOSPC is a FAULT like any I/O error, and lowers the
+  byte limit to what the client holds then; while lowered, each write first raises it again
+  to what the client holds plus the filesystem's free space (``statvfs``), never above
+  ``capacity_bytes``. So a directory on a filesystem smaller than ``disk_bytes``, or one that
+  others fill, costs one refused write, after which writes evict to make room instead of
+  failing for ever; space freed later lets the tier grow back.
 - ``get(key)``: pins ``key`` for the read (DK-3), reads the whole file and verifies its header,
   key and digest (DK-1). A missing file is None (DK-7: removed by another engine); a damaged
   one is None, counted, and removed by an OWNER (DK-6). A hit is the most recent in the policy,
@@ -44,7 +50,8 @@ sorted), ``counters`` (:data:`DISK_COUNTER_NAMES`, every one present):
   not written), ``set_adopted`` (complete on disk, written by another engine: indexed, not
   written), ``set_pending`` (the same key's write in flight), ``set_no_space`` (pins and
   writes in flight hold too much), ``set_too_large`` (larger than the capacity),
-  ``set_faults`` (an I/O error), ``set_enospc`` (of which ENOSPC), ``set_refused_reader``;
+  ``set_faults`` (an I/O error), ``set_enospc`` (of which ENOSPC), ``set_refused_reader``,
+  ``capacity_lowered`` (ENOSPC lowered the limit: below);
 - eviction: ``evictions``, ``evicted_bytes``;
 - start-up and rescans: ``rebuild_files``, ``rebuild_bytes``, ``rebuild_torn`` (temporary files
   removed), ``rebuild_truncated`` (removed), ``rebuild_over_capacity`` (oldest files removed to
@@ -105,6 +112,7 @@ DISK_COUNTER_NAMES: tuple[str, ...] = (
     "set_faults",
     "set_enospc",
     "set_refused_reader",
+    "capacity_lowered",
     "evictions",
     "evicted_bytes",
     "rebuild_files",
@@ -216,14 +224,16 @@ class DiskClient:
             if refused is not None:
                 return refused if isinstance(refused, ClientFault) else None
             self._active += 1
-        complete = False
+        outcome: bool | None = False
         try:
-            complete = self._adopt_or_write(key, value, size)
+            outcome = self._adopt_or_write(key, value, size)
         finally:
             with self._lock:
-                self._index.finish(key, complete=complete)
+                self._index.finish(key, complete=outcome is True)
+                if outcome is None:
+                    self._fit_to_filesystem()
             self._leave()
-        return None if complete else ClientFault.FAULT
+        return None if outcome else ClientFault.FAULT
 
     def close(self) -> None:
         """Wait for the calls in flight, stop the rescans and the I/O pool; later calls are
@@ -279,9 +289,11 @@ class DiskClient:
         if key in index.writing:
             counters["set_pending"] += 1
             return True
-        if size > index.capacity:
+        if size > self.config.capacity_bytes:
             counters["set_too_large"] += 1
             return ClientFault.FAULT
+        if index.capacity < self.config.capacity_bytes:
+            self._regrow()
         victims = index.victims_for(size)
         if victims is None:
             counters["set_no_space"] += 1
@@ -302,7 +314,29 @@ class DiskClient:
             except OSError:
                 pass  # the file stays, unindexed; a rescan adopts it again
 
-    def _adopt_or_write(self, key: bytes, value: bytes, size: int) -> bool:
+    def _fit_to_filesystem(self) -> None:
+        """Under the lock, after a write the filesystem refused for want of space (ENOSPC):
+        the limit becomes what this client holds now, so the next write evicts to make room
+        instead of failing like this one. Never above ``capacity_bytes``; DK-2 holds."""
+        index = self._index
+        index.capacity = min(index.capacity, index.bytes + index.reserved)
+        self._counters["capacity_lowered"] += 1
+
+    def _regrow(self) -> None:
+        """Under the lock, while the limit is lowered: what this client holds plus the
+        filesystem's free space now, within ``capacity_bytes`` (space freed by others lets the
+        tier grow back)."""
+        index = self._index
+        try:
+            fs = os.statvfs(self.directory)
+        except OSError:
+            return
+        free = fs.f_bavail * fs.f_frsize
+        held = index.bytes + index.reserved
+        index.capacity = min(self.config.capacity_bytes, held + free)
+
+    def _adopt_or_write(self, key: bytes, value: bytes, size: int) -> bool | None:
+        """Written (or found written): True; failed: False; failed for want of space: None."""
         final = chunk_path(self.directory, key)
         try:
             if os.stat(final).st_size == size:
@@ -319,7 +353,7 @@ class DiskClient:
                 self._counters["set_faults"] += 1
                 if error.errno == errno.ENOSPC:
                     self._counters["set_enospc"] += 1
-            return False
+            return None if error.errno == errno.ENOSPC else False
         with self._lock:
             self._counters["written"] += 1
             self._counters["bytes_written"] += size

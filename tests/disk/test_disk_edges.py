@@ -67,9 +67,13 @@ def test_a_failed_write_is_a_fault_and_leaves_nothing(
     assert (snap["reserved"], snap["bytes"], len(snap["index"])) == (0, FILE, 1)
     assert snap["counters"]["set_faults"] == 1
     assert snap["counters"]["set_enospc"] == (code == errno.ENOSPC)
+    assert snap["counters"]["capacity_lowered"] == (code == errno.ENOSPC)
     assert [p.name for p in tmp_path.glob("*/.*")] == []
     assert client.get(key_of(0)) == chunk(0)[1]  # serving goes on
-    assert client.set(*chunk(1), 0) is None
+    assert client.set(*chunk(1), 0) is None  # the filesystem has room again: the limit regrows
+    for i in range(2, 5):
+        assert client.set(*chunk(i), 0) is None
+    assert len(client.snapshot()["index"]) == 4  # the configured limit, 4 files, is back
     client.close()
 
 
