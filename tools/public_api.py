@@ -130,11 +130,14 @@ class _Scope:
     def hint(self, module: str) -> str:
         """The nearest public package above ``module``, to import from instead."""
         parts = module.split(".")
-        for cut in range(len(parts) - 1, 0, -1):
+        for cut in range(len(parts) - 1, 1, -1):
             ancestor = ".".join(parts[:cut])
             if ancestor in self.public.modules:
                 return f"import its public names from {ancestor}"
-        return "use a public module (docs/reference/api)"
+        return (
+            f"import the name from {self.root} if it re-exports it, or make {module} public "
+            "(its __all__ in docs/reference/api/public-names.txt)"
+        )
 
 
 def _absolute(importer: str, is_package: bool, node: ast.ImportFrom) -> str:
