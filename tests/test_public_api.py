@@ -69,6 +69,13 @@ def test_the_list_is_the_record_of_the_live_all_and_the_changelog() -> None:
     assert api.drift(LISTED, _live(frozenset(modules)), CHANGELOG) == []
 
 
+def test_every_public_package_has_its_reference_page() -> None:
+    """docs/reference/api documents each public package's whole ``__all__`` with the
+    ``public-api`` directive (docs/_ext/public_api_pages.py)."""
+    pages = "".join(page.read_text() for page in (ROOT / "docs/reference/api").glob("*.md"))
+    assert [m for m in sorted(LISTED.modules) if f".. public-api:: {m}\n" not in pages] == []
+
+
 @pytest.mark.parametrize("module", REQUIRED)
 def test_every_public_name_exists(module: str) -> None:
     """``__all__`` names only what the package has (a lazily loaded name loads)."""

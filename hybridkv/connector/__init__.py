@@ -58,6 +58,11 @@ def __getattr__(name: str) -> Any:
     return getattr(importlib.import_module(module), name)
 
 
+def __dir__() -> list[str]:
+    """The names the package has now and those it loads on first use (``dir()``, autodoc)."""
+    return sorted({*globals(), *_ON_FIRST_USE})
+
+
 # The core and its helpers; the boundary values of :mod:`.api` are re-exported through its own
 # ``__all__``, appended below, so the two lists cannot drift apart.
 __all__ = [
