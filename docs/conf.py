@@ -6,6 +6,8 @@ import os
 import sys
 
 sys.path.insert(0, os.path.abspath(".."))
+# docs/_ext: the public-api directive of the API reference pages (reference/api).
+sys.path.insert(0, os.path.abspath("_ext"))
 
 project = "hybridkv"
 author = "hybridkv developers"
@@ -16,6 +18,7 @@ extensions = [
     "sphinx.ext.napoleon",
     "sphinx.ext.viewcode",
     "myst_parser",
+    "public_api_pages",
 ]
 source_suffix = {".rst": "restructuredtext", ".md": "markdown"}
 myst_enable_extensions = ["colon_fence", "deflist"]
@@ -24,7 +27,8 @@ exclude_patterns = ["_build"]
 
 autodoc_member_order = "bysource"
 autodoc_typehints = "description"
-# ignore-module-all: document each object where it is defined, not again where it is re-exported.
+# ignore-module-all: document each object where it is defined, not again where it is re-exported;
+# the public packages' pages (reference/api) document their __all__ with the public-api directive.
 autodoc_default_options = {
     "members": True,
     "undoc-members": False,

@@ -38,7 +38,8 @@ from typing import Any
 from hybridkv.errors import HybridKVConfigError, int_at_least
 from hybridkv.kinds import GroupKind
 
-__all__ = ["Group", "HybridOffloadPlanner"]
+# GroupKind is re-exported: a caller names its groups with it.
+__all__ = ["Group", "GroupKind", "HybridOffloadPlanner"]
 
 Group = tuple[GroupKind, int]
 
