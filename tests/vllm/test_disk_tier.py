@@ -21,6 +21,7 @@ Every test runs under both engine loops (``HYBRIDKV_ENGINE_LOOP``: nox runs test
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 from collections.abc import Callable
 from pathlib import Path
@@ -44,6 +45,7 @@ from _two_engines import (  # noqa: E402
 from diffharness.layouts import Layout  # noqa: E402
 from vllm.config import KVTransferConfig  # noqa: E402
 
+from hybridkv.vllm.config import DiskSettings, parse_extra_config  # noqa: E402
 from hybridkv.vllm.harness.cpu_worker import HybridKVOnCPU  # noqa: E402
 from hybridkv.vllm.harness.inprocess import InProcessEngine  # noqa: E402
 from hybridkv.vllm.harness.report import InProcessReport  # noqa: E402
@@ -264,3 +266,14 @@ def test_the_byte_limit_holds_on_a_disk_smaller_than_the_trace(tmp_path: Path) -
     assert sum(p.stat().st_size for p in _chunk_files(disk)) <= limit
     assert report.wrong_reads == 0
     a.close()
+
+
+HOWTO = Path(__file__).resolve().parents[2] / "docs" / "howto" / "disk-tier.md"
+
+
+def test_the_howto_config_parses_to_the_disk_tier_it_describes() -> None:
+    line = next(x for x in HOWTO.read_text().splitlines() if "--kv-transfer-config" in x)
+    config = json.loads(line.split("--kv-transfer-config '")[1].rstrip("'"))
+    parsed = parse_extra_config(config["kv_connector_extra_config"])
+    assert parsed.disk == DiskSettings("/mnt/nvme/hybridkv", 100 << 30, "lru", 4, "file", "auto")
+    assert parsed.remote is None
