@@ -38,6 +38,10 @@ writes, runs the fetches into the host slots in ``start_load_kv`` and reports ea
 shard of every chunk, a chunk is found only if every shard is, and a promotion resolves once
 every fetching rank reported it (:mod:`hybridkv.remote.shards`).
 
+Disk tier (``disk_dir``, :mod:`hybridkv.vllm.disk`): the same machinery on a directory, files
+that outlive the process; with ``remote_url`` too, the disk stacks over the server
+(:class:`hybridkv.remote.StackedClient`).
+
 The class is this module's; its two roles' hooks are in :mod:`hybridkv.vllm.scheduler_role`
 and :mod:`hybridkv.vllm.worker_role` (base classes of it), what crosses between them each step
 in :mod:`hybridkv.vllm.step_metadata`. This module keeps the construction both roles share,
