@@ -8,8 +8,9 @@ vLLM 0.33 engines on a real ``redis-server`` and real temporary directories
 - The server killed, engine C, restarted on B's disk, promotes those chunks from the disk: the
   disk is never behind the server's breaker.
 
-0 wrong reads on every engine; every prompt position computed or hit exactly once. Runs under
-both engine loops (``nox -s remote`` runs tests/vllm's ``remote`` tests).
+0 wrong reads on every engine; every prompt position computed or hit exactly once. Passes
+under both engine loops (``HYBRIDKV_ENGINE_LOOP``); ``nox -s remote`` runs it under the
+harness's default (async).
 """
 
 from __future__ import annotations
