@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 from vllm.distributed.kv_transfer.kv_connector.v1.base import (
@@ -30,10 +31,17 @@ from hybridkv.remote import ShardPlan
 from hybridkv.transfer import TransferEngine
 from hybridkv.transfer.cpu_engine import FaultHook
 from hybridkv.vllm.config import HybridKVConfig
+from hybridkv.vllm.disk import DISK_INDEX_ENTRIES, disk_remote_config, worker_disk_client
 from hybridkv.vllm.layout import VllmLayout
 from hybridkv.vllm.metrics import TransferMeter
 from hybridkv.vllm.ranks import HostSharding, RankReport, ReplicaEngine
-from hybridkv.vllm.remote import FetchReport, WorkerRemote, breaker_config, remote_config
+from hybridkv.vllm.remote import (
+    FetchReport,
+    WorkerRemote,
+    breaker_config,
+    model_identity,
+    remote_config,
+)
 from hybridkv.vllm.step_metadata import HybridKVMetadata, HybridKVWorkerMeta, MetaSlots
 
 __all__ = ["WorkerRole"]
@@ -135,16 +143,40 @@ class WorkerRole:
             # around the engine); its group's writer stores the shared slots.
             engine = ReplicaEngine(engine)
         self._host, self._engine = host, engine
-        if self.hybridkv_config.remote is not None:
-            settings = self.hybridkv_config.remote
-            self.worker_remote = WorkerRemote(
-                remote_config(settings),
+        self.worker_remote = self._worker_tier(host)
+        self.worker = TransferWorker(engine, self._slots, caches, host, fault_hook=job_fault_hook)
+
+    def _worker_tier(self, host: HostMemory) -> WorkerRemote | None:
+        """The worker side of the tiers under the host (the scheduler's ``_scheduler_tier``).
+        The disk: this rank's shard directory (hybridkv.vllm.disk), OWNER where the rank writes
+        it, its index rebuilt from the files now, before the first step."""
+        remote, disk = self.hybridkv_config.remote, self.hybridkv_config.disk
+        client = None
+        if disk is not None:
+            identity = model_identity(self._vllm_config, self.layout)
+            client = worker_disk_client(disk, identity, self.remote_shards, self.rank)
+        if remote is not None:
+            config = remote_config(remote)
+            if client is not None:  # the disk stacked over the server: hybridkv.vllm.disk
+                config = replace(config, index_entries=DISK_INDEX_ENTRIES)
+            return WorkerRemote(
+                config,
                 host,
-                breaker=breaker_config(settings),
+                breaker=breaker_config(remote),
+                rank=self.rank,
+                shards=self.remote_shards,
+                near=client,
+            )
+        if client is not None:
+            return WorkerRemote(
+                disk_remote_config(),
+                host,
+                client=client,
+                breaker=None,
                 rank=self.rank,
                 shards=self.remote_shards,
             )
-        self.worker = TransferWorker(engine, self._slots, caches, host, fault_hook=job_fault_hook)
+        return None
 
     def handle_preemptions(self, kv_connector_metadata: Any) -> None:
         # Nothing to flush: every block an in-flight store reads is pinned in vLLM's block pool
