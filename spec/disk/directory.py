@@ -86,12 +86,14 @@ class Verdict(Enum):
 
 @dataclass(frozen=True, slots=True)
 class FileLayout:
-    """The file format's sizes: ``header_bytes`` (the header without the key) and the
+    """The file format's sizes: ``header_bytes`` (the header without the key), the
     ``alignment`` every file is padded to (4096 in the library, so O_DIRECT reads whole
-    blocks; the explorer uses small numbers)."""
+    blocks; the explorer uses small numbers), and whether the value starts on a block of its
+    own (``value_aligned``: the header and key padded to a block, then the value padded)."""
 
     alignment: int = 4096
     header_bytes: int = 64
+    value_aligned: bool = False
 
     def __post_init__(self) -> None:
         """Pre: ``alignment`` an int >= 1, ``header_bytes`` an int >= 0 (``ConfigError``)."""
@@ -102,8 +104,18 @@ class FileLayout:
 
     def footprint(self, key: bytes, value: bytes) -> int:
         """The padded size of the file of ``key`` holding ``value``. Pure."""
-        raw = self.header_bytes + len(key) + len(value)
-        return -(-raw // self.alignment) * self.alignment
+        if self.value_aligned:
+            return self.padded(self.header_bytes + len(key)) + self.padded(len(value))
+        return self.padded(self.header_bytes + len(key) + len(value))
+
+    def padded(self, size: int) -> int:
+        """``size`` rounded up to the alignment. Pure."""
+        return -(-size // self.alignment) * self.alignment
+
+    def plausible(self, size: int) -> bool:
+        """Whether a final file of ``size`` bytes may be complete (a positive multiple of the
+        alignment): what a scan, which reads no content, can tell from ``stat``. Pure."""
+        return size > 0 and size % self.alignment == 0
 
 
 def digest(key: bytes, value: bytes) -> bytes:
@@ -183,6 +195,13 @@ class Directory:
             temp.key, value, digest(temp.key, value), True, False, temp.size, when, when, durable
         )
         return True
+
+    def touch(self, key: bytes, inode: int) -> None:
+        """Renew the mtime of ``key``'s file if it is inode ``inode`` (a hit's recency, which a
+        restart reads back); otherwise nothing changes."""
+        file = self.files.get(key)
+        if file is not None and file.inode == inode:
+            self.files[key] = replace(file, mtime=self.tick())
 
     def remove_temp(self, number: int) -> None:
         """The temp ``number`` is unlinked (absent: nothing changes)."""

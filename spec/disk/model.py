@@ -9,8 +9,8 @@ Actions (each prints as a trace step):
 
 - ``write k0`` / ``write k0 lands|fails``: the owner's ``set`` begins (reserve, evict, temp)
   and ends (rename, or an I/O error);
-- ``read k0`` / ``read k0 ends``: the owner's ``get`` opens the file of an indexed key (or
-  finds it gone: a miss at once) and ends (read, verify, unpin);
+- ``read k0`` / ``read k0 ends``: the owner's ``get`` opens the file of a key the index or
+  the directory holds (or finds it gone: a miss at once) and ends (read, verify, unpin);
 - ``rescan``: the owner adopts what others wrote and forgets what they removed;
 - ``peer writes k0`` / ``peer renames k0``: another engine's write of a key;
 - ``k0 removed``: another engine evicts a file;
@@ -298,6 +298,7 @@ class DiskModel:
                     h.file.header_key,
                     h.file.value,
                     h.file.whole,
+                    h.pinned,
                     key in files and files[key].inode == h.file.inode,
                 )
                 for key, h in state.reads.items()
@@ -359,10 +360,10 @@ class DiskModel:
                 actions += [WriteDone(key, True), WriteDone(key, False)]
             elif key in state.reads:
                 actions.append(ReadDone(key))
-            elif tier.exists([key])[0]:
-                actions += [Read(key), Write(key)]
             else:
                 actions.append(Write(key))
+                if tier.exists([key])[0] or key in state.directory.files:
+                    actions.append(Read(key))
         if sc.peer:
             actions.append(Rescan())
         return actions + [Lose(how) for how in sc.crashes]

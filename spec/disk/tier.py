@@ -18,18 +18,28 @@ Rules where the contract leaves room (each one a choice the differential tests h
 library to):
 
 - the index holds final files only; a write joins it at its rename, most recent;
-- ``set`` of an indexed key writes nothing: the file holds equal bytes (content addressing);
-  the key is refreshed as a store, not a read (the policy's ``on_access(ready=False)``);
-- ``get`` of a key the index lacks is a miss without I/O; a hit refreshes the key as a read;
-- ``exists`` of the OWNER answers from its index (no I/O on the lookup path);
-- a read that finds no file (another engine removed it) drops the index entry: a miss;
+- ``set`` of an indexed key whose file is there writes nothing: the file holds equal bytes
+  (content addressing); the key is refreshed as a store, not a read (the policy's
+  ``on_access(ready=False)``). An indexed key whose file another engine removed is forgotten
+  (``vanished``) and written again;
+- a write that finds, when its I/O would begin, a final file of its key and size (another
+  engine wrote it) adopts that file instead of writing (``adopted_on_set``);
+- ``get`` opens the key's file whether indexed or not (another engine may have written it);
+  only an indexed key is pinned (a pin keeps an index entry from eviction). A hit refreshes
+  an indexed key as a read, and renews the file's mtime so a restart keeps the order;
+- ``exists`` of the OWNER answers indexed keys from its index and looks at the directory for
+  the rest (a final file of a plausible size);
+- a read that finds no file is a miss; an indexed key's entry is dropped (``vanished``);
 - a read that finds a damaged file unlinks that inode (never a newer file of the name) and
-  drops the index entry once no other read pins it: a miss, counted;
-- :meth:`DiskTier.rescan` forgets indexed keys whose file is gone (unpinned ones) and adopts
-  final files it does not index (oldest mtime first), each only if room can be made;
-- the rebuild (construction) removes the temps of dead writers, indexes every final file by
-  its size in mtime order (oldest first: the next victims), then evicts by policy while the
-  bytes exceed the capacity. It reads no file's content: damage is found by a read (DK-6).
+  drops the index entry once no read pins it: a miss, counted;
+- :meth:`DiskTier.rescan` removes torn temps and final files of an impossible size, forgets
+  unpinned indexed keys whose file is gone, and adopts final files it does not index (oldest
+  mtime first), each only if room can be made (else ``adopt_refused``);
+- the rebuild (construction) removes the temps of dead writers and the final files of an
+  impossible size (``truncated``), keeps the newest files that fit the capacity (each file,
+  newest first, kept when it fits in the room left, else removed: ``over_capacity``) and
+  indexes them oldest first (the next victims). It reads no file's content: damage is found
+  by a read (DK-6).
 
 A refused call changes nothing (the default frame); an expected refusal is a returned
 :class:`DiskRefusal`, a broken pre-condition a :class:`~spec.errors.ConfigError`.
@@ -61,23 +71,29 @@ COUNTER_NAMES = (
     "written",
     "write_faults",
     "present",
+    "adopted_on_set",
     "refused",
     "evicted",
     "reads",
+    "reads_done",
     "hits",
     "damaged",
     "misses",
     "vanished",
     "adopted",
+    "adopt_refused",
     "rebuilt",
     "torn",
+    "truncated",
+    "over_capacity",
 )
 """Keys counted since construction: writes begun (``writes``: reserved), renamed
-(``written``), failed (``write_faults``), sets of indexed keys (``present``), refused sets
-(``refused``), keys evicted, reads that opened a file (``reads``), of which verified
-(``hits``) or damaged (``damaged``), gets of keys not indexed (``misses``), indexed keys whose
-file was gone (``vanished``), files adopted by a rescan, indexed by the rebuild, torn temps the
-rebuild removed."""
+(``written``), failed (``write_faults``), sets of indexed keys (``present``), writes that found
+another engine's file and adopted it, refused sets, keys evicted, pinned reads begun and ended
+(``reads``, ``reads_done``), reads that verified (``hits``) or found damage (``damaged``), reads
+that found no file (``misses``), indexed keys whose file was gone (``vanished``), files a rescan
+adopted or had no room for, files the rebuild indexed, torn temps removed, final files of an
+impossible size removed, files the rebuild removed to fit the capacity."""
 
 
 class DiskRefusal(Enum):
@@ -108,10 +124,12 @@ class WriteStarted:
 
 @dataclass(frozen=True, slots=True)
 class ReadHandle:
-    """A read in flight: the key, and the file it opened (its inode and content at open)."""
+    """A read in flight: the key, the file it opened (its inode and content at open), and
+    whether it pins the key (an indexed key)."""
 
     key: bytes
     file: DiskFile
+    pinned: bool
 
 
 @dataclass(frozen=True, slots=True)
@@ -181,8 +199,13 @@ class DiskTier:
         return sum(w.size for w in self._writes.values())
 
     def exists(self, keys: Sequence[bytes]) -> tuple[bool, ...]:
-        """The OWNER's ``exists``: which keys the index holds. Pure."""
-        return tuple(key in self._index for key in keys)
+        """The OWNER's ``exists``: indexed keys from the index, the rest by the directory (a
+        final file of a plausible size; a temp is never visible, DK-4). Pure."""
+        files = self.directory.files
+        return tuple(
+            key in self._index or (key in files and self.layout.plausible(files[key].size))
+            for key in keys
+        )
 
     def in_flight(self) -> tuple[bytes, ...]:
         """Keys with a write in flight, sorted. Pure."""
@@ -195,18 +218,21 @@ class DiskTier:
 
         Pre: non-empty bytes ``key``, bytes ``value`` (``ConfigError`` field ``key`` /
         ``value``). Post: ``size`` bytes reserved, a live temp of this writer, the victims
-        evicted (their files unlinked, DK-3: never a pinned key). Refusals: PRESENT (indexed:
-        refreshed as a store), IN_FLIGHT, TOO_LARGE (the file exceeds the capacity), NO_SPACE
-        (the unpinned files cannot make room); each changes nothing else.
+        evicted (their files unlinked, DK-3: never a pinned key). Refusals: PRESENT (indexed
+        and its file there: refreshed as a store), IN_FLIGHT, TOO_LARGE (the file exceeds the
+        capacity), NO_SPACE (the unpinned files cannot make room); each changes nothing else.
         """
         if not isinstance(key, bytes) or not key:
             raise ConfigError("key", key, "is not non-empty bytes", "pass the chunk key")
         if not isinstance(value, bytes):
             raise ConfigError("value", value, "is not bytes", "pass the encoded chunk")
         if key in self._index:
-            self._policy.on_access(key, ready=False)
-            self._counters["present"] += 1
-            return DiskRefusal.PRESENT
+            if key in self.directory.files:
+                self._policy.on_access(key, ready=False)
+                self._counters["present"] += 1
+                return DiskRefusal.PRESENT
+            self._forget(key)  # another engine removed it: write it again
+            self._counters["vanished"] += 1
         if key in self._writes:
             return DiskRefusal.IN_FLIGHT
         size = self.layout.footprint(key, value)
@@ -222,7 +248,8 @@ class DiskTier:
         return WriteStarted(key, size, victims)
 
     def write_finish(self, key: bytes, ok: bool) -> bool:
-        """End the write of ``key``: the temp renamed (``ok``) or removed (an I/O error).
+        """End the write of ``key``: another engine's final file of the same size adopted, the
+        temp renamed (``ok``), or the temp removed (an I/O error).
 
         Pre: ``key`` has a write in flight (``ConfigError`` field ``key``). Post on success:
         the key indexed, most recent, its reservation now its bytes (DK-2: the sum is
@@ -232,6 +259,12 @@ class DiskTier:
         write = self._writes.pop(key, None)
         if write is None:
             raise ConfigError("key", key, "has no write in flight", "finish each write once")
+        found = self.directory.files.get(key)
+        if found is not None and found.size == write.size:
+            self.directory.remove_temp(write.temp)  # equal bytes are there already
+            self._insert(key, write.size)
+            self._counters["adopted_on_set"] += 1
+            return True
         durable = self.fsync is FsyncPolicy.FILE
         if ok and self.directory.rename(write.temp, write.value, durable=durable):
             self._insert(key, write.size)
@@ -244,34 +277,36 @@ class DiskTier:
     # --- reads ---
 
     def read_begin(self, key: bytes) -> ReadHandle | ReadFault | None:
-        """Open the file of an indexed ``key`` and pin it; None is a miss (not indexed, or its
-        file gone: the entry dropped, ``vanished``, DK-7). Post on a handle: one more pin of
-        ``key``. FAULT is an I/O error opening the file (the model injects none; nothing
-        changes).
+        """Open the file of ``key``, pinning it if indexed; None is a miss (no file: an indexed
+        key's entry is dropped, ``vanished``, DK-7). FAULT is an I/O error opening the file
+        (the model injects none; nothing changes).
         """
-        if key not in self._index:
-            self._counters["misses"] += 1
-            return None
         file = self.directory.files.get(key)
-        if file is None:  # another engine removed it (DK-7)
-            self._forget(key)
-            self._counters["vanished"] += 1
+        if file is None:  # never written, or another engine removed it (DK-7)
+            self._counters["misses"] += 1
+            if key in self._index:
+                self._forget(key)
+                self._counters["vanished"] += 1
             return None
-        self._pins[key] = self._pins.get(key, 0) + 1
-        self._counters["reads"] += 1
-        return ReadHandle(key, file)
+        pinned = key in self._index
+        if pinned:
+            self._pins[key] = self._pins.get(key, 0) + 1
+            self._counters["reads"] += 1
+        return ReadHandle(key, file, pinned)
 
     def read_end(self, handle: ReadHandle) -> bytes | ReadFault | None:
         """Read and verify what ``handle`` opened, unpin. The value when it verifies (DK-1;
-        the key refreshed as a read); else None, ``damaged`` counted, that inode unlinked and
-        the entry dropped once unpinned (DK-6).
+        an indexed key refreshed as a read, the file's mtime renewed); else None, ``damaged``
+        counted, that inode unlinked and the entry dropped once unpinned (DK-6).
 
         Pre: ``handle`` came from :meth:`read_begin` and was not ended (``ConfigError``).
         """
         key = handle.key
-        if self._pins.get(key, 0) < 1:
-            raise ConfigError("handle", handle, "is not a read in flight", "end each read once")
-        self._unpin(key)
+        if handle.pinned:
+            if self._pins.get(key, 0) < 1:
+                raise ConfigError("handle", handle, "is not a read in flight", "end it once")
+            self._unpin(key)
+            self._counters["reads_done"] += 1
         current = self.directory.files.get(key)
         # The inode still linked reads as it is now (damage in place shows); an unlinked or
         # replaced one reads as it was opened.
@@ -280,6 +315,7 @@ class DiskTier:
         if verify(opened, key) is Verdict.WHOLE:
             if key in self._index:
                 self._policy.on_access(key, ready=True)
+            self.directory.touch(key, opened.inode)
             self._counters["hits"] += 1
             return opened.value
         self._counters["damaged"] += 1
@@ -291,9 +327,11 @@ class DiskTier:
     # --- the shared directory ---
 
     def rescan(self) -> tuple[bytes, ...]:
-        """Forget unpinned indexed keys whose file is gone (``vanished``); adopt final files not
-        indexed nor being written, oldest mtime first, each if room can be made (evicting by
-        policy; ``adopted``). Returns the adopted keys."""
+        """Remove torn temps and final files of an impossible size; forget unpinned indexed
+        keys whose file is gone (``vanished``); adopt final files not indexed nor being
+        written, oldest mtime first, each if room can be made (evicting by policy;
+        ``adopted``, else ``adopt_refused``). Returns the adopted keys."""
+        self._sweep()
         files = self.directory.files
         for key in [k for k in self._index if k not in files and k not in self._pins]:
             self._forget(key)
@@ -302,6 +340,7 @@ class DiskTier:
         for key in self._unknown():
             victims = self._room(files[key].size, key)
             if victims is None:
+                self._counters["adopt_refused"] += 1
                 continue
             self._evict(victims)
             self._insert(key, files[key].size)
@@ -359,16 +398,31 @@ class DiskTier:
     # --- helpers ---
 
     def _rebuild(self) -> None:
+        self._sweep()
+        files = self.directory.files
+        room, kept = self.capacity, []
+        for key in reversed(self._unknown()):  # newest first
+            if files[key].size <= room:
+                room -= files[key].size
+                kept.append(key)
+            else:
+                self.directory.unlink(key)
+                self._counters["over_capacity"] += 1
+        for key in reversed(kept):  # oldest first: the next victims
+            self._insert(key, files[key].size)
+            self._counters["rebuilt"] += 1
+
+    def _sweep(self) -> None:
+        """Remove the temps of dead writers (``torn``) and the final files of an impossible
+        size (``truncated``)."""
         directory = self.directory
         for number in [n for n, temp in directory.temps.items() if not temp.live]:
             directory.remove_temp(number)
             self._counters["torn"] += 1
-        for key in self._unknown():
-            self._insert(key, directory.files[key].size)
-            self._counters["rebuilt"] += 1
-        excess = self.held_bytes - self.capacity
-        if excess > 0:
-            self._evict(self._ranked(lambda key: True, b"", excess))
+        for key, file in list(directory.files.items()):
+            if not self.layout.plausible(file.size):
+                directory.unlink(key)
+                self._counters["truncated"] += 1
 
     def _unknown(self) -> list[bytes]:
         """Final files neither indexed nor being written, oldest mtime first (key breaks ties)."""
@@ -406,7 +460,8 @@ class DiskTier:
         self._policy.on_evict(victims)
         for key in victims:
             del self._index[key]
-            self.directory.unlink(key)
+            if not self.directory.unlink(key):
+                self._counters["vanished"] += 1  # another engine removed it first
         self._counters["evicted"] += len(victims)
 
     def _insert(self, key: bytes, size: int) -> None:

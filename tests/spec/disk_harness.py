@@ -19,7 +19,7 @@ SHARED = DiskScenario()
 POWER = DiskScenario(fsync=FsyncPolicy.NEVER, crashes=(Crash.KILL, Crash.POWER), peer=False)
 """No fsync before the rename, power may fail; no other engine."""
 
-CONTROLS = {"shared": (SHARED, 7), "power": (POWER, 8), "arc": (DiskScenario(policy="arc"), 6)}
+CONTROLS = {"shared": (SHARED, 5), "power": (POWER, 8), "arc": (DiskScenario(policy="arc"), 5)}
 """Each scenario and the depth the correct model is explored to (>= every mutation's depth)."""
 
 

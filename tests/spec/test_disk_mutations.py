@@ -163,7 +163,9 @@ def test_dk7_removed_file_is_a_fault(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def _read_end_by_name(self: DiskTier, handle: ReadHandle) -> bytes | ReadFault | None:
     if handle.key not in self.directory.files:  # reopened by name, not the inode opened
-        self._unpin(handle.key)
+        if handle.pinned:
+            self._unpin(handle.key)
+            self._counters["reads_done"] += 1
         return None
     return _read_end(self, handle)
 
