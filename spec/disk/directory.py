@@ -216,10 +216,11 @@ class Directory:
         del self.files[key]
         return True
 
-    def damage(self, key: bytes, how: Damage, other: tuple[bytes, bytes]) -> None:
-        """An outside hand damages the final file of ``key``; ``other`` is another key and its
-        value, put under this name by FOREIGN. CORRUPT and TRUNCATE change the inode in place
-        (a read that opened it sees the damage). Pre: the file exists."""
+    def damage(self, key: bytes, how: Damage, other: tuple[bytes, bytes, int]) -> None:
+        """An outside hand damages the final file of ``key``; ``other`` is another key, its
+        value and its file's size, whose file FOREIGN copies under this name. CORRUPT and
+        TRUNCATE change the inode in place (a read that opened it sees the damage); each keeps
+        the mtime (the hand restores it). Pre: the file exists."""
         file = self.files[key]
         if how is Damage.CORRUPT:
             flipped = bytes([file.value[0] ^ 0xFF]) + file.value[1:]
@@ -230,7 +231,12 @@ class Directory:
             # A copy put under this name is a new inode (a read that opened the old one keeps it).
             inode = self.tick()
             self.files[key] = replace(
-                file, header_key=other[0], value=other[1], digest=digest(*other), inode=inode
+                file,
+                header_key=other[0],
+                value=other[1],
+                digest=digest(other[0], other[1]),
+                size=other[2],
+                inode=inode,
             )
 
     def crash(self, how: Crash, writer: str) -> None:

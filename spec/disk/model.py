@@ -446,7 +446,9 @@ class DiskModel:
                 if len(self._truth) > 1
                 else key
             )
-            directory.damage(key, action.how, (other, self._truth[other]))
+            value = self._truth[other]
+            size = self.scenario.layout.footprint(other, value)
+            directory.damage(key, action.how, (other, value, size))
 
     def _crash(self, state: DiskState, action: Lose | Restart) -> None:
         if isinstance(action, Restart):

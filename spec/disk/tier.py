@@ -33,8 +33,9 @@ library to):
 - a read that finds a damaged file unlinks that inode (never a newer file of the name) and
   drops the index entry once no read pins it: a miss, counted;
 - :meth:`DiskTier.rescan` removes torn temps and final files of an impossible size, forgets
-  unpinned indexed keys whose file is gone, and adopts final files it does not index (oldest
-  mtime first), each only if room can be made (else ``adopt_refused``);
+  unpinned indexed keys whose file is gone, and adopts final files it does not index, a
+  subdirectory at a time (oldest mtime first within each), each only if room can be made
+  (else ``adopt_refused``);
 - the rebuild (construction) removes the temps of dead writers and the final files of an
   impossible size (``truncated``), keeps the newest files that fit the capacity (each file,
   newest first, kept when it fits in the room left, else removed: ``over_capacity``) and
@@ -327,25 +328,32 @@ class DiskTier:
     # --- the shared directory ---
 
     def rescan(self) -> tuple[bytes, ...]:
-        """Remove torn temps and final files of an impossible size; forget unpinned indexed
-        keys whose file is gone (``vanished``); adopt final files not indexed nor being
-        written, oldest mtime first, each if room can be made (evicting by policy;
-        ``adopted``, else ``adopt_refused``). Returns the adopted keys."""
+        """One pass, a subdirectory (a key's first byte) at a time, in order: remove its torn
+        temps and final files of an impossible size; forget its unpinned indexed keys whose
+        file is gone (``vanished``); adopt its final files not indexed nor being written,
+        oldest mtime first, each if room can be made (evicting by policy; ``adopted``, else
+        ``adopt_refused``). Returns the adopted keys.
+
+        Why by subdirectory: the library spreads a pass over ``rescan_s``, one subdirectory per
+        tick, so what it adopts (and the order it indexes them in) goes by subdirectory."""
         self._sweep()
         files = self.directory.files
-        for key in [k for k in self._index if k not in files and k not in self._pins]:
-            self._forget(key)
-            self._counters["vanished"] += 1
-        adopted = []
-        for key in self._unknown():
-            victims = self._room(files[key].size, key)
-            if victims is None:
-                self._counters["adopt_refused"] += 1
-                continue
-            self._evict(victims)
-            self._insert(key, files[key].size)
-            self._counters["adopted"] += 1
-            adopted.append(key)
+        known = set(self._index) | set(files)
+        adopted: list[bytes] = []
+        for group in sorted({key[0] for key in known}):
+            for key in [k for k in self._index if k[0] == group]:
+                if key not in files and key not in self._pins:
+                    self._forget(key)
+                    self._counters["vanished"] += 1
+            for key in [k for k in self._unknown() if k[0] == group]:
+                victims = self._room(files[key].size, key)
+                if victims is None:
+                    self._counters["adopt_refused"] += 1
+                    continue
+                self._evict(victims)
+                self._insert(key, files[key].size)
+                self._counters["adopted"] += 1
+                adopted.append(key)
         return tuple(adopted)
 
     # --- snapshot ---

@@ -78,7 +78,7 @@ def test_the_reader_checks_length_key_and_digest() -> None:
         (Damage.FOREIGN, Verdict.FOREIGN),
     ):
         twin = d.copy()
-        twin.damage(A, how, (B, VALUE[B]))
+        twin.damage(A, how, (B, VALUE[B], 4))
         assert verify(twin.files[A], A) is verdict
 
 
@@ -192,7 +192,7 @@ def test_a_damaged_file_is_a_miss_counted_and_removed() -> None:
     for how in Damage:
         t = tier()
         written(t, A)
-        t.directory.damage(A, how, (B, VALUE[B]))
+        t.directory.damage(A, how, (B, VALUE[B], 4))
         assert get(t, A) is None
         snap = t.snapshot()
         assert (snap["counters"]["damaged"], snap["index"]) == (1, ())
@@ -219,7 +219,7 @@ def test_a_damaged_read_never_removes_a_newer_file_of_the_name() -> None:
     t = tier()
     written(t, A)
     handle = t.read_begin(A)
-    t.directory.damage(A, Damage.FOREIGN, (B, VALUE[B]))  # a new inode under the name
+    t.directory.damage(A, Damage.FOREIGN, (B, VALUE[B], 4))  # a new inode under the name
     assert isinstance(handle, ReadHandle)
     assert t.read_end(handle) == VALUE[A]  # the inode it opened is whole
     assert verify(t.directory.files[A], A) is Verdict.FOREIGN
