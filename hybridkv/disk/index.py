@@ -8,6 +8,9 @@ predicate. The policies pick victims by order and count; this class takes them, 
 first, until their bytes make room. ARC's lists and target are counted in entries: its capacity
 in entries is ``capacity_bytes // 4096`` capped at 65,536 (the ghost lists' bound).
 
+``capacity`` is the limit in force: the configured bytes, or less while the filesystem has
+run out of space (the client lowers it then, and raises it again as space frees up).
+
 Not thread-safe: the client calls it under its lock. Invariants it keeps (DK-2, DK-3):
 ``bytes + reserved <= capacity`` after every call, ``bytes`` and ``reserved`` equal the sums
 they count (:meth:`DiskIndex.check`), and a pinned key is never a victim.
@@ -99,6 +102,23 @@ class DiskIndex:
         self.groups.setdefault(key[0], set()).add(key)
         self.bytes += size
         self.policy.on_insert(key)
+
+    def insert_all(self, found: Sequence[tuple[bytes, int]]) -> None:
+        """:meth:`insert` each ``(key, size)`` of ``found`` in order (the rebuild's million),
+        without a call per key."""
+        sizes, born, groups, on_insert = self.sizes, self.born, self.groups, self.policy.on_insert
+        generation = self.generation
+        for key, size in found:
+            generation += 1
+            sizes[key] = size
+            born[key] = generation
+            group = groups.get(key[0])
+            if group is None:
+                group = groups[key[0]] = set()
+            group.add(key)
+            on_insert(key)
+            self.bytes += size
+        self.generation = generation
 
     def remove(self, key: bytes) -> None:
         """Forget ``key``'s file (found damaged or gone), if indexed."""

@@ -50,10 +50,12 @@ _T = TypeVar("_T")
 
 
 class Buffers:
-    """A small free list of aligned ``mmap`` buffers, by power-of-two size class."""
+    """A free list of aligned ``mmap`` buffers by power-of-two size class, keeping at most
+    ``keep_bytes`` of them (pages of a buffer never touched take no memory)."""
 
-    def __init__(self, keep: int) -> None:
-        self._keep = keep
+    def __init__(self, keep_bytes: int) -> None:
+        self._keep_bytes = keep_bytes
+        self._kept = 0
         self._free: dict[int, list[mmap.mmap]] = {}
         self._lock = threading.Lock()
 
@@ -64,6 +66,8 @@ class Buffers:
         with self._lock:
             free = self._free.get(size_class)
             buffer = free.pop() if free else None
+            if buffer is not None:
+                self._kept -= size_class
         if buffer is None:
             buffer = mmap.mmap(-1, size_class)
         view = memoryview(buffer)
@@ -73,9 +77,9 @@ class Buffers:
         finally:
             view.release()
             with self._lock:
-                free = self._free.setdefault(size_class, [])
-                if len(free) < self._keep:
-                    free.append(buffer)
+                if self._kept + size_class <= self._keep_bytes:
+                    self._free.setdefault(size_class, []).append(buffer)
+                    self._kept += size_class
                     buffer = None
             if buffer is not None:
                 buffer.close()

@@ -13,10 +13,10 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Iterable
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import NamedTuple
 
 from hybridkv.disk.fileformat import ALIGN
 from hybridkv.disk.names import is_torn, key_of, parse_temp
@@ -24,13 +24,13 @@ from hybridkv.disk.names import is_torn, key_of, parse_temp
 __all__ = ["Found", "Listing", "scan", "scan_subdir"]
 
 
-@dataclass(frozen=True, slots=True)
-class Found:
-    """A complete file: its key, size and modification time (ns)."""
+class Found(NamedTuple):
+    """A complete file: its modification time (ns), key and size. Found values sort as
+    tuples, oldest first (a million of them sort without a key function)."""
 
+    mtime_ns: int
     key: bytes
     size: int
-    mtime_ns: int
 
 
 @dataclass(slots=True)
@@ -47,19 +47,16 @@ class Listing:
         self.torn += other.torn
 
 
-def scan(directory: Path, pool: Executor | None, stale_temp_s: float) -> Listing:
-    """List ``directory``'s chunk subdirectories (a missing directory lists nothing)."""
+def scan(directory: Path, pool: Executor, stale_temp_s: float) -> Listing:
+    """List ``directory``'s chunk subdirectories side by side on ``pool`` (a missing directory
+    lists nothing)."""
     try:
         with os.scandir(directory) as entries:
             subdirs = [e.name for e in entries if _is_subdir(e)]
     except FileNotFoundError:
         return Listing()
     now = time.time()
-    parts: Iterable[Listing]
-    if pool is None:
-        parts = (_scan_one(directory / s, s, now, stale_temp_s) for s in subdirs)
-    else:
-        parts = pool.map(lambda s: _scan_one(directory / s, s, now, stale_temp_s), subdirs)
+    parts = pool.map(lambda s: _scan_one(directory / s, s, now, stale_temp_s), subdirs)
     listing = Listing()
     for part in parts:
         listing.merge(part)
@@ -104,4 +101,4 @@ def _judge(entry: os.DirEntry[str], subdir: str, now: float, stale: float, out: 
     if info.st_size <= 0 or info.st_size % ALIGN:
         out.truncated.append(Path(entry.path))
     else:
-        out.files.append(Found(key, info.st_size, info.st_mtime_ns))
+        out.files.append(Found(info.st_mtime_ns, key, info.st_size))

@@ -3,6 +3,7 @@ the byte-bounded index with its pins."""
 
 from __future__ import annotations
 
+import ctypes
 import os
 import subprocess
 import sys
@@ -16,6 +17,7 @@ from hypothesis import strategies as st
 from hybridkv.disk import ALIGN, Damage, DirectIO, DiskConfig, DiskIndexError, FsyncPolicy
 from hybridkv.disk.fileformat import HEADER, SLICE, decode, encode_into, padded_size
 from hybridkv.disk.index import DiskIndex
+from hybridkv.disk.io import Buffers
 from hybridkv.disk.names import HOST, TempName, chunk_path, is_torn, key_of, parse_temp, temp_path
 from hybridkv.errors import HybridKVConfigError
 
@@ -215,6 +217,14 @@ def test_index_check_names_the_broken_invariant() -> None:
     with pytest.raises(DiskIndexError, match="DK-2"):
         index.check()
     index.finish(b"b", complete=False)
+    index.policy.on_insert(b"z")
+    with pytest.raises(DiskIndexError, match="policy"):
+        index.check()
+    index.policy.on_remove(b"z")
+    index.groups[ord("a")].add(b"a2")
+    with pytest.raises(DiskIndexError, match="groups"):
+        index.check()
+    index.groups[ord("a")].discard(b"a2")
     index.pins[b"a"] = 0
     with pytest.raises(DiskIndexError, match="DK-3"):
         index.check()
@@ -227,3 +237,21 @@ def test_arc_index_orders_reused_keys_last() -> None:
     index.touch(b"a")  # T1 -> T2
     assert index.order() == (b"b", b"c", b"a")
     index.check()
+
+
+# --- aligned buffers ---
+
+
+def test_buffers_are_aligned_reused_and_kept_within_their_bytes() -> None:
+    buffers = Buffers(keep_bytes=1 << 16)
+    with buffers.lease(5000) as first, buffers.lease(100) as second:
+        assert len(first) == 5000
+        assert len(second) == 100
+        for view in (first, second):
+            address = ctypes.addressof(ctypes.c_char.from_buffer(view))
+            assert address % ALIGN == 0  # what O_DIRECT needs
+        first[:4] = b"kept"
+    # Both were 64 KiB buffers: one is kept (the bound), the other unmapped.
+    with buffers.lease(10) as again:
+        assert len(again) == 10
+    assert buffers._kept == 1 << 16
