@@ -362,7 +362,7 @@ class DiskModel:
                 actions.append(ReadDone(key))
             else:
                 actions.append(Write(key))
-                if tier.exists([key])[0] or key in state.directory.files:
+                if tier.indexed(key) or key in state.directory.files:
                     actions.append(Read(key))
         if sc.peer:
             actions.append(Rescan())

@@ -27,8 +27,8 @@ library to):
 - ``get`` opens the key's file whether indexed or not (another engine may have written it);
   only an indexed key is pinned (a pin keeps an index entry from eviction). A hit refreshes
   an indexed key as a read, and renews the file's mtime so a restart keeps the order;
-- ``exists`` of the OWNER answers indexed keys from its index and looks at the directory for
-  the rest (a final file of a plausible size);
+- ``exists`` of the OWNER looks at the directory as the READER's does (a final file of a
+  plausible size), not at its index, which another engine's removal leaves stale;
 - a read that finds no file is a miss; an indexed key's entry is dropped (``vanished``);
 - a read that finds a damaged file unlinks that inode (never a newer file of the name) and
   drops the index entry once no read pins it: a miss, counted;
@@ -200,13 +200,15 @@ class DiskTier:
         return sum(w.size for w in self._writes.values())
 
     def exists(self, keys: Sequence[bytes]) -> tuple[bool, ...]:
-        """The OWNER's ``exists``: indexed keys from the index, the rest by the directory (a
-        final file of a plausible size; a temp is never visible, DK-4). Pure."""
+        """The OWNER's ``exists``, as the READER's: which keys have a final file of a plausible
+        size (a temp is never visible, DK-4). The index is not asked: another engine's removal
+        leaves it stale until a read or a rescan. Pure."""
         files = self.directory.files
-        return tuple(
-            key in self._index or (key in files and self.layout.plausible(files[key].size))
-            for key in keys
-        )
+        return tuple(key in files and self.layout.plausible(files[key].size) for key in keys)
+
+    def indexed(self, key: bytes) -> bool:
+        """Whether the index holds ``key``. Pure."""
+        return key in self._index
 
     def in_flight(self) -> tuple[bytes, ...]:
         """Keys with a write in flight, sorted. Pure."""

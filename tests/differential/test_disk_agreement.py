@@ -330,7 +330,7 @@ def _write_file_of(root: Path, key: bytes) -> None:
 
 
 DiskAgreement.TestCase.settings = settings(
-    settings(), max_examples=min(settings().max_examples, 100), stateful_step_count=40
+    settings(), max_examples=settings().max_examples, stateful_step_count=50
 )
 TestDiskAgreement = DiskAgreement.TestCase
 
