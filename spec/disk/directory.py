@@ -174,7 +174,8 @@ class Directory:
         self._clock = 0
 
     def tick(self) -> int:
-        """The next mtime / inode / temp number (strictly increasing)."""
+        """The next mtime / inode / temp number. Post: strictly greater than every earlier one;
+        nothing else changes."""
         self._clock += 1
         return self._clock
 
@@ -185,8 +186,10 @@ class Directory:
         return number
 
     def rename(self, number: int, value: bytes, *, durable: bool) -> bool:
-        """The temp ``number``, filled with ``value``, becomes the final file of its key
-        (replacing any file of that name). False, nothing changed, when the temp is gone."""
+        """The temp ``number``, filled with ``value``, becomes the final file of its key.
+
+        Post: the final name holds a new whole inode (any file of that name replaced), the
+        temp is gone; True. Refusal: the temp is gone (False): nothing changes."""
         temp = self.temps.pop(number, None)
         if temp is None:
             return False
@@ -240,8 +243,10 @@ class Directory:
             )
 
     def crash(self, how: Crash, writer: str) -> None:
-        """``writer``'s process dies: its temps stay, torn (writer dead). POWER also empties
-        every final file whose data was never synced."""
+        """``writer``'s process dies.
+
+        Post: its temps stay, torn (writer dead); POWER also empties every final file whose
+        data was never synced. Frame: other writers' temps and synced files are unchanged."""
         for number, temp in self.temps.items():
             if temp.writer == writer:
                 self.temps[number] = replace(temp, live=False)

@@ -102,7 +102,8 @@ class DiskScenario:
         }
 
     def tier(self, directory: Directory) -> DiskTier:
-        """A new OWNER over ``directory`` (a start or a restart)."""
+        """A new OWNER over ``directory`` (a start or a restart). Post: the rebuild ran
+        (:class:`~spec.disk.tier.DiskTier`); nothing else changes."""
         return DiskTier(
             directory, self.capacity, policy=self.policy, fsync=self.fsync, layout=self.layout
         )

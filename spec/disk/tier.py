@@ -334,7 +334,8 @@ class DiskTier:
         temps and final files of an impossible size; forget its unpinned indexed keys whose
         file is gone (``vanished``); adopt its final files not indexed nor being written,
         oldest mtime first, each if room can be made (evicting by policy; ``adopted``, else
-        ``adopt_refused``). Returns the adopted keys.
+        ``adopt_refused``). Post: the adopted keys, returned, are indexed most recent;
+        DK-2 holds (each adoption made room first). Never refuses.
 
         Why by subdirectory: the library spreads a pass over ``rescan_s``, one subdirectory per
         tick, so what it adopts (and the order it indexes them in) goes by subdirectory."""
