@@ -27,8 +27,12 @@ from spec.invariants import ALL_INVARIANTS
 
 TESTS = Path(__file__).parent
 EXPLORER_TESTS = TESTS / "spec" / "test_explorer_mutations.py"
-# The two-tier model (TT-*) has its own explorer and its own file of mutations.
-EXPLORER_FILES = (EXPLORER_TESTS, TESTS / "spec" / "test_tier_mutations.py")
+# The two-tier model (TT-*) and the disk tier (DK-*) have their own explorers and files.
+EXPLORER_FILES = (
+    EXPLORER_TESTS,
+    TESTS / "spec" / "test_tier_mutations.py",
+    TESTS / "spec" / "test_disk_mutations.py",
+)
 TABLE = TESTS.parent / "docs" / "explanation" / "mutations.md"
 _NAME = re.compile(r"^test_(?P<family>[a-z]+)(?P<number>\d+)_")
 _FAMILIES = {inv_id.split("-")[0] for inv_id in ALL_INVARIANTS}

@@ -29,6 +29,7 @@ FAMILIES = {
     "SEC": "Isolation between cache_salt domains",
     "DATA": "Content: every block a request reads holds the right data",
     "TT": "Two tiers: the host store over a shared remote tier (Redis / Valkey)",
+    "DK": "Disk tier: a bounded, crash-safe directory of chunk files below the host",
 }
 
 

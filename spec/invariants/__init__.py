@@ -6,6 +6,7 @@ imports them all, so the registry is complete whenever it is visible.
 
 from spec.invariants import block_pool as _block_pool
 from spec.invariants import connector as _connector
+from spec.invariants import disk as _disk
 from spec.invariants import groups as _groups
 from spec.invariants import liveness as _liveness
 from spec.invariants import planner as _planner
@@ -43,4 +44,5 @@ _FAMILIES = (
     _system,
     _connector,
     _tiers,
+    _disk,
 )
