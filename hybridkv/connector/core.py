@@ -423,7 +423,7 @@ class ConnectorCore(CoreQueries, OutsideWork, StoreJobs, JobReports):
         head serves no claim at all; after the refresh the victims are the tails of the least
         recent requests, which only shortens their claims (vLLM's native LRU commits a
         finished request's keys the same way). Measured over 16 trace seeds of the bench's
-        sliding + full chats and traffic at half the working set (docs/benchmarks)."""
+        sliding + full chats and traffic at half the working set (docs/benchmarks/vs-native.md)."""
         chain = self._keys(request)
         end = min(len(request.token_ids), chain.hashed_tokens)
         units = self.geometry.units
