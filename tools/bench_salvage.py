@@ -40,8 +40,8 @@ own stale ``_inflight_prefills`` entry on top of its allocation, and the full-se
 refuses even a claim of nothing. The facade's guard (:mod:`hybridkv.vllm.reclaim`) defers such
 a request when the step that refused it ran nothing, and then answers nothing if deferring ran
 nothing either. Each layout line counts what the guard did. ``--no-guard`` switches it off to
-show the wedges (docs/benchmarks/index.md). The guard acts in both runs, so they still differ
-only by the re-claim.
+show the wedges (docs/benchmarks/failure-recovery.md). The guard acts in both runs, so they
+still differ only by the re-claim.
 """
 
 from __future__ import annotations

@@ -37,13 +37,17 @@ rescanning every remembered key each step.
 
 The core owns its store: keys enter and leave it through the core (``seed`` included).
 :mod:`hybridkv.connector.counts` holds its counters' value and :class:`LoadMode`,
-:mod:`hybridkv.connector.snapshot` its plain snapshot.
+:mod:`hybridkv.connector.snapshot` its plain snapshot. Mixins hold the parts that read apart
+(each declares the attributes this class owns): :mod:`hybridkv.connector.queries` (read-only
+queries), :mod:`hybridkv.connector.outside` (promotions, seeds, resets),
+:mod:`hybridkv.connector.store_jobs` (a step's store job of one request) and
+:mod:`hybridkv.connector.reports` (folding job results); :mod:`hybridkv.connector.memo` is the
+claim memo's value.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
-from operator import attrgetter
 
 from hybridkv.connector.api import (
     BlockTable,
@@ -52,11 +56,9 @@ from hybridkv.connector.api import (
     ConnectorMeta,
     GpuBlockPool,
     JobId,
-    KVConnectorOutput,
     RequestId,
     RequestView,
     StepView,
-    TransferItem,
     TransferJob,
     TransferKind,
 )
@@ -65,11 +67,13 @@ from hybridkv.connector.claims import decide_claim
 from hybridkv.connector.counts import COUNTED, ConnectorStats, LoadMode
 from hybridkv.connector.geometry import ConnectorGeometry
 from hybridkv.connector.loads import LoadRecord, load_items, resume_point, segments
+from hybridkv.connector.memo import ClaimMemo, MemoKey
 from hybridkv.connector.memory import KeyMemory
 from hybridkv.connector.outside import OutsideWork
 from hybridkv.connector.queries import CoreQueries
+from hybridkv.connector.reports import JobReports
 from hybridkv.connector.requests import RequestKeys
-from hybridkv.connector.stores import items_by_end, low_priority, store_items
+from hybridkv.connector.store_jobs import StoreJobs
 from hybridkv.errors import HybridKVConfigError
 from hybridkv.kinds import GroupKind
 from hybridkv.planner import HybridOffloadPlanner
@@ -77,38 +81,20 @@ from hybridkv.store import (
     EntryState,
     HostStore,
     PrepareLoadOutput,
-    PrepareStoreOutput,
-    StorePriority,
 )
 
 __all__ = ["ConnectorCore", "ConnectorStats", "LoadMode"]
 
 _LOAD, _STORE = TransferKind.LOAD, TransferKind.STORE
-_NORMAL, _LOW = StorePriority.NORMAL, StorePriority.LOW
-_MAMBA = GroupKind.MAMBA
-
-
-def _bound_keys(geometry: ConnectorGeometry, items: Sequence[TransferItem]) -> list[bytes]:
-    """The keys of a store call bound to its unit (``HostStore.prepare_store``'s ``bound``):
-    its mamba states, when the call holds another chunk too. A mamba state at a unit's end
-    serves only a claim ending there, and that claim loads every attention chunk of the unit
-    (a GPU hit reaching the unit would have held the state too), so without them it is dead.
-    A sliding chunk is not bound: it also serves claims whose GPU hit covers its unit's
-    full-attention chunk (binding it cost 448 prefill tokens on one bench row)."""
-    kinds = geometry.kinds
-    mamba = [item.key for item in items if kinds[item.group_idx] is _MAMBA]
-    return mamba if len(mamba) < len(items) else []
-
 
 # Values, so one of each serves every lookup (a Claim checks its fields when built).
 _DEFER, _NONE = Claim(ClaimKind.DEFER), Claim(ClaimKind.NONE)
 _NO_IDS: frozenset[RequestId] = frozenset()
 _NO_JOBS = ConnectorMeta((), (), _NO_IDS)  # a step with no job and no delayed free
-_KEY = attrgetter("key")  # an item's key, read in C
 _READY = EntryState.READY
 
 
-class ConnectorCore(CoreQueries, OutsideWork):
+class ConnectorCore(CoreQueries, OutsideWork, StoreJobs, JobReports):
     """The scheduler-side connector core (module docstring)."""
 
     def __init__(
@@ -166,7 +152,7 @@ class ConnectorCore(CoreQueries, OutsideWork):
         self._unsent_loads: list[JobId] = []
         self._loads: dict[RequestId, LoadRecord] = {}
         self._memory = KeyMemory(store)
-        self._claim_memo: dict[RequestId, _ClaimMemo] = {}  # per waiting request (_decide)
+        self._claim_memo: dict[RequestId, ClaimMemo] = {}  # per waiting request (_decide)
         # Claims are values: one per size and load mode serves every request.
         self._claims: dict[tuple[LoadMode, int], Claim] = {}
         self._delayed: set[RequestId] = set()
@@ -397,54 +383,6 @@ class ConnectorCore(CoreQueries, OutsideWork):
             return _NO_JOBS  # most decode steps: one shared value (frozen, so never changed)
         return ConnectorMeta(loads, tuple(stores), delayed)
 
-    def update_connector_output(self, output: KVConnectorOutput) -> None:
-        """Fold every job result of ``output.completed_jobs``, in order.
-
-        Pre: each result names a job in flight (field ``completed_jobs`` otherwise; earlier
-        results stay folded, that one and later ones change nothing). Post: a load job's keys
-        are unpinned, a failed one's remembered; a store job completes its keys (READY or
-        dropped), unpins its blocks, and a success clears their failure memory; a delayed
-        request whose last store reported is no longer delayed.
-        """
-        jobs, spans, jobs_of = self._jobs, self._store_spans, self._jobs_of
-        # Successful loads of one request reported one after another are folded together (one
-        # unpin, one record update): a long load has a job per segment, usually all reported in
-        # the same step. Folding them one by one would change nothing else: a success only
-        # unpins, evicts remembered failed keys (still job by job) and records.
-        run: list[TransferJob] = []
-        for result in output.completed_jobs:
-            entry = jobs.pop(result.job_id, None)
-            if entry is None:
-                if run:
-                    self._loads_succeeded(run)
-                raise HybridKVConfigError(
-                    "completed_jobs", result.job_id, "no such job", "report once"
-                )
-            spans.pop(result.job_id, None)
-            job = entry[0]
-            rid = job.request_id
-            left = jobs_of[rid] - 1  # the request's jobs in flight (inlined: once per job)
-            if left:
-                jobs_of[rid] = left
-            else:
-                del jobs_of[rid]
-            if job.kind is _LOAD and result.success:
-                if run and run[0].request_id != rid:
-                    self._loads_succeeded(run)
-                    run = []
-                run.append(job)
-                continue
-            if run:
-                self._loads_succeeded(run)
-                run = []
-            keys = tuple(map(_KEY, job.items))
-            if job.kind is _LOAD:
-                self._load_failed(job, keys)
-            else:
-                self._store_reported(job, keys, result.success)
-        if run:
-            self._loads_succeeded(run)
-
     def request_finished_all_groups(self, request: RequestView, block_ids: BlockTable) -> bool:
         """True (delay the free until ``finished_sending``) iff a store of it is in flight and
         no load of it is.
@@ -485,7 +423,7 @@ class ConnectorCore(CoreQueries, OutsideWork):
         head serves no claim at all; after the refresh the victims are the tails of the least
         recent requests, which only shortens their claims (vLLM's native LRU commits a
         finished request's keys the same way). Measured over 16 trace seeds of the bench's
-        sliding + full chats and traffic at half the working set (docs/benchmarks)."""
+        sliding + full chats and traffic at half the working set (docs/benchmarks/vs-native.md)."""
         chain = self._keys(request)
         end = min(len(request.token_ids), chain.hashed_tokens)
         units = self.geometry.units
@@ -542,7 +480,7 @@ class ConnectorCore(CoreQueries, OutsideWork):
         self._count["hashes_computed"] += keys.sync(request)
         return keys
 
-    def _decide(self, request: RequestView, memo_key: _MemoKey, memo: _ClaimMemo | None) -> Claim:
+    def _decide(self, request: RequestView, memo_key: MemoKey, memo: ClaimMemo | None) -> Claim:
         """The claim rule's answer at ``memo_key``'s start, remembered per request (``memo``,
         the last one, which the caller found stale or keyed otherwise): a scheduler asks a
         waiting request again every step, and the answer changes only with its tokens, its
@@ -577,7 +515,7 @@ class ConnectorCore(CoreQueries, OutsideWork):
             read=read,
         )
         claim = _DEFER if defer else _NONE if end == start else self._claim(end - start)
-        self._claim_memo[request.request_id] = _ClaimMemo(
+        self._claim_memo[request.request_id] = ClaimMemo(
             memo_key, claim, read, store.entry_states(read), store.status_counts()
         )
         return claim
@@ -617,178 +555,5 @@ class ConnectorCore(CoreQueries, OutsideWork):
             "num_computed_tokens", value, f"not a multiple of {block} >= 0", "align it"
         )
 
-    def _store_job(
-        self,
-        request: RequestView,
-        block_ids: BlockTable,
-        start: int,
-        end: int,
-        limit: int | None = None,
-    ) -> TransferJob | None:
-        """One store job of the units ``(start, end]`` completes (agrees with the reference's
-        ``_store_job``: same ``prepare_store`` calls, so the same policy order and events)."""
-        geometry = self.geometry
-        if not geometry.completes_a_unit(start, end):
-            return None  # no unit ends in this step (most decode steps): nothing to do
-        keys = self._keys(request)
-        taken: list[TransferItem] = []
-        store = self.store
-        prompt = request.num_prompt_tokens
-        found = store_items(geometry, keys, block_ids, start, end)
-        if limit is not None and found and found[-1].end_token > limit:  # sorted by end
-            found = [item for item in found if item.end_token <= limit]
-        for part in items_by_end(found):
-            # Admission (hybridkv.connector.stores.low_priority): the part's NORMAL units, then
-            # its LOW ones, which take free slots only. A refusal that leaves a hole in
-            # a claimable prefix (a NORMAL unit or a continuation) ends the job.
-            low = [item for item in part if low_priority(geometry, item, prompt)]
-            calls = ((part, _NORMAL),) if not low else ((_without(part, low), _NORMAL), (low, _LOW))
-            accepted: set[bytes] = set()
-            ended = False
-            for items, priority in calls:
-                if not items:
-                    continue
-                bound = _bound_keys(self.geometry, items)
-                prepared = store.prepare_store([item.key for item in items], priority, bound)
-                if not isinstance(prepared, PrepareStoreOutput):
-                    self._count["stores_refused"] += 1
-                    ended = priority is _NORMAL or items[0].end_token > prompt
-                    break
-                self._memory.departed(prepared.evicted_keys)
-                accepted.update(prepared.keys_to_store)
-            taken.extend(item for item in part if item.key in accepted)
-            if ended:
-                break  # later ends would leave a hole in the stored prefix
-        if not taken:
-            return None
-        salt = request.cache_salt
-        self._memory.salt((item.key for item in taken), salt)
-        job = TransferJob(self._new_job_id(), _STORE, request.request_id, tuple(taken))
-        self._add_job(job, salt)
-        self._store_spans[job.job_id] = (start, end)
-        self._store_items += len(taken)
-        rid = request.request_id
-        self._stores_of[rid] = self._stores_of.get(rid, 0) + 1
-        if self._pool is not None:
-            self._pool.touch([item.block_id for item in taken])
-        self._count["store_jobs"] += 1
-        self._count["store_items"] += len(taken)
-        return job
-
-    # A load job in flight always has its request's record, and the record lists it: a load is
-    # refused while another of the request is in flight, and a record is dropped only when no
-    # job of it is in flight (at the finish, or at the last report of a finished request).
-
-    def _load_failed(self, job: TransferJob, keys: tuple[bytes, ...]) -> None:
-        """Fold the failure of load job ``job`` (``keys``: its items' keys)."""
-        self.store.complete_load(keys)
-        self._count["load_jobs_failed"] += 1
-        memory = self._memory
-        memory.remember_failed(keys, self._next_job)
-        # Drop the failed entries no other load still pins: their data may be bad, and left in
-        # place they would stay unclaimable while present (the reference's rule).
-        memory.departed(self.store.evict([key for key in keys if key in memory]))
-        rid = job.request_id
-        if not (self._salvage or rid in self._finished):
-            self._restarting.add(rid)
-        record = self._loads[rid]
-        record.job_failed(job.job_id, job.items)
-        self._forget_if_done(rid, record)
-
-    def _loads_succeeded(self, run: list[TransferJob]) -> None:
-        """Fold the successes of the load jobs of ``run``, one request's, in report order, at
-        once: one unpin of all their keys and one record update (the evictions of remembered
-        failed keys stay one per job)."""
-        keys = [item.key for job in run for item in job.items]
-        self.store.complete_load(keys)
-        memory = self._memory
-        # Job by job, as the reference: each eviction is one event of the store's log (its
-        # grouping is observable), and nothing is evicted while nothing is remembered.
-        for job in run if memory else ():
-            failed = [item.key for item in job.items if item.key in memory]
-            memory.departed(self.store.evict(failed))
-        rid = run[0].request_id
-        record = self._loads[rid]
-        record.jobs_succeeded([job.job_id for job in run], keys)
-        self._forget_if_done(rid, record)
-
-    def _forget_if_done(self, rid: RequestId, record: LoadRecord) -> None:
-        """A finished request's load record goes with the last report of its load."""
-        if rid in self._finished and not record.in_flight:
-            del self._loads[rid]
-            self._finished.discard(rid)
-
-    def _store_reported(self, job: TransferJob, keys: tuple[bytes, ...], success: bool) -> None:
-        stale = job.job_id in self._stale_jobs
-        if stale:  # emitted before a reset: its keys never become READY (reset_cache)
-            self._stale_jobs.discard(job.job_id)
-            success = False
-        self.store.complete_store(keys, success=success)
-        if job.job_id in self._unpinned:
-            self._unpinned.discard(job.job_id)  # its pool references went back at the reset
-        else:
-            self._store_items -= len(job.items)
-            if self._pool is not None:
-                self._pool.free_blocks([item.block_id for item in job.items])
-        rid = job.request_id
-        left = self._stores_of[rid] - 1
-        if left:
-            self._stores_of[rid] = left
-        else:
-            del self._stores_of[rid]
-        if success:
-            self._memory.stored(keys)
-        else:
-            if not stale:
-                self._count["store_jobs_failed"] += 1
-            self._memory.departed(keys)
-        if not left:
-            self._delayed.discard(rid)
-
-    def _add_job(self, job: TransferJob, salt: str | None) -> None:
-        self._jobs[job.job_id] = (job, salt)
-        rid = job.request_id
-        self._jobs_of[rid] = self._jobs_of.get(rid, 0) + 1
-
-    def _new_job_id(self) -> JobId:
-        """Job ids count up from 1 in creation order, as the reference numbers them."""
-        self._next_job += 1
-        return JobId(self._next_job - 1)
-
 
 _FIX = "build it with hybridkv (planner, store) for this layout"
-
-
-_MemoKey = tuple[int, int, str | None, int, LoadMode]
-"""A claim memo's key: start, token count, salt, failure epoch, load mode."""
-
-
-class _ClaimMemo:
-    """One waiting request's remembered answer (:meth:`ConnectorCore._decide`): valid for
-    ``key`` (start, token count, salt, failure epoch, load mode) while the keys in ``read``
-    have the statuses ``states``; ``counts``: the store's status counters when that last
-    held."""
-
-    __slots__ = ("claim", "counts", "key", "read", "states")
-
-    def __init__(
-        self,
-        key: _MemoKey,
-        claim: Claim,
-        read: list[bytes],
-        states: tuple[EntryState | None, ...],
-        counts: tuple[int, int, int, int],
-    ) -> None:
-        self.key, self.claim, self.read, self.states, self.counts = (
-            key,
-            claim,
-            read,
-            states,
-            counts,
-        )
-
-
-def _without(part: Sequence[TransferItem], low: list[TransferItem]) -> list[TransferItem]:
-    """The items of ``part`` not in ``low`` (a sublist of it), in order."""
-    skipped = {item.key for item in low}
-    return [item for item in part if item.key not in skipped]

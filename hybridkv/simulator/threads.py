@@ -11,7 +11,7 @@ against 1.3 s at ``OMP_NUM_THREADS=1``, the same fills. One thread makes a run's
 function of its work, not of the machine's load: ``tools/bench_simulate_cost.py`` prints both
 sides.
 What it costs, on an idle many-core machine, is the parallel speed-up of the fills
-(docs/benchmarks/index.md has the figures).
+(docs/benchmarks/simulate.md has the figures).
 
 The setting is torch's process-wide one (the transfer thread follows it); it is restored when
 the run returns, so a caller that imports :func:`hybridkv.simulator.run.simulate` keeps its own.

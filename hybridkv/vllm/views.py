@@ -4,8 +4,9 @@ change of the request instead of once per hook call.
 The scheduler side hands the core a view of a request in up to three hooks a step
 (``get_num_new_matched_tokens``, ``update_state_after_alloc``, ``build_connector_meta``), and
 copying ``request.all_token_ids`` into a tuple is linear in the request's length: on the
-benchmark's traces it was the largest single cost of the adapter (docs/benchmarks, "Scheduler-
-side cost: where it went"). :class:`RequestViews` keeps the last view of each request and
+benchmark's traces it was the largest single cost of the adapter
+(docs/benchmarks/history/scheduler-cost-1.md). :class:`RequestViews` keeps the last view of
+each request and
 
 - returns it unchanged while the request object, its prompt length, its token count and its
   block-hash count are unchanged (nothing the view holds can have changed: see below);
