@@ -206,7 +206,7 @@ def _in_parallel(callers: int, n: int, work: Callable[[int], int]) -> tuple[floa
 
 
 def tier_pass(
-    directory: Path, value_bytes: int, nbytes: int, callers: int, threads: int, fsync: str
+    directory: Path, value_bytes: int, nbytes: int, *, callers: int, threads: int, fsync: str
 ) -> TierPass:
     """``set`` then ``get`` of about ``nbytes`` in values of ``value_bytes`` (module doc, 2)."""
     from hybridkv.remote import ClientFault
@@ -337,7 +337,9 @@ def _run(work: Path, nbytes: int, args: argparse.Namespace, repeats: int, chunks
         devices.append(sequential(work, nbytes, args.block))
         for value, callers, fsync in rows:
             share = nbytes if value >= MB else nbytes // 8
-            passes.append(tier_pass(work, value, share, callers, args.threads, fsync))
+            passes.append(
+                tier_pass(work, value, share, callers=callers, threads=args.threads, fsync=fsync)
+            )
     device = Sequential(
         statistics.median(d.write for d in devices),
         statistics.median(d.read for d in devices),
@@ -364,8 +366,9 @@ def _run(work: Path, nbytes: int, args: argparse.Namespace, repeats: int, chunks
     found = rebuild(work, chunks, args.threads, args.cold) if chunks else None
     bad = sum(p.wrong for p in merged)
     if found is not None:
+        caches = "cold: dentries and inodes dropped" if found.cold else "warm caches"
         print(
-            f"rebuild: {found.chunks} chunks ({'cold: dentries and inodes dropped' if found.cold else 'warm caches'}) "
+            f"rebuild: {found.chunks} chunks ({caches}) "
             f"indexed {found.indexed} in {found.seconds:.2f} s "
             f"({found.chunks / found.seconds:,.0f} chunks/s); writing them took "
             f"{found.populate_seconds:.1f} s; counters {found.counters}"
