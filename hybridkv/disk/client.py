@@ -1,0 +1,586 @@
+"""A :class:`~hybridkv.remote.client.ChunkClient` on a directory: the disk tier's storage.
+
+The remote tier (:class:`hybridkv.remote.RemoteTier`) drives it as it drives a Redis server:
+``exists`` for lookups, ``get`` for verified fetches, ``set`` from its write-behind thread. Every
+I/O failure is a returned :class:`~hybridkv.remote.values.ClientFault` (FAULT), never an
+exception; a bad argument (a key of the wrong type or length) raises HybridKVConfigError.
+
+Roles (:class:`~hybridkv.disk.config.DiskRole`). An OWNER rebuilds its index from the directory
+at construction (DK-5: complete files indexed, recency from their modification times, oldest
+first; truncated files and torn temporary files removed; when the files exceed the capacity the
+oldest are removed), reserves, evicts, writes, reads and removes damaged files, and rescans
+every ``rescan_s`` to adopt files other engines wrote into the directory and forget files they
+removed. A READER (the lookup side, in another process) keeps no index: ``exists`` stats files,
+``get`` reads and verifies; it never writes, evicts or removes anything.
+
+Operations (pre, post, frame; a refused call changes nothing but its counters):
+
+- ``set(key, value, ttl_s)``: the file is written whole under a temporary name, flushed per
+  ``fsync``, and renamed onto the chunk's name (DK-4). Room is made first: the padded size is
+  reserved, evicting unpinned files by policy (DK-2, DK-3). A key already indexed, or already
+  complete on disk, is not written again (content addressing: its bytes are equal). ENOSPC, EIO
+  or any OSError: FAULT, the temporary file removed, the reservation released. ``ttl_s`` is
+  ignored: a file lives until evicted.
+- ``get(key)``: pins ``key`` for the read (DK-3), reads the whole file and verifies its header,
+  key and digest (DK-1). A missing file is None (DK-7: removed by another engine); a damaged
+  one is None, counted, and removed by an OWNER (DK-6). A hit is the most recent in the policy,
+  and its modification time is renewed so the order survives a restart.
+- ``exists(keys)``: an OWNER answers indexed keys from its index and stats the rest; a READER
+  stats all. Large batches are statted side by side on the I/O pool.
+
+Snapshot (:meth:`DiskClient.snapshot`): ``index`` (key hex in eviction order, next victim first),
+``bytes`` (complete files, padded), ``reserved`` (writes in flight), ``pins`` ((key hex, count)
+sorted), ``counters`` (:data:`DISK_COUNTER_NAMES`, every one present):
+
+- lookups: ``exists_calls``, ``exists_keys`` (keys asked), ``exists_found``, ``exists_faults``;
+- reads: ``gets``, ``hits``, ``misses`` (no file), ``vanished`` (an indexed file found gone by a
+  read, an eviction or a rescan), ``damaged`` (a file that failed verification) and one
+  ``damaged_<why>`` per :class:`~hybridkv.disk.fileformat.Damage`, ``removed_damaged``,
+  ``get_faults``, ``bytes_read`` (file bytes read by hits and misses alike);
+- writes: ``sets``, ``written``, ``bytes_written`` (file bytes), ``set_present`` (indexed:
+  not written), ``set_adopted`` (complete on disk, written by another engine: indexed, not
+  written), ``set_pending`` (the same key's write in flight), ``set_no_space`` (pins and
+  writes in flight hold too much), ``set_too_large`` (larger than the capacity),
+  ``set_faults`` (an I/O error), ``set_enospc`` (of which ENOSPC), ``set_refused_reader``;
+- eviction: ``evictions``, ``evicted_bytes``;
+- start-up and rescans: ``rebuild_files``, ``rebuild_bytes``, ``rebuild_torn`` (temporary files
+  removed), ``rebuild_truncated`` (removed), ``rebuild_over_capacity`` (oldest files removed to
+  fit), ``rebuild_us`` (the rebuild's wall time, microseconds: a measurement, not a count),
+  ``rescans``, ``adopted``, ``adopt_refused`` (no room), ``temps_removed`` (torn, by a rescan);
+- ``direct_fallbacks`` (1 once O_DIRECT was refused and AUTO fell back), ``closed_calls``
+  (calls after ``close``, each a FAULT).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import stat
+import threading
+import time
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+from hybridkv.disk.config import DirectIO, DiskConfig, DiskRole, FsyncPolicy
+from hybridkv.disk.fileformat import ALIGN, MAX_KEY, Damage, decode, encode_into, padded_size
+from hybridkv.disk.index import DiskIndex
+from hybridkv.disk.io import Buffers, FileIO
+from hybridkv.disk.names import HOST, chunk_path, temp_path
+from hybridkv.disk.scan import scan
+from hybridkv.errors import HybridKVConfigError
+from hybridkv.remote.values import ClientFault
+
+__all__ = ["DISK_COUNTER_NAMES", "DiskClient"]
+
+DISK_COUNTER_NAMES: tuple[str, ...] = (
+    "exists_calls",
+    "exists_keys",
+    "exists_found",
+    "exists_faults",
+    "gets",
+    "hits",
+    "misses",
+    "vanished",
+    "damaged",
+    *(f"damaged_{damage.value}" for damage in Damage),
+    "removed_damaged",
+    "get_faults",
+    "bytes_read",
+    "sets",
+    "written",
+    "bytes_written",
+    "set_present",
+    "set_adopted",
+    "set_pending",
+    "set_no_space",
+    "set_too_large",
+    "set_faults",
+    "set_enospc",
+    "set_refused_reader",
+    "evictions",
+    "evicted_bytes",
+    "rebuild_files",
+    "rebuild_bytes",
+    "rebuild_torn",
+    "rebuild_truncated",
+    "rebuild_over_capacity",
+    "rebuild_us",
+    "rescans",
+    "adopted",
+    "adopt_refused",
+    "temps_removed",
+    "direct_fallbacks",
+    "closed_calls",
+)
+"""The snapshot's ``counters`` keys (module docstring)."""
+
+_STAT_FANOUT = 16  # a lookup statting more keys than this spreads them over the pool
+_MISSING = (errno.ENOENT, errno.ENOTDIR)
+
+
+class DiskClient:
+    """Chunks as files in one directory, bounded in bytes, verified on read."""
+
+    def __init__(self, config: DiskConfig, *, role: DiskRole = DiskRole.OWNER) -> None:
+        """Open the tier on ``config.directory``; an OWNER creates it, checks O_DIRECT and
+        rebuilds its index (module docstring).
+
+        Errors: HybridKVConfigError ``disk_dir`` (an OWNER cannot create or write the
+        directory), ``disk_direct`` (ON where the directory refuses O_DIRECT).
+        """
+        self.config = config
+        self.role = role
+        self.directory = config.path
+        self._lock = threading.Lock()
+        self._index = DiskIndex(config.capacity_bytes, config.policy)
+        self._counters = dict.fromkeys(DISK_COUNTER_NAMES, 0)
+        self._pool = ThreadPoolExecutor(config.threads, thread_name_prefix="hybridkv-disk")
+        self._io = FileIO(config.direct, self._pool if config.threads > 1 else None)
+        self._buffers = Buffers(keep=config.threads + 2)
+        self._closed = False
+        self._stop = threading.Event()
+        self._rescanner: threading.Thread | None = None
+        self._subdirs: set[str] = set()
+        if role is DiskRole.OWNER:
+            try:
+                self._open_directory()
+                self._rebuild()
+            except BaseException:
+                self._pool.shutdown()
+                raise
+            if config.rescan_s > 0:
+                self._rescanner = threading.Thread(
+                    target=self._rescan_loop, name="hybridkv-disk-rescan", daemon=True
+                )
+                self._rescanner.start()
+
+    # --- the ChunkClient protocol ---
+
+    def exists(self, keys: Sequence[bytes]) -> tuple[bool, ...] | ClientFault:
+        """Whether each key has a complete file (DK-4). Frame: counters only."""
+        for key in keys:
+            _check_key(key)
+        with self._lock:
+            if self._closed:
+                return self._closed_call()
+            self._counters["exists_calls"] += 1
+            self._counters["exists_keys"] += len(keys)
+            known = [key in self._index.sizes for key in keys]
+        ask = [key for key, hit in zip(keys, known, strict=True) if not hit]
+        statted = self._stat_all(ask)
+        if isinstance(statted, ClientFault):
+            self._count("exists_faults")
+            return statted
+        answers = iter(statted)
+        found = tuple(hit or next(answers) for hit in known)
+        self._count("exists_found", sum(found))
+        return found
+
+    def get(self, key: bytes) -> bytes | ClientFault | None:
+        """``key``'s value, verified (DK-1); None on a miss or a damaged file (DK-6, DK-7)."""
+        _check_key(key)
+        with self._lock:
+            if self._closed:
+                return self._closed_call()
+            self._counters["gets"] += 1
+            self._index.pin(key)
+        try:
+            return self._read(key)
+        finally:
+            with self._lock:
+                self._index.unpin(key)
+
+    def set(self, key: bytes, value: bytes, ttl_s: int) -> ClientFault | None:
+        """Write ``value`` under ``key`` whole, within the byte limit (module docstring)."""
+        _check_key(key)
+        size = padded_size(len(key), len(value))
+        with self._lock:
+            if self._closed:
+                return self._closed_call()
+            refused = self._admit(key, size)
+            if refused is not None:
+                return refused if isinstance(refused, ClientFault) else None
+        complete = False
+        try:
+            complete = self._adopt_or_write(key, value, size)
+        finally:
+            with self._lock:
+                self._index.finish(key, complete=complete)
+        return None if complete else ClientFault.FAULT
+
+    def close(self) -> None:
+        """Stop the rescans and the I/O pool; later calls are FAULTs. Idempotent."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+        self._stop.set()
+        if self._rescanner is not None:
+            self._rescanner.join()
+        self._pool.shutdown(wait=True)
+
+    def snapshot(self) -> dict[str, Any]:
+        """The plain view the spec compares (module docstring). Frame: nothing changes."""
+        with self._lock:
+            index = self._index
+            return {
+                "index": tuple(key.hex() for key in index.order()),
+                "bytes": index.bytes,
+                "reserved": index.reserved,
+                "pins": tuple(sorted((key.hex(), n) for key, n in index.pins.items())),
+                "counters": dict(self._counters),
+            }
+
+    def check(self) -> None:
+        """Raise naming the first broken index invariant (DK-2, DK-3); an expensive no-op when
+        correct."""
+        with self._lock:
+            self._index.check()
+
+    # --- writes ---
+
+    def _admit(self, key: bytes, size: int) -> ClientFault | bool | None:
+        """Under the lock: reserve room for ``key`` (None), or the refusal: a fault, or True
+        for a write not needed. Victims are removed here, before the write begins, so the
+        directory itself stays within the limit (DK-2)."""
+        counters = self._counters
+        counters["sets"] += 1
+        if self.role is DiskRole.READER:
+            counters["set_refused_reader"] += 1
+            return ClientFault.FAULT
+        index = self._index
+        if key in index.sizes:
+            counters["set_present"] += 1
+            index.touch(key)
+            return True
+        if key in index.writing:
+            counters["set_pending"] += 1
+            return True
+        if size > index.capacity:
+            counters["set_too_large"] += 1
+            return ClientFault.FAULT
+        victims = index.victims_for(size)
+        if victims is None:
+            counters["set_no_space"] += 1
+            return ClientFault.FAULT
+        self._evict(victims)
+        index.reserve(key, size)
+        return None
+
+    def _evict(self, victims: Sequence[tuple[bytes, int]]) -> None:
+        self._index.evict(victims)
+        for key, size in victims:
+            self._counters["evictions"] += 1
+            self._counters["evicted_bytes"] += size
+            try:
+                os.unlink(chunk_path(self.directory, key))
+            except FileNotFoundError:
+                self._counters["vanished"] += 1  # another engine removed it first
+            except OSError:
+                pass  # the file stays, unindexed; a rescan adopts it again
+
+    def _adopt_or_write(self, key: bytes, value: bytes, size: int) -> bool:
+        final = chunk_path(self.directory, key)
+        try:
+            if os.stat(final).st_size == size:
+                self._count("set_adopted")  # another engine wrote it: equal bytes
+                return True
+        except OSError:
+            pass
+        temp = temp_path(self.directory, key)
+        try:
+            self._write(temp, final, key, value, size)
+        except OSError as error:
+            _unlink_quietly(temp)
+            with self._lock:
+                self._counters["set_faults"] += 1
+                if error.errno == errno.ENOSPC:
+                    self._counters["set_enospc"] += 1
+            return False
+        with self._lock:
+            self._counters["written"] += 1
+            self._counters["bytes_written"] += size
+        return True
+
+    def _write(self, temp: Path, final: Path, key: bytes, value: bytes, size: int) -> None:
+        subdir = final.parent.name
+        if subdir not in self._subdirs:
+            os.makedirs(final.parent, exist_ok=True)
+            self._subdirs.add(subdir)
+        flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC
+        with self._buffers.lease(size) as image:
+            encode_into(image, key, value)
+            fd, direct = self._io.open(temp, flags)
+            try:
+                try:
+                    self._io.write(fd, image)
+                except OSError as error:
+                    if not (direct and error.errno == errno.EINVAL):
+                        raise
+                    if self.config.direct is DirectIO.ON:
+                        raise
+                    self._fell_back(temp, error)
+                    os.close(fd)
+                    fd = -1
+                    os.unlink(temp)
+                    fd, _ = self._io.open(temp, flags)
+                    self._io.write(fd, image)
+                if self.config.fsync is FsyncPolicy.FILE:
+                    os.fdatasync(fd)
+            finally:
+                if fd >= 0:
+                    os.close(fd)
+        os.rename(temp, final)
+
+    # --- reads ---
+
+    def _read(self, key: bytes) -> bytes | ClientFault | None:
+        path = chunk_path(self.directory, key)
+        try:
+            fd, direct = self._io.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        except OSError as error:
+            if error.errno in _MISSING:
+                self._missed(key)
+                return None
+            self._count("get_faults")
+            return ClientFault.FAULT
+        try:
+            return self._read_open(key, path, fd, direct)
+        except OSError:
+            self._count("get_faults")
+            return ClientFault.FAULT
+        finally:
+            os.close(fd)
+
+    def _read_open(self, key: bytes, path: Path, fd: int, direct: bool) -> bytes | None:
+        info = os.fstat(fd)
+        size = info.st_size
+        if size <= 0 or size % ALIGN:
+            self._damaged(key, path, info, Damage.TRUNCATED)
+            return None
+        with self._buffers.lease(size) as image:
+            try:
+                got = self._io.read(fd, image)
+            except OSError as error:
+                if not (direct and error.errno == errno.EINVAL):
+                    raise
+                if self.config.direct is DirectIO.ON:
+                    raise
+                self._fell_back(path, error)
+                with open(path, "rb", buffering=0) as plain:
+                    got = plain.readinto(image) or 0
+            self._count("bytes_read", got)
+            value = decode(image[:got], key)
+        if isinstance(value, Damage):
+            self._damaged(key, path, info, value)
+            return None
+        if self.role is DiskRole.OWNER:
+            with self._lock:
+                self._counters["hits"] += 1
+                self._index.touch(key)
+            with contextlib.suppress(OSError):
+                os.utime(fd)  # recency for the next rebuild (an OWNER only writes it)
+        else:
+            self._count("hits")
+        return value
+
+    def _missed(self, key: bytes) -> None:
+        with self._lock:
+            self._counters["misses"] += 1
+            if key in self._index.sizes:
+                self._counters["vanished"] += 1  # removed by another engine (DK-7)
+                self._index.remove(key)
+
+    def _damaged(self, key: bytes, path: Path, info: os.stat_result, why: Damage) -> None:
+        """Count a damaged file; an OWNER removes it if the name still holds that very file
+        (a writer may have renamed a good copy over it meanwhile)."""
+        with self._lock:
+            self._counters["damaged"] += 1
+            self._counters[f"damaged_{why.value}"] += 1
+            if self.role is DiskRole.READER:
+                return
+            self._index.remove(key)
+            try:
+                now = os.stat(path)
+                if (now.st_ino, now.st_dev) == (info.st_ino, info.st_dev):
+                    os.unlink(path)
+                    self._counters["removed_damaged"] += 1
+            except OSError:
+                pass  # gone already, or not ours to remove: a miss either way
+
+    # --- lookups ---
+
+    def _stat_all(self, keys: list[bytes]) -> list[bool] | ClientFault:
+        if len(keys) <= _STAT_FANOUT or self.config.threads == 1:
+            return self._stat_some(keys)
+        step = -(-len(keys) // self.config.threads)
+        parts = list(
+            self._pool.map(self._stat_some, [keys[i : i + step] for i in range(0, len(keys), step)])
+        )
+        fault = next((p for p in parts if isinstance(p, ClientFault)), None)
+        if fault is not None:
+            return fault
+        return [found for part in parts if not isinstance(part, ClientFault) for found in part]
+
+    def _stat_some(self, keys: list[bytes]) -> list[bool] | ClientFault:
+        found = []
+        for key in keys:
+            try:
+                info = os.stat(chunk_path(self.directory, key))
+            except OSError as error:
+                if error.errno in _MISSING:
+                    found.append(False)
+                    continue
+                return ClientFault.FAULT
+            found.append(
+                stat.S_ISREG(info.st_mode) and info.st_size > 0 and not info.st_size % ALIGN
+            )
+        return found
+
+    # --- start-up and rescans ---
+
+    def _open_directory(self) -> None:
+        directory = self.directory
+        try:
+            directory.mkdir(parents=True, exist_ok=True)
+        except OSError as error:
+            raise HybridKVConfigError(
+                "disk_dir", str(directory), f"cannot be created ({error})", "give a writable path"
+            ) from None
+        if self.config.direct is DirectIO.OFF:
+            return
+        probe = directory / f".probe.tmp.{HOST}.{os.getpid()}.{id(self):x}"
+        try:
+            self._probe(probe)
+        except OSError as error:
+            if self.config.direct is DirectIO.ON:
+                raise HybridKVConfigError(
+                    "disk_direct",
+                    "on",
+                    f"{directory} does not take O_DIRECT writes ({error})",
+                    "use disk_direct=auto (buffered there) or off, or a directory on a "
+                    "filesystem with O_DIRECT",
+                ) from None
+            if error.errno == errno.EINVAL:
+                self._fell_back(probe, error)
+            else:
+                raise HybridKVConfigError(
+                    "disk_dir",
+                    str(directory),
+                    f"cannot be written ({error})",
+                    "give a writable path",
+                ) from None
+        finally:
+            _unlink_quietly(probe)
+
+    def _probe(self, probe: Path) -> None:
+        if not self._io.direct:
+            raise OSError(errno.EINVAL, "this platform has no O_DIRECT")
+        fd, _ = self._io.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC)
+        try:
+            with self._buffers.lease(ALIGN) as block:
+                block[:] = bytes(ALIGN)
+                os.pwrite(fd, block, 0)
+        finally:
+            os.close(fd)
+
+    def _fell_back(self, path: Path, error: OSError) -> None:
+        self._io.fall_back(path, error)
+        with self._lock:
+            self._counters["direct_fallbacks"] = self._io.fallbacks
+
+    def _rebuild(self) -> None:
+        """DK-5: the index is exactly the complete files; what a crash left is removed."""
+        began = time.perf_counter()
+        listing = scan(self.directory, self._pool, self.config.stale_temp_s)
+        counters = self._counters
+        counters["rebuild_torn"] += _unlink_all(listing.torn)
+        counters["rebuild_truncated"] += _unlink_all(listing.truncated)
+        newest_first = sorted(listing.files, key=lambda f: (f.mtime_ns, f.key), reverse=True)
+        room, kept = self._index.capacity, []
+        for found in newest_first:
+            if found.size <= room:
+                room -= found.size
+                kept.append(found)
+            else:
+                counters["rebuild_over_capacity"] += _unlink_all(
+                    [chunk_path(self.directory, found.key)]
+                )
+        for found in reversed(kept):
+            self._index.insert(found.key, found.size)
+        counters["rebuild_files"] = len(kept)
+        counters["rebuild_bytes"] = self._index.bytes
+        counters["rebuild_us"] = int((time.perf_counter() - began) * 1e6)
+
+    def _rescan_loop(self) -> None:
+        while not self._stop.wait(self.config.rescan_s):
+            self.rescan()
+
+    def rescan(self) -> None:
+        """Adopt the complete files other engines wrote, forget the indexed files they removed,
+        remove torn temporary files (an OWNER's periodic pass; callable at once). Adopting
+        makes room by policy like a write; a file there is no room for stays unindexed."""
+        if self.role is DiskRole.READER:
+            return
+        with self._lock:
+            if self._closed:
+                return
+            since = self._index.generation
+        listing = scan(self.directory, None, self.config.stale_temp_s)
+        removed = _unlink_all(listing.torn)
+        on_disk = {found.key for found in listing.files}
+        with self._lock:
+            self._counters["rescans"] += 1
+            self._counters["temps_removed"] += removed
+            index = self._index
+            for key in [k for k, born in index.born.items() if born <= since]:
+                if key not in on_disk and key not in index.pins:
+                    self._counters["vanished"] += 1
+                    index.remove(key)
+            for found in sorted(listing.files, key=lambda f: (f.mtime_ns, f.key)):
+                if found.key in index.sizes or found.key in index.writing:
+                    continue
+                victims = index.victims_for(found.size)
+                if victims is None:
+                    self._counters["adopt_refused"] += 1
+                    continue
+                self._evict(victims)
+                index.insert(found.key, found.size)
+                self._counters["adopted"] += 1
+
+    # --- small helpers ---
+
+    def _count(self, name: str, n: int = 1) -> None:
+        with self._lock:
+            self._counters[name] += n
+
+    def _closed_call(self) -> ClientFault:
+        self._counters["closed_calls"] += 1
+        return ClientFault.FAULT
+
+
+def _check_key(key: object) -> None:
+    if not isinstance(key, bytes) or not 1 <= len(key) <= MAX_KEY:
+        raise HybridKVConfigError(
+            "key", key, f"must be 1 to {MAX_KEY} bytes", "pass the chunk's key as bytes"
+        )
+
+
+def _unlink_quietly(path: Path) -> None:
+    with contextlib.suppress(OSError):
+        os.unlink(path)
+
+
+def _unlink_all(paths: Sequence[Path]) -> int:
+    """Remove ``paths``; how many this call removed (another engine may be faster)."""
+    removed = 0
+    for path in paths:
+        try:
+            os.unlink(path)
+            removed += 1
+        except OSError:
+            pass
+    return removed
