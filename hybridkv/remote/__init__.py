@@ -47,6 +47,7 @@ from hybridkv.remote.shards import (
     combined_outcome,
     held_on_every_shard,
     held_per_chunk,
+    shard_identity,
     shard_keys,
     shard_namespaces,
 )
@@ -126,6 +127,7 @@ __all__ = [
     "read_secret",
     "redis_key",
     "scoped_namespace",
+    "shard_identity",
     "shard_keys",
     "shard_namespaces",
 ]

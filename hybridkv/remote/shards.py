@@ -41,6 +41,7 @@ __all__ = [
     "combined_outcome",
     "held_on_every_shard",
     "held_per_chunk",
+    "shard_identity",
     "shard_keys",
     "shard_namespaces",
 ]
@@ -124,14 +125,21 @@ def shard_namespaces(
             "build both from vLLM's tensor_parallel_size",
         )
     return tuple(
-        scoped_namespace(
-            namespace,
-            replace(identity, tp_rank=plan.owner(s), kv_replicas=plan.replicas),
-            weights_version,
-            epoch,
-        )
+        scoped_namespace(namespace, shard_identity(identity, plan, s), weights_version, epoch)
         for s in range(plan.shards)
     )
+
+
+def shard_identity(identity: ModelIdentity, plan: ShardPlan, shard: int) -> ModelIdentity:
+    """``identity`` naming ``shard``'s first rank (its ``tp_rank``) and the replica count: whose
+    bytes that shard's values hold (its namespace's, and the disk tier's directory's).
+
+    Pure. Pre: ``0 <= shard < plan.shards`` (field ``shard``)."""
+    if isinstance(shard, bool) or not isinstance(shard, int) or not 0 <= shard < plan.shards:
+        raise HybridKVConfigError(
+            "shard", shard, f"must be an int in [0, {plan.shards})", "pass plan.shard_of(rank)"
+        )
+    return replace(identity, tp_rank=plan.owner(shard), kv_replicas=plan.replicas)
 
 
 def shard_keys(namespaces: Sequence[bytes], members: Sequence[bytes]) -> tuple[bytes, ...]:

@@ -79,6 +79,30 @@ environment variable or a file, never from the config, which vLLM logs:
 - ``remote_encrypt`` (bool, default false; needs the secret and ``hybridkv[remote-crypto]``):
   payloads are written AES-256-GCM encrypted.
 
+The disk tier (issue 31, :mod:`hybridkv.vllm.disk`; off by default, docs/howto/disk-tier.md):
+chunks written to files under a directory, under the host tier, through the remote tier's
+write-behind and verified fetches (:mod:`hybridkv.disk`):
+
+- ``disk_dir`` (str or null = no disk tier): the root directory. Each model identity (and each
+  tensor-parallel rank's shard) gets its own subdirectory, named by the hex SHA-256 of the
+  identity (:func:`hybridkv.vllm.disk.disk_directory`), so a restart of the same model finds
+  its files and another model never does. Created if missing. Several engines may share it
+  (locally or on NFS, Lustre, GPFS).
+- ``disk_bytes`` (int >= 1, required with ``disk_dir``): bytes the tier's files may take on
+  disk, all tensor-parallel ranks together (each rank's shard gets ``disk_bytes // shards``);
+  it holds at every moment, writes in flight included.
+- ``disk_policy`` (``"lru"`` | ``"arc"``, default ``"lru"``): the disk index's eviction policy.
+- ``disk_threads`` (int >= 1, default 4): each worker's disk I/O threads.
+- ``disk_fsync`` (``"file"`` | ``"never"``, default ``"file"``): ``"file"`` fsyncs each file
+  before its rename (a chunk survives a power loss once visible); ``"never"`` renames without
+  (a kill -9 never tears a visible chunk; a power loss may, and the digest then makes it a
+  miss).
+- ``disk_direct`` (``"auto"`` | ``"on"`` | ``"off"``, default ``"auto"``): O_DIRECT I/O;
+  ``"auto"`` falls back to buffered where the filesystem refuses it (logged once), ``"on"``
+  refuses to start there.
+
+With ``remote_url`` too: refused (the disk stacked over a server is not built yet).
+
 Unknown keys and bad values raise a one-line :class:`~hybridkv.errors.HybridKVConfigError`
 naming the key, the value and the fix.
 """
@@ -94,6 +118,7 @@ from hybridkv.remote.security import Credentials, FleetKey, TlsFiles, read_secre
 
 __all__ = [
     "DEFAULTS",
+    "DiskSettings",
     "HybridKVConfig",
     "RemoteSettings",
     "check_failure_policy",
@@ -125,6 +150,12 @@ DEFAULTS: dict[str, Any] = {
     "remote_secret_env": None,
     "remote_secret_file": None,
     "remote_encrypt": False,
+    "disk_dir": None,
+    "disk_bytes": None,
+    "disk_policy": "lru",
+    "disk_threads": 4,
+    "disk_fsync": "file",
+    "disk_direct": "auto",
 }
 _POLICIES = ("lru", "arc")
 _TLS_FILES = ("remote_tls_ca_file", "remote_tls_cert_file", "remote_tls_key_file")
@@ -167,6 +198,20 @@ class RemoteSettings:
 
 
 @dataclass(frozen=True, slots=True)
+class DiskSettings:
+    """The disk tier's keys, parsed (module docstring); :mod:`hybridkv.vllm.disk` builds each
+    rank's :class:`hybridkv.disk.DiskConfig` from them. ``fsync`` and ``direct`` are the key's
+    words (``"file"``, ``"auto"``...)."""
+
+    root: str
+    capacity_bytes: int
+    policy: str = "lru"
+    threads: int = 4
+    fsync: str = "file"
+    direct: str = "auto"
+
+
+@dataclass(frozen=True, slots=True)
 class HybridKVConfig:
     """The parsed extra config (module docstring for each field's meaning)."""
 
@@ -178,6 +223,7 @@ class HybridKVConfig:
     sync_load_max_bytes: int
     gpu_scratch_bytes: int = 64 << 20
     remote: RemoteSettings | None = None
+    disk: DiskSettings | None = None
 
 
 def parse_extra_config(extra: Mapping[str, Any] | None) -> HybridKVConfig:
@@ -206,6 +252,7 @@ def parse_extra_config(extra: Mapping[str, Any] | None) -> HybridKVConfig:
         sync_load_max_bytes=_int(values, "sync_load_max_bytes", low=0),
         gpu_scratch_bytes=_int(values, "gpu_scratch_bytes", low=0),
         remote=_remote(values),
+        disk=_disk(values),
     )
     _refuse_unimplemented(config)
     return config
@@ -217,8 +264,11 @@ def _known_keys(unknown: str) -> str:
     if unknown.startswith("remote_"):
         remote = ", ".join(k for k in sorted(DEFAULTS) if k.startswith("remote_"))
         return f"use only {remote} (docs/howto/share-prefix-cache.md)"
-    others = ", ".join(k for k in sorted(DEFAULTS) if not k.startswith("remote_"))
-    return f"use only {others}, or a remote_* key (docs/howto/serve.md)"
+    if unknown.startswith("disk_"):
+        disk = ", ".join(k for k in sorted(DEFAULTS) if k.startswith("disk_"))
+        return f"use only {disk} (docs/howto/disk-tier.md)"
+    others = ", ".join(k for k in sorted(DEFAULTS) if not k.startswith(("remote_", "disk_")))
+    return f"use only {others}, or a remote_* or disk_* key (docs/howto/serve.md)"
 
 
 def check_failure_policy(config: HybridKVConfig, kv_load_failure_policy: str) -> None:
@@ -310,6 +360,52 @@ def _remote(values: Mapping[str, Any]) -> RemoteSettings | None:
         breaker_backoff_s=_int_at_most(values, "remote_breaker_backoff_ms", 1, 3_600_000) / 1000,
         cluster_nodes=seeds,
         **_security(values, tls=scheme.startswith("rediss")),
+    )
+
+
+_DISK_WORDS = {
+    "disk_policy": ("lru", "arc"),
+    "disk_fsync": ("file", "never"),
+    "disk_direct": ("auto", "on", "off"),
+}
+
+
+def _disk(values: Mapping[str, Any]) -> DiskSettings | None:
+    """The disk tier's keys (module docstring), or None without ``disk_dir``."""
+    root = values["disk_dir"]
+    if root is None:
+        for key in (k for k in DEFAULTS if k.startswith("disk_")):  # disk_dir: at default
+            if values[key] != DEFAULTS[key]:
+                raise HybridKVConfigError(
+                    f"{_WHERE}.{key}", values[key], "is set but disk_dir is null",
+                    'set "disk_dir": "/path/to/dir" (and disk_bytes), or drop the key',
+                )  # fmt: skip
+        return None
+    if not isinstance(root, str) or not root or "\0" in root:
+        raise HybridKVConfigError(
+            f"{_WHERE}.disk_dir", root, "must be a non-empty path string",
+            'e.g. "/mnt/nvme/hybridkv" (created if missing)',
+        )  # fmt: skip
+    size = values["disk_bytes"]
+    if not _is_int(size) or size < 1:
+        raise HybridKVConfigError(
+            f"{_WHERE}.disk_bytes", size,
+            "is required with disk_dir" if size is None else "must be an integer >= 1",
+            'give the bytes the tier may use on disk, e.g. "disk_bytes": 107374182400 (100 GiB)',
+        )  # fmt: skip
+    for key, words in _DISK_WORDS.items():
+        if values[key] not in words:
+            raise HybridKVConfigError(
+                f"{_WHERE}.{key}", values[key], f"is not one of {', '.join(words)}",
+                f"use {' or '.join(words)} (default {DEFAULTS[key]})",
+            )  # fmt: skip
+    return DiskSettings(
+        root=root,
+        capacity_bytes=int(size),
+        policy=values["disk_policy"],
+        threads=_int(values, "disk_threads", low=1),
+        fsync=values["disk_fsync"],
+        direct=values["disk_direct"],
     )
 
 
@@ -434,6 +530,13 @@ def _cluster_url(url: str, rest: str) -> tuple[tuple[str, int], ...]:
 
 def _refuse_unimplemented(config: HybridKVConfig) -> None:
     """Values of keys whose behaviour is not built yet are refused, never silently ignored."""
+    if config.disk is not None and config.remote is not None:
+        raise HybridKVConfigError(
+            f"{_WHERE}.disk_dir",
+            config.disk.root,
+            "with remote_url: the disk tier stacked over a server is not built yet",
+            "give disk_dir or remote_url, not both (docs/howto/disk-tier.md)",
+        )
     if config.sync_load_max_bytes != 0:
         raise HybridKVConfigError(
             f"{_WHERE}.sync_load_max_bytes",

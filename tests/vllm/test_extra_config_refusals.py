@@ -20,6 +20,7 @@ pytest.importorskip("vllm.v1.core.sched.scheduler", reason="vLLM 0.33 is not ins
 from hybridkv.errors import HybridKVConfigError
 from hybridkv.vllm.config import (
     DEFAULTS,
+    DiskSettings,
     HybridKVConfig,
     RemoteSettings,
     check_failure_policy,
@@ -96,7 +97,7 @@ def test_every_key_at_its_lowest_accepted_value_is_kept_as_given() -> None:
 
 def test_the_first_unknown_key_in_sorted_order_is_refused_naming_every_known_key() -> None:
     refused = _refusal({"zeta": 2, "alpha": 1, "host_memory_bytes": 0})
-    fix = f"use only {KEYS}, or a remote_* key (docs/howto/serve.md)"
+    fix = f"use only {KEYS}, or a remote_* or disk_* key (docs/howto/serve.md)"
     assert _whole(refused) == (f"{W}.alpha", 1, "is not a hybridkv key", fix)
     assert str(refused) == f"{W}.alpha=1: is not a hybridkv key; {fix}"
 
@@ -312,3 +313,98 @@ def test_a_load_deadline_is_refused_unless_vllm_recomputes_failed_loads() -> Non
     fix = 'set "kv_load_failure_policy": "recompute", or leave the deadline null'
     assert _whole(caught.value) == (f"{W}.load_deadline_steps", 4, problem, fix)
     assert str(caught.value) == f"{W}.load_deadline_steps=4: {problem}; {fix}"
+
+
+# ------------------------------------------------------------------ the disk tier (issue 31)
+
+DISK = {"disk_dir": "/mnt/nvme/hybridkv", "disk_bytes": 1 << 30}
+DISK_BYTES_FIX = (
+    'give the bytes the tier may use on disk, e.g. "disk_bytes": 107374182400 (100 GiB)'
+)
+
+
+def test_disk_keys_parse_to_the_settings_each_names() -> None:
+    assert parse_extra_config(DISK).disk == DiskSettings("/mnt/nvme/hybridkv", 1 << 30)
+    given = {
+        **DISK,
+        "disk_policy": "arc",
+        "disk_threads": 1,
+        "disk_fsync": "never",
+        "disk_direct": "off",
+    }
+    parsed = parse_extra_config(given)
+    assert parsed.disk == DiskSettings("/mnt/nvme/hybridkv", 1 << 30, "arc", 1, "never", "off")
+    assert parsed.remote is None
+    assert parse_extra_config({}).disk is None
+
+
+@pytest.mark.parametrize(
+    ("key", "value"),
+    [
+        ("disk_bytes", 1 << 30),
+        ("disk_policy", "arc"),
+        ("disk_threads", 8),
+        ("disk_fsync", "never"),
+        ("disk_direct", "on"),
+    ],
+)
+def test_a_disk_key_without_a_disk_dir_is_refused(key: str, value: object) -> None:
+    refused = _refusal({key: value})
+    fix = 'set "disk_dir": "/path/to/dir" (and disk_bytes), or drop the key'
+    assert _whole(refused) == (f"{W}.{key}", value, "is set but disk_dir is null", fix)
+
+
+def test_disk_keys_at_their_defaults_without_a_dir_are_no_disk_tier() -> None:
+    disk_defaults = {k: v for k, v in DEFAULTS.items() if k.startswith("disk_")}
+    assert parse_extra_config(disk_defaults).disk is None
+
+
+@pytest.mark.parametrize("value", [None, 0, -1, True, 1.5, "1GiB"])
+def test_disk_bytes_is_required_and_positive(value: object) -> None:
+    refused = _refusal({"disk_dir": "/d", "disk_bytes": value})
+    problem = "is required with disk_dir" if value is None else "must be an integer >= 1"
+    assert _whole(refused) == (f"{W}.disk_bytes", value, problem, DISK_BYTES_FIX)
+
+
+@pytest.mark.parametrize("value", ["", 3, "a\0b"])
+def test_a_disk_dir_that_is_no_path_is_refused(value: object) -> None:
+    refused = _refusal({**DISK, "disk_dir": value})
+    assert (refused.field, refused.value) == (f"{W}.disk_dir", value)
+    assert refused.problem == "must be a non-empty path string"
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "fix"),
+    [
+        ("disk_policy", "fifo", "use lru or arc (default lru)"),
+        ("disk_fsync", "always", "use file or never (default file)"),
+        ("disk_fsync", True, "use file or never (default file)"),
+        ("disk_direct", "yes", "use auto or on or off (default auto)"),
+    ],
+)
+def test_a_disk_word_outside_its_choices_is_refused_naming_them(
+    key: str, value: object, fix: str
+) -> None:
+    refused = _refusal({**DISK, key: value})
+    assert refused.field == f"{W}.{key}"
+    assert refused.value == value
+    assert refused.fix == fix
+
+
+@pytest.mark.parametrize("value", [0, -2, 1.0, True])
+def test_disk_threads_below_one_is_refused(value: object) -> None:
+    refused = _refusal({**DISK, "disk_threads": value})
+    assert _whole(refused) == (f"{W}.disk_threads", value, "must be an integer >= 1", "e.g. 4")
+
+
+def test_an_unknown_disk_key_names_every_disk_key() -> None:
+    refused = _refusal({"disk_size": 5})
+    keys = "disk_bytes, disk_dir, disk_direct, disk_fsync, disk_policy, disk_threads"
+    assert refused.fix == f"use only {keys} (docs/howto/disk-tier.md)"
+
+
+def test_disk_with_a_remote_url_is_refused_until_the_stack_is_built() -> None:
+    refused = _refusal({**DISK, **REMOTE})
+    assert refused.field == f"{W}.disk_dir"
+    assert "not built" in refused.problem
+    assert refused.fix == "give disk_dir or remote_url, not both (docs/howto/disk-tier.md)"
