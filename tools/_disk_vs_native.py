@@ -27,7 +27,8 @@ the end (the filesystem's own count), and the process's block-device bytes
 (``/proc/self/io`` ``write_bytes``/``read_bytes`` over the run: what reached the device, page
 cache hits not counted; every row runs in this one process, one at a time). The tier's threads
 make the step at which a lookup or a copy completes vary, so the rows of one run are printed
-as measured, one repeat each.
+per row as the repeat whose prefill computed is the median, with the range over the
+repeats (``--repeats``, default 3; ``--quick`` 1) beside it.
 """
 
 from __future__ import annotations
@@ -264,8 +265,27 @@ def format_row(row: DiskRow, floor: int) -> str:
     )
 
 
-def bench_disk(case: Any, root: Path, small: float) -> tuple[list[str], list[str]]:
-    """One layout's rows: the printed lines and the problems (wrong reads, failed rows)."""
+def median_row(done: list[DiskRow]) -> DiskRow:
+    """The repeat whose prefill computed is the median (the lower one of an even count)."""
+    if done[-1].report is None:
+        return done[-1]
+    ordered = sorted(done, key=lambda row: row.report.prefill_computed)
+    return ordered[(len(ordered) - 1) // 2]
+
+
+def computed_range(done: list[DiskRow]) -> str:
+    values = [row.report.prefill_computed for row in done if row.report is not None]
+    if not values:
+        return "-"
+    low, high = min(values), max(values)
+    return str(low) if low == high else f"{low}-{high}"
+
+
+def bench_disk(
+    case: Any, root: Path, small: float, repeats: int = 1
+) -> tuple[list[str], list[str]]:
+    """One layout's rows (the median repeat of each, and the range of prefill computed over
+    the repeats): the printed lines and the problems (wrong reads, failed rows)."""
     import bench_vs_native as bench
 
     from hybridkv.vllm.harness.inprocess import InProcessEngine
@@ -275,13 +295,20 @@ def bench_disk(case: Any, root: Path, small: float) -> tuple[list[str], list[str
     floor, working, words = bench._figures(case.trace, probe)
     chunk_bytes = bench.native_chunk_bytes(probe)
     refusal = mount_refusal()
-    rows = []
-    for variant in variants(working, chunk_bytes, small, not refusal):
-        try:
-            rows.append(run_row(case, case.trace, variant, chunk_bytes, root))
-        except Exception as error:  # a refused config is a row to print, not a crash
-            reason = f"{type(error).__name__}: {str(error).splitlines()[0][:110]}"
-            rows.append(DiskRow(variant, error=reason))
+    runs: dict[DiskVariant, list[DiskRow]] = {
+        v: [] for v in variants(working, chunk_bytes, small, not refusal)
+    }
+    for _ in range(repeats):  # in rounds: every variant meets the same load
+        for variant, done in runs.items():
+            if done and done[-1].report is None:
+                continue  # failed once: printed as failed
+            try:
+                done.append(run_row(case, case.trace, variant, chunk_bytes, root))
+            except Exception as error:  # a refused config is a row to print, not a crash
+                reason = f"{type(error).__name__}: {str(error).splitlines()[0][:110]}"
+                done.append(DiskRow(variant, error=reason))
+    rows = [median_row(done) for done in runs.values()]
+    spread = {row.variant: computed_range(runs[row.variant]) for row in rows}
     lines = [
         f"== {case.name}, {words}; GPU pool {case.settings.num_gpu_blocks} blocks; floor "
         f"{floor}; working set {working} native chunks of {chunk_bytes} B = "
@@ -293,12 +320,13 @@ def bench_disk(case: Any, root: Path, small: float) -> tuple[list[str], list[str
             if not refusal
             else f"small dir rows skipped: {refusal}"
         ),
-        HEADER,
+        f"{HEADER} {'computed, all':>11}",
     ]
-    lines += [format_row(row, floor) for row in rows]
+    lines += [f"{format_row(row, floor)} {spread[row.variant]:>11}" for row in rows]
     problems = [
         f"{row.variant.name()}: {row.error or f'{row.report.wrong_reads} wrong reads'}"
-        for row in rows
+        for done in runs.values()
+        for row in done
         if row.report is None or row.report.wrong_reads or row.report.leaked_blocks
     ]
     return lines, problems

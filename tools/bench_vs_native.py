@@ -1154,7 +1154,7 @@ def plot(outcomes: list[TraceOutcome], path: Path) -> None:
 
 
 def disk_main(args: argparse.Namespace, layouts: list[str]) -> int:
-    """``--disk``: the disk tier side by side (tools/_disk_vs_native.py), sync loop."""
+    """``--disk``: the disk tier side by side (tools/_disk_vs_native.py), per engine loop."""
     import _disk_vs_native as disk
 
     print(f"PYTHONHASHSEED={os.environ.get('PYTHONHASHSEED', 'random')}")
@@ -1163,12 +1163,15 @@ def disk_main(args: argparse.Namespace, layouts: list[str]) -> int:
         "at the end; dev wrote/read: /proc/self/io write_bytes/read_bytes over the run"
     )
     problems = []
-    for base in _cases(args.quick):
-        if base.name not in layouts:
-            continue
-        lines, found = disk.bench_disk(for_loop(base, False), args.disk_root, args.small)
-        print("\n".join(lines), flush=True)
-        problems += found
+    for loop in args.loops.split(","):
+        print(f"\n==== engine loop: {loop}")
+        for base in _cases(args.quick):
+            if base.name not in layouts:
+                continue
+            case = for_loop(base, loop == "async")
+            lines, found = disk.bench_disk(case, args.disk_root, args.small, args.repeats)
+            print("\n".join(lines), flush=True)
+            problems += [f"{loop}: {p}" for p in found]
     for problem in problems:
         print(f"  ERROR {problem}")
     return 1 if problems else 0
@@ -1246,9 +1249,9 @@ def main(argv: list[str] | None = None, *, rerun: bool = False) -> int:
     loops = args.loops.split(",")
     if not loops or set(loops) - {"async", "sync"}:
         parser.error(f"--loops: {args.loops!r}; use async, sync or async,sync")
+    args.repeats = args.repeats or (1 if args.quick else 3)
     if args.disk:
         return disk_main(args, layouts)
-    args.repeats = args.repeats or (1 if args.quick else 3)
     args.delays = [int(d) for d in args.delays.split(",")]
     print(f"PYTHONHASHSEED={os.environ.get('PYTHONHASHSEED', 'random')}")
     print(
