@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import hashlib
 import mmap
 import os
 import shutil
@@ -172,7 +173,9 @@ def _value(base: bytes, i: int) -> bytes:
 
 
 def _key(i: int) -> bytes:
-    return b"bench-disk-" + i.to_bytes(8, "big")
+    """A chunk key as the tier's are (:func:`hybridkv.remote.codec.chunk_key`: 32 bytes of
+    SHA-256), so the files spread over the 256 subdirectories as real chunks do."""
+    return hashlib.sha256(b"bench-disk-" + i.to_bytes(8, "big")).digest()
 
 
 def _in_parallel(callers: int, n: int, work: Callable[[int], int]) -> tuple[float, int]:
@@ -285,8 +288,6 @@ def _start(where: Path, capacity: int, threads: int) -> tuple[float, dict[str, A
 
 def digest_rate(value_bytes: int, seconds: float = 0.5) -> float:
     """SHA-256 bytes per second on one thread (the file format's digest, its CPU floor)."""
-    import hashlib
-
     value, done = os.urandom(value_bytes), 0
     start = time.perf_counter()
     while time.perf_counter() - start < seconds:
