@@ -18,7 +18,8 @@ Operations (pre, post, frame; a refused call changes nothing but its counters):
 - ``set(key, value, ttl_s)``: the file is written whole under a temporary name, flushed per
   ``fsync``, and renamed onto the chunk's name (DK-4). Room is made first: the padded size is
   reserved, evicting unpinned files by policy (DK-2, DK-3). A key already indexed, or already
-  complete on disk, is not written again (content addressing: its bytes are equal). ENOSPC, EIO
+  complete on disk, is not written again (content addressing: its bytes are equal); an indexed
+  key whose file another engine removed is written again. ENOSPC, EIO
   or any OSError: FAULT, the temporary file removed, the reservation released. ``ttl_s`` is
   ignored: a file lives until evicted.
 - ``get(key)``: pins ``key`` for the read (DK-3), reads the whole file and verifies its header,
@@ -46,7 +47,8 @@ sorted), ``counters`` (:data:`DISK_COUNTER_NAMES`, every one present):
 - start-up and rescans: ``rebuild_files``, ``rebuild_bytes``, ``rebuild_torn`` (temporary files
   removed), ``rebuild_truncated`` (removed), ``rebuild_over_capacity`` (oldest files removed to
   fit), ``rebuild_us`` (the rebuild's wall time, microseconds: a measurement, not a count),
-  ``rescans``, ``adopted``, ``adopt_refused`` (no room), ``temps_removed`` (torn, by a rescan);
+  ``rescans``, ``adopted``, ``adopt_refused`` (no room), ``temps_removed`` (torn, by a rescan),
+  ``rescan_truncated`` (truncated files a rescan removed);
 - ``direct_fallbacks`` (1 once O_DIRECT was refused and AUTO fell back), ``closed_calls``
   (calls after ``close``, each a FAULT).
 """
@@ -112,6 +114,7 @@ DISK_COUNTER_NAMES: tuple[str, ...] = (
     "adopted",
     "adopt_refused",
     "temps_removed",
+    "rescan_truncated",
     "direct_fallbacks",
     "closed_calls",
 )
@@ -138,12 +141,13 @@ class DiskClient:
         self._index = DiskIndex(config.capacity_bytes, config.policy)
         self._counters = dict.fromkeys(DISK_COUNTER_NAMES, 0)
         self._pool = ThreadPoolExecutor(config.threads, thread_name_prefix="hybridkv-disk")
-        self._io = FileIO(config.direct, self._pool if config.threads > 1 else None)
+        self._io = FileIO(config.direct, self._pool if config.threads > 1 else None, config.path)
         self._buffers = Buffers(keep=config.threads + 2)
         self._closed = False
+        self._active = 0  # calls past the closed check: close() waits for them (pool use)
+        self._idle = threading.Condition(self._lock)
         self._stop = threading.Event()
         self._rescanner: threading.Thread | None = None
-        self._subdirs: set[str] = set()
         if role is DiskRole.OWNER:
             try:
                 self._open_directory()
@@ -169,8 +173,11 @@ class DiskClient:
             self._counters["exists_calls"] += 1
             self._counters["exists_keys"] += len(keys)
             known = [key in self._index.sizes for key in keys]
-        ask = [key for key, hit in zip(keys, known, strict=True) if not hit]
-        statted = self._stat_all(ask)
+            self._active += 1
+        try:
+            statted = self._stat_all([key for key, hit in zip(keys, known, strict=True) if not hit])
+        finally:
+            self._leave()
         if isinstance(statted, ClientFault):
             self._count("exists_faults")
             return statted
@@ -187,11 +194,13 @@ class DiskClient:
                 return self._closed_call()
             self._counters["gets"] += 1
             self._index.pin(key)
+            self._active += 1
         try:
             return self._read(key)
         finally:
             with self._lock:
                 self._index.unpin(key)
+            self._leave()
 
     def set(self, key: bytes, value: bytes, ttl_s: int) -> ClientFault | None:
         """Write ``value`` under ``key`` whole, within the byte limit (module docstring)."""
@@ -203,20 +212,24 @@ class DiskClient:
             refused = self._admit(key, size)
             if refused is not None:
                 return refused if isinstance(refused, ClientFault) else None
+            self._active += 1
         complete = False
         try:
             complete = self._adopt_or_write(key, value, size)
         finally:
             with self._lock:
                 self._index.finish(key, complete=complete)
+            self._leave()
         return None if complete else ClientFault.FAULT
 
     def close(self) -> None:
-        """Stop the rescans and the I/O pool; later calls are FAULTs. Idempotent."""
+        """Wait for the calls in flight, stop the rescans and the I/O pool; later calls are
+        FAULTs. Idempotent."""
         with self._lock:
             if self._closed:
                 return
             self._closed = True
+            self._idle.wait_for(lambda: self._active == 0)
         self._stop.set()
         if self._rescanner is not None:
             self._rescanner.join()
@@ -226,6 +239,7 @@ class DiskClient:
         """The plain view the spec compares (module docstring). Frame: nothing changes."""
         with self._lock:
             index = self._index
+            self._counters["direct_fallbacks"] = self._io.fallbacks
             return {
                 "index": tuple(key.hex() for key in index.order()),
                 "bytes": index.bytes,
@@ -253,9 +267,12 @@ class DiskClient:
             return ClientFault.FAULT
         index = self._index
         if key in index.sizes:
-            counters["set_present"] += 1
-            index.touch(key)
-            return True
+            if os.path.exists(chunk_path(self.directory, key)):
+                counters["set_present"] += 1
+                index.touch(key)
+                return True
+            counters["vanished"] += 1  # another engine removed it: write it again
+            index.remove(key)
         if key in index.writing:
             counters["set_pending"] += 1
             return True
@@ -306,14 +323,14 @@ class DiskClient:
         return True
 
     def _write(self, temp: Path, final: Path, key: bytes, value: bytes, size: int) -> None:
-        subdir = final.parent.name
-        if subdir not in self._subdirs:
-            os.makedirs(final.parent, exist_ok=True)
-            self._subdirs.add(subdir)
         flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC
         with self._buffers.lease(size) as image:
             encode_into(image, key, value)
-            fd, direct = self._io.open(temp, flags)
+            try:
+                fd, direct = self._io.open(temp, flags)
+            except FileNotFoundError:  # the subdirectory's first file (or it was removed)
+                os.makedirs(final.parent, exist_ok=True)
+                fd, direct = self._io.open(temp, flags)
             try:
                 try:
                     self._io.write(fd, image)
@@ -322,7 +339,7 @@ class DiskClient:
                         raise
                     if self.config.direct is DirectIO.ON:
                         raise
-                    self._fell_back(temp, error)
+                    self._io.fall_back(error)
                     os.close(fd)
                     fd = -1
                     os.unlink(temp)
@@ -369,7 +386,7 @@ class DiskClient:
                     raise
                 if self.config.direct is DirectIO.ON:
                     raise
-                self._fell_back(path, error)
+                self._io.fall_back(error)
                 with open(path, "rb", buffering=0) as plain:
                     got = plain.readinto(image) or 0
             self._count("bytes_read", got)
@@ -465,7 +482,7 @@ class DiskClient:
                     "filesystem with O_DIRECT",
                 ) from None
             if error.errno == errno.EINVAL:
-                self._fell_back(probe, error)
+                self._io.fall_back(error)
             else:
                 raise HybridKVConfigError(
                     "disk_dir",
@@ -486,11 +503,6 @@ class DiskClient:
                 os.pwrite(fd, block, 0)
         finally:
             os.close(fd)
-
-    def _fell_back(self, path: Path, error: OSError) -> None:
-        self._io.fall_back(path, error)
-        with self._lock:
-            self._counters["direct_fallbacks"] = self._io.fallbacks
 
     def _rebuild(self) -> None:
         """DK-5: the index is exactly the complete files; what a crash left is removed."""
@@ -531,10 +543,12 @@ class DiskClient:
             since = self._index.generation
         listing = scan(self.directory, None, self.config.stale_temp_s)
         removed = _unlink_all(listing.torn)
+        truncated = _unlink_all(listing.truncated)
         on_disk = {found.key for found in listing.files}
         with self._lock:
             self._counters["rescans"] += 1
             self._counters["temps_removed"] += removed
+            self._counters["rescan_truncated"] += truncated
             index = self._index
             for key in [k for k, born in index.born.items() if born <= since]:
                 if key not in on_disk and key not in index.pins:
@@ -556,6 +570,12 @@ class DiskClient:
     def _count(self, name: str, n: int = 1) -> None:
         with self._lock:
             self._counters[name] += n
+
+    def _leave(self) -> None:
+        with self._lock:
+            self._active -= 1
+            if not self._active:
+                self._idle.notify_all()
 
     def _closed_call(self) -> ClientFault:
         self._counters["closed_calls"] += 1

@@ -71,8 +71,9 @@ class Buffers:
 class FileIO:
     """Opens, writes and reads chunk files for one client, O_DIRECT as configured."""
 
-    def __init__(self, direct: DirectIO, pool: Executor | None) -> None:
+    def __init__(self, direct: DirectIO, pool: Executor | None, directory: Path) -> None:
         self.mode = direct
+        self.directory = directory
         self.direct = direct is not DirectIO.OFF and _O_DIRECT != 0
         self.fallbacks = 0
         self._pool = pool
@@ -86,10 +87,10 @@ class FileIO:
             except OSError as error:
                 if error.errno != errno.EINVAL or self.mode is DirectIO.ON:
                     raise
-                self.fall_back(path, error)
+                self.fall_back(error)
         return os.open(path, flags, 0o644), False
 
-    def fall_back(self, path: Path, error: OSError) -> None:
+    def fall_back(self, error: OSError) -> None:
         """Switch to buffered I/O for good (AUTO only), logged once."""
         with self._lock:
             if not self.direct:
@@ -98,7 +99,7 @@ class FileIO:
             self.fallbacks += 1
         logger.warning(
             "hybridkv disk tier: O_DIRECT refused under %s (%s); using buffered I/O from now on",
-            path.parent.parent,
+            self.directory,
             error,
         )
 

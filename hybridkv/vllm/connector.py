@@ -72,6 +72,7 @@ from hybridkv.vllm.admission import read_admission
 from hybridkv.vllm.checkpoints import read_checkpoint_rules, read_eagle_groups
 from hybridkv.vllm.config import HybridKVConfig, check_failure_policy, parse_extra_config
 from hybridkv.vllm.deferred import DeferredStores
+from hybridkv.vllm.disk import disk_remote_config, scheduler_disk_client
 from hybridkv.vllm.events import BlockPayloads
 from hybridkv.vllm.layout import VllmLayout, read_layout, recommended_chunk_size, whole_blocks
 from hybridkv.vllm.metrics import (
@@ -144,6 +145,14 @@ def _load_deadlines(config: HybridKVConfig, vllm_config: Any) -> LoadDeadlines |
     if deadline is None:
         return None
     return LoadDeadlines(deadline, int(getattr(vllm_config, "max_concurrent_batches", 1) or 1))
+
+
+def _shared_tier_key(config: HybridKVConfig) -> str | None:
+    """The key of the tier whose chunks outlive this process (a server, a directory), whose
+    hits need block hashes equal across processes; None without one."""
+    if config.remote is not None:
+        return "remote_url"
+    return None if config.disk is None else "disk_dir"
 
 
 class HybridKVConnector(SchedulerRole, WorkerRole, KVConnectorBase_V1, SupportsHMA):
@@ -219,8 +228,10 @@ class HybridKVConnector(SchedulerRole, WorkerRole, KVConnectorBase_V1, SupportsH
         self.remote: SchedulerRemote | None = None
         self.worker_remote: WorkerRemote | None = None
         self._fetched: tuple[FetchReport, ...] = ()
-        if self.hybridkv_config.remote is not None:
-            refuse_unshared_hashes(vllm_config.cache_config.prefix_caching_hash_algo, os.environ)
+        tier_key = _shared_tier_key(self.hybridkv_config)
+        if tier_key is not None:
+            hash_algo = vllm_config.cache_config.prefix_caching_hash_algo
+            refuse_unshared_hashes(hash_algo, os.environ, tier_key)
         if role == KVConnectorRole.SCHEDULER:
             self.deadlines = _load_deadlines(self.hybridkv_config, vllm_config)
             self.core = ConnectorCore(
@@ -235,17 +246,33 @@ class HybridKVConnector(SchedulerRole, WorkerRole, KVConnectorBase_V1, SupportsH
                 ),
                 eagle_groups=read_eagle_groups(vllm_config, kv_cache_config),
             )
-            if self.hybridkv_config.remote is not None:
-                settings = self.hybridkv_config.remote
-                identity = model_identity(vllm_config, self.layout)
-                self.remote = SchedulerRemote(
-                    self.core,
-                    remote_config(settings),
-                    identity=identity,
-                    shards=self.remote_shards,
-                    lookups=lookup_policy(settings),
-                    breaker=breaker_config(settings),
-                )
+            self.remote = self._scheduler_tier(vllm_config, self.core)
+
+    def _scheduler_tier(self, vllm_config: Any, core: ConnectorCore) -> SchedulerRemote | None:
+        """The scheduler side of the tier under the host: the shared server's (``remote_url``),
+        the disk's (``disk_dir``: hybridkv.vllm.disk, the same machinery on READER clients of
+        each shard's directory, without a breaker), or None."""
+        remote, disk = self.hybridkv_config.remote, self.hybridkv_config.disk
+        if remote is not None:
+            return SchedulerRemote(
+                core,
+                remote_config(remote),
+                identity=model_identity(vllm_config, self.layout),
+                shards=self.remote_shards,
+                lookups=lookup_policy(remote),
+                breaker=breaker_config(remote),
+            )
+        if disk is not None:
+            identity = model_identity(vllm_config, self.layout)
+            return SchedulerRemote(
+                core,
+                disk_remote_config(),
+                scheduler_disk_client(disk, identity, self.remote_shards),
+                identity=identity,
+                shards=self.remote_shards,
+                breaker=None,
+            )
+        return None
 
     def _chunk_size(self) -> int:
         chunk = self.hybridkv_config.chunk_size

@@ -785,15 +785,18 @@ def remote_shards(sharding: HostSharding, kv_cache_config: Any) -> ShardPlan:
 _PER_PROCESS_SEEDED = frozenset({"xxhash", "xxhash_cbor"})
 
 
-def refuse_unshared_hashes(hash_algo: str, environ: Mapping[str, str]) -> None:
-    """A remote tier is keyed by vLLM's block hashes: refuse a hash whose seed is random per
-    process (it would never hit across engines or restarts, and nothing would say so)."""
+def refuse_unshared_hashes(
+    hash_algo: str, environ: Mapping[str, str], key: str = "remote_url"
+) -> None:
+    """A remote or disk tier (``key``: the one configured) is keyed by vLLM's block hashes:
+    refuse a hash whose seed is random per process (it would never hit across engines or
+    restarts, and nothing would say so)."""
     if hash_algo in _PER_PROCESS_SEEDED and environ.get("PYTHONHASHSEED") is None:
         raise HybridKVConfigError(
-            "kv_connector_extra_config.remote_url",
+            f"kv_connector_extra_config.{key}",
             f"--prefix-caching-hash-algo {hash_algo} without PYTHONHASHSEED",
             f"{hash_algo} block hashes are seeded with random bytes per process, so the shared "
             "tier would never hit across engines or restarts",
             "set PYTHONHASHSEED to the same value on every engine, or use "
-            "--prefix-caching-hash-algo sha256 (the default), or drop remote_url",
+            f"--prefix-caching-hash-algo sha256 (the default), or drop {key}",
         )

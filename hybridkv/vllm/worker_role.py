@@ -30,10 +30,17 @@ from hybridkv.remote import ShardPlan
 from hybridkv.transfer import TransferEngine
 from hybridkv.transfer.cpu_engine import FaultHook
 from hybridkv.vllm.config import HybridKVConfig
+from hybridkv.vllm.disk import disk_remote_config, worker_disk_client
 from hybridkv.vllm.layout import VllmLayout
 from hybridkv.vllm.metrics import TransferMeter
 from hybridkv.vllm.ranks import HostSharding, RankReport, ReplicaEngine
-from hybridkv.vllm.remote import FetchReport, WorkerRemote, breaker_config, remote_config
+from hybridkv.vllm.remote import (
+    FetchReport,
+    WorkerRemote,
+    breaker_config,
+    model_identity,
+    remote_config,
+)
 from hybridkv.vllm.step_metadata import HybridKVMetadata, HybridKVWorkerMeta, MetaSlots
 
 __all__ = ["WorkerRole"]
@@ -141,6 +148,21 @@ class WorkerRole:
                 remote_config(settings),
                 host,
                 breaker=breaker_config(settings),
+                rank=self.rank,
+                shards=self.remote_shards,
+            )
+        elif self.hybridkv_config.disk is not None:
+            # This rank's shard directory (hybridkv.vllm.disk): OWNER where the rank writes
+            # it, its index rebuilt from the files now, before the first step.
+            identity = model_identity(self._vllm_config, self.layout)
+            client = worker_disk_client(
+                self.hybridkv_config.disk, identity, self.remote_shards, self.rank
+            )
+            self.worker_remote = WorkerRemote(
+                disk_remote_config(),
+                host,
+                client=client,
+                breaker=None,
                 rank=self.rank,
                 shards=self.remote_shards,
             )

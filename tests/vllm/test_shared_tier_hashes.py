@@ -10,6 +10,8 @@ default, seeded with a fixed value) and a set PYTHONHASHSEED are accepted.
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 pytestmark = pytest.mark.vllm
@@ -97,3 +99,27 @@ def test_the_refusal_reads_vllms_list_of_per_process_seeds() -> None:
         else:
             refuse_unshared_hashes(algo, {})  # vLLM's fixed seed: shared by every engine
         refuse_unshared_hashes(algo, {"PYTHONHASHSEED": "1"})
+
+
+def test_a_per_process_hash_seed_with_a_disk_tier_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A disk tier outlives its process (issue 31): a restart with per-process block hashes
+    would never hit its own files, so the refusal names disk_dir."""
+    monkeypatch.delenv("PYTHONHASHSEED", raising=False)
+    transfer = KVTransferConfig(
+        kv_connector="HybridKVConnector",
+        kv_connector_module_path="hybridkv.vllm",
+        kv_role="kv_both",
+        kv_load_failure_policy="recompute",
+        kv_connector_extra_config={"disk_dir": str(tmp_path), "disk_bytes": 1 << 20},
+    )
+    settings = EngineSettings(
+        num_gpu_blocks=40, max_model_len=512, block_size=32, hash_algo="xxhash"
+    )
+    with pytest.raises(HybridKVConfigError) as caught:
+        InProcessEngine(
+            RECIPES[Layout.SLIDING_FULL].config_json(), settings, transfer, HybridKVOnCPU()
+        )
+    assert caught.value.field == "kv_connector_extra_config.disk_dir"
+    assert caught.value.fix.endswith("or drop disk_dir")
