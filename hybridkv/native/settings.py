@@ -16,7 +16,7 @@ from urllib.parse import urlsplit
 
 from hybridkv.disk import DiskConfig
 from hybridkv.errors import HybridKVConfigError
-from hybridkv.remote import RemoteConfig
+from hybridkv.remote import BreakerConfig, RemoteConfig
 
 __all__ = ["TierSettings", "disk_settings", "remote_settings"]
 
@@ -31,11 +31,14 @@ class TierSettings:
         disk: the disk client's settings, or None for a Redis/Valkey tier.
         threads: the plug-in's transfer threads (>= 1): stores copied and promotions fetched
             side by side, never on the scheduler's thread.
+        breaker: when a Redis tier stops asking a server seen down, and for how long (a disk
+            tier has none: a local directory does not go away and come back).
     """
 
     remote: RemoteConfig
     disk: DiskConfig | None
     threads: int
+    breaker: BreakerConfig | None = None
 
     def disk_config(self) -> DiskConfig:
         """The disk client's settings; a Redis tier's settings have none."""
@@ -51,6 +54,8 @@ def remote_settings(
     remote_ttl_s: int = 0,
     remote_max_pending_writes: int = 64,
     remote_timeout_ms: int = 200,
+    remote_breaker_failures: int = 3,
+    remote_breaker_backoff_ms: int = 5000,
     threads: int = 4,
     **unknown: Any,
 ) -> TierSettings:
@@ -81,7 +86,11 @@ def remote_settings(
         max_pending=_int(remote_max_pending_writes, "remote_max_pending_writes", 1, 2**31 - 1),
         namespace=_namespace(remote_namespace),
     )
-    return TierSettings(remote, None, _int(threads, "threads", 1, 256))
+    breaker = BreakerConfig(
+        failures=_int(remote_breaker_failures, "remote_breaker_failures", 1, 1_000_000),
+        backoff_s=_int(remote_breaker_backoff_ms, "remote_breaker_backoff_ms", 1, 3_600_000) / 1000,
+    )
+    return TierSettings(remote, None, _int(threads, "threads", 1, 256), breaker)
 
 
 def disk_settings(

@@ -61,9 +61,12 @@ from hybridkv.remote import (
     Admission,
     Chunk,
     ChunkClient,
+    CircuitBreaker,
     ClientFault,
+    GuardedClient,
     PromoteOutcome,
     RemoteTier,
+    breaker_counters,
     client_for,
     held_on_every_shard,
     make_chunk,
@@ -102,6 +105,8 @@ class _Lookups(AsyncLookupManager):
 
 class _ChunkTier(SecondaryTierManager):
     """The tier on a :class:`~hybridkv.remote.ChunkClient` (the module docstring)."""
+
+    breaker: CircuitBreaker | None = None  # a Redis tier's (HybridKVRemoteTier)
 
     def __init__(
         self,
@@ -209,7 +214,10 @@ class _ChunkTier(SecondaryTierManager):
         """The plug-in's counters, the remote tier's snapshot and the identity. Frame: none."""
         with self._lock:
             counters = dict(self._counters)
-        return {"counters": counters, "remote": self.remote.snapshot(), "identity": self.identity}
+        snap = {"counters": counters, "remote": self.remote.snapshot(), "identity": self.identity}
+        if self.breaker is not None:
+            snap["breaker"] = breaker_counters("breaker_", self.breaker.counts())
+        return snap
 
     # --- internals ---
 
@@ -314,7 +322,13 @@ class HybridKVRemoteTier(_ChunkTier):
         **keys: Any,
     ) -> None:
         settings = remote_settings(**keys)
+        # A server seen down is skipped (SKIPPED at once) until the backoff's probe: a dead or
+        # paused server costs the lookup thread and the fetches one deadline per backoff.
+        breaker = CircuitBreaker(settings.breaker) if settings.breaker else None
+        self.breaker = breaker
         chosen = client if client is not None else client_for(settings.remote)
+        if breaker is not None:
+            chosen = GuardedClient(chosen, breaker)
         super().__init__(
             offloading_spec,
             primary_kv_view,
@@ -349,12 +363,19 @@ class HybridKVDiskTier(_ChunkTier):
         block = primary_kv_view.strides[0] if primary_kv_view.strides else 0
         digest = scoped(settings.remote.namespace, identity_fields(offloading_spec, block)).hex()
         disk = replace(settings.disk_config(), directory=settings.disk_config().directory / digest)
+        self._disk = DiskClient(disk)
         super().__init__(
             offloading_spec,
             primary_kv_view,
             tier_type,
             settings=replace(settings, disk=disk),
-            client=DiskClient(disk),
+            client=self._disk,
             backpressure_detector=backpressure_detector,
             locality=locality,
         )
+
+    def snapshot(self) -> dict[str, Any]:
+        """As the Redis tier's, with the disk client's snapshot (bytes, index, counters)."""
+        snap = super().snapshot()
+        snap["disk"] = self._disk.snapshot()
+        return snap
