@@ -351,3 +351,33 @@ def test_a_continuation_displaces_nothing_a_prompt_evicts(policy: str) -> None:
     else:
         assert evicted == [prompt[0]]  # native's ARC displaces a prompt chunk for it
         assert prompt_evicted == [prompt[1]]
+
+
+# ------------------------------------------------------------------ the documented config
+
+HOWTO = Path(__file__).resolve().parents[2] / "docs" / "howto" / "native-offloading.md"
+
+
+def test_the_howto_configs_load_through_vllms_factories() -> None:
+    import json
+    import re
+
+    from vllm.v1.kv_offload.cpu.policies.factory import CachePolicyFactory
+    from vllm.v1.kv_offload.tiering.factory import SecondaryTierFactory
+
+    from hybridkv.native import HybridKVDiskTier
+    from hybridkv.native.settings import remote_settings
+
+    blocks = [json.loads(b) for b in re.findall(r"```json\n(.*?)```", HOWTO.read_text(), re.S)]
+    server, disk, policy = blocks
+    (entry,) = server["kv_connector_extra_config"]["secondary_tiers"]
+    assert server["kv_connector"] == "OffloadingConnector"
+    assert server["kv_connector_extra_config"]["spec_name"] == "TieringOffloadingSpec"
+    assert SecondaryTierFactory.get_tier_class(entry) is HybridKVRemoteTier
+    keys = {k: v for k, v in entry.items() if k not in ("type", "module_path")}
+    assert remote_settings(**keys).remote.namespace == b"fleet-a"  # every key accepted
+    assert SecondaryTierFactory.get_tier_class(disk) is HybridKVDiskTier
+    found = CachePolicyFactory.get_cache_policy_cls(
+        policy["eviction_policy"], policy["cache_policy_module_path"]
+    )
+    assert found is HybridKVARCPolicy
