@@ -122,8 +122,8 @@ def disk_settings(
         capacity_bytes=disk_bytes,
         policy=disk_policy,
         threads=disk_threads,
-        fsync=disk_fsync,  # type: ignore[arg-type]  # DiskConfig takes the value and checks it
-        direct=disk_direct,  # type: ignore[arg-type]
+        fsync=disk_fsync,  # DiskConfig takes the value ("file", "never") and checks it
+        direct=disk_direct,
     )
     remote = RemoteConfig(
         namespace=_namespace(remote_namespace),

@@ -129,6 +129,7 @@ class _ChunkTier(SecondaryTierManager):
         self._lock = threading.Lock()
         self._jobs: set[Future[None]] = set()
         self._finished: list[JobResult] = []
+        self._missed: list[OffloadKey] = []  # keys of failed fetches, for get_finished_jobs
         self._stored: list[OffloadingEvent] = []
         self._events = offloading_spec.kv_events_config.enable_kv_cache_events
         self._counters = dict.fromkeys(NATIVE_TIER_COUNTERS, 0)
@@ -174,13 +175,19 @@ class _ChunkTier(SecondaryTierManager):
         self._submit(job_metadata.job_id, lambda: self._load(job_metadata.job_id, keys, slots))
 
     def get_finished_jobs(self) -> Iterable[JobResult]:
+        """The jobs finished since the last call; the keys their fetches failed become misses
+        for the next lookups (here, on the thread that holds native's manager lock: the lookup
+        manager's state is that thread's)."""
         with self._lock:
             done, self._finished = self._finished, []
+            missed, self._missed = self._missed, []
+        if missed:
+            self._lookups.mark_miss(missed)
         return done
 
     def has_pending_work(self) -> bool:
         with self._lock:
-            return bool(self._jobs)
+            return bool(self._jobs or self._finished)
 
     def drain_jobs(self) -> None:
         """Wait for every job submitted (each fetch and write bounded by the deadline)."""
@@ -271,9 +278,8 @@ class _ChunkTier(SecondaryTierManager):
 
     def _load(self, job_id: int, keys: list[OffloadKey], slots: list[int]) -> None:
         promoted = [key for key, slot in zip(keys, slots, strict=True) if self._fetch(key, slot)]
-        failed = [key for key in keys if key not in set(promoted)]
-        if failed:
-            self._lookups.mark_miss(failed)
+        landed = set(promoted)
+        failed = [key for key in keys if key not in landed]
         result = JobResult(
             job_id,
             success=not failed,
@@ -286,6 +292,7 @@ class _ChunkTier(SecondaryTierManager):
             c["load_jobs_failed"] += bool(failed)
             c["chunks_promoted"] += len(promoted)
             c["chunks_not_promoted"] += len(failed)
+            self._missed += failed
             self._finished.append(result)
 
     def _fetch(self, key: OffloadKey, slot: int) -> bool:
