@@ -1,4 +1,4 @@
-"""tools/bench_native_plugins.py: its rows are what happened, under ``HYBRIDKV_ENGINE_LOOP``.
+"""tools/bench_native_plugins.py: its rows are what happened, under each engine loop.
 
 On the quick sliding + full chat with a host tier of 0.5x the working set (every variant the
 same bytes): every run reads no wrong KV and finishes every request; engine B of the native +
@@ -16,15 +16,13 @@ pytest.importorskip("vllm.v1.core.sched.scheduler", reason="vLLM 0.33 is not ins
 from _inprocess import load_tool  # noqa: E402
 from _two_engines import redis_binary_or_skip  # noqa: E402
 
-from hybridkv.vllm.harness.engine_config import default_async_scheduling  # noqa: E402
-
 tool = load_tool("bench_native_plugins")
 
 
-def test_the_side_by_side_rows_are_what_happened() -> None:
+@pytest.mark.parametrize("loop", ["async", "sync"])  # `nox -s remote` runs it once
+def test_the_side_by_side_rows_are_what_happened(loop: str) -> None:
     redis_binary_or_skip()
     (case,) = (c for c in tool.bench._cases(quick=True) if c.name == "sliding+full")
-    loop = "async" if default_async_scheduling() else "sync"
     with tool.own_server() as port:
         lines, clean = tool.bench_case(case, port, 0.5, loop)
     assert clean

@@ -17,6 +17,8 @@ and the policy are loaded by native's config keys alone (``type`` + ``module_pat
 - The policy: hybridkv's ARC with the prompt-before-continuation admission, in the chat trace
   (0 wrong reads) and in native's own CPU manager (a store of continuation chunks into a full
   tier displaces nothing; a prompt's store evicts; native's ARC evicts for both).
+
+Every test runs under both engine loops (the ``loop`` fixture).
 """
 
 from __future__ import annotations
@@ -45,6 +47,15 @@ from hybridkv.vllm.harness.report import InProcessReport  # noqa: E402
 bench = load_tool("bench_vs_native")
 (CASE,) = (c for c in bench._cases(quick=True) if c.name == "sliding+full")
 TRACE = CASE.trace
+# The loop the module's engines run under: each test runs under both (the ``loop`` fixture),
+# whatever HYBRIDKV_ENGINE_LOOP says, since `nox -s remote` runs the remote tests once.
+LOOP = {"async": True}
+
+
+@pytest.fixture(scope="module", autouse=True, params=["async", "sync"])
+def loop(request: pytest.FixtureRequest) -> str:
+    LOOP["async"] = request.param == "async"
+    return str(request.param)
 
 
 @pytest.fixture(scope="module")
@@ -80,7 +91,7 @@ def engine(
         kv_connector="OffloadingConnector", kv_role="kv_both", kv_connector_extra_config=extra
     )
     adapter = NativePluginsOnCPU(host, tiers)
-    settings = replace(CASE.settings, model_name=model)
+    settings = replace(CASE.settings, model_name=model, async_scheduling=LOOP["async"])
     return InProcessEngine(CASE.config_json, settings, transfer, adapter), adapter
 
 
@@ -110,7 +121,7 @@ def counters(tier: Any) -> dict[str, int]:
 
 
 @pytest.fixture(scope="module")
-def alone(host_chunks: int) -> InProcessReport:
+def alone(host_chunks: int, loop: str) -> InProcessReport:
     """Native alone (the tiering spec, no secondary tier): what B must beat."""
     report, _ = served(host_chunks, [])
     return report
