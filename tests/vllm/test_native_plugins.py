@@ -310,9 +310,35 @@ def test_a_paused_server_times_out_and_the_engine_goes_on(server: Any, host_chun
 # ------------------------------------------------------------------ the policy
 
 
-def test_the_policy_serves_the_trace(host_chunks: int) -> None:
-    report, _ = served(host_chunks, [], policy="HybridKVARCPolicy")
-    assert report.external_loaded >= 0  # content-checked: 0 wrong reads (_quiet)
+def test_the_policy_reads_each_prompts_end_as_native_recorded_it(
+    host_chunks: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What the admission rule rests on (hybridkv.native.policy's docstring): at the first hook
+    naming a request, native has recorded exactly the prompt's full chunks, so the end read is
+    the prompt rounded down to a chunk. Checked for every request of the trace (0 wrong reads,
+    every request finished: ``served``)."""
+    from hybridkv.native import policy
+
+    read: dict[str, int] = {}
+    inner = policy._prompt_end
+
+    def recorded(req_context: Any) -> int:
+        end = inner(req_context)
+        read.setdefault(req_context.req_id, end)
+        return end
+
+    monkeypatch.setattr(policy, "_prompt_end", recorded)
+    e, adapter = engine(host_chunks, [], policy="HybridKVARCPolicy")
+    try:
+        report = run_trace(e, TRACE)
+        _quiet(e, report)
+        chunk = e.block_size  # native's chunk here: one block
+        prompts = {rid: r.num_prompt_tokens for rid, r in e.requests.items()}
+    finally:
+        e.close()
+        adapter.close()
+    assert set(read) == set(prompts)
+    assert read == {rid: n // chunk * chunk for rid, n in prompts.items()}
 
 
 def _manager(policy: str) -> Any:
