@@ -105,7 +105,15 @@ def served(host: int, tiers: list[dict[str, Any]], **kw: Any) -> tuple[InProcess
     finally:
         e.close()
         adapter.close()
+    assert not _tier_threads(), _tier_threads()  # the engine's shutdown stopped the tier's
     return report, tier
+
+
+def _tier_threads() -> list[str]:
+    import threading
+
+    names = ("hybridkv-native", "hybridkv-remote", "vllm_offloading_lookup_HybridKV")
+    return [t.name for t in threading.enumerate() if t.name.startswith(names) and t.is_alive()]
 
 
 def _quiet(e: InProcessEngine, report: InProcessReport) -> None:
