@@ -81,6 +81,7 @@ import os
 import random
 import statistics
 import sys
+import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from enum import Enum
@@ -1152,6 +1153,30 @@ def plot(outcomes: list[TraceOutcome], path: Path) -> None:
     plt.close(figure)
 
 
+def disk_main(args: argparse.Namespace, layouts: list[str]) -> int:
+    """``--disk``: the disk tier side by side (tools/_disk_vs_native.py), per engine loop."""
+    import _disk_vs_native as disk
+
+    print(f"PYTHONHASHSEED={os.environ.get('PYTHONHASHSEED', 'random')}")
+    print(
+        "tier wrote/read: each tier's own byte counters; dir bytes/files: left in its directory "
+        "at the end; dev wrote/read: /proc/self/io write_bytes/read_bytes over the run"
+    )
+    problems = []
+    for loop in args.loops.split(","):
+        print(f"\n==== engine loop: {loop}")
+        for base in _cases(args.quick):
+            if base.name not in layouts:
+                continue
+            case = for_loop(base, loop == "async")
+            lines, found = disk.bench_disk(case, args.disk_root, args.small, args.repeats)
+            print("\n".join(lines), flush=True)
+            problems += [f"{loop}: {p}" for p in found]
+    for problem in problems:
+        print(f"  ERROR {problem}")
+    return 1 if problems else 0
+
+
 def main(argv: list[str] | None = None, *, rerun: bool = False) -> int:
     """The bench (module docstring); ``rerun``: start again under ``--hash-seed`` when the
     environment's ``PYTHONHASHSEED`` differs (the command line does; a caller in-process
@@ -1185,6 +1210,24 @@ def main(argv: list[str] | None = None, *, rerun: bool = False) -> int:
         help="PYTHONHASHSEED the bench runs under (it starts itself again under it when the "
         "environment names another; module docstring)",
     )
+    parser.add_argument(
+        "--disk",
+        action="store_true",
+        help="instead: a disk tier under a host tier of 0.5x the working set, hybridkv beside "
+        "native's fs tier (tools/_disk_vs_native.py)",
+    )
+    parser.add_argument(
+        "--disk-root",
+        type=Path,
+        default=Path(tempfile.gettempdir()),
+        help="with --disk: where the tiers' directories are made (a real filesystem)",
+    )
+    parser.add_argument(
+        "--small",
+        type=float,
+        default=0.5,
+        help="with --disk: the small directory's size, a multiple of the working set",
+    )
     args = parser.parse_args(argv)
     if rerun and os.environ.get("PYTHONHASHSEED") != str(args.hash_seed):
         # The order vLLM's engine walks some sets of request ids follows str hashes, so under a
@@ -1207,6 +1250,8 @@ def main(argv: list[str] | None = None, *, rerun: bool = False) -> int:
     if not loops or set(loops) - {"async", "sync"}:
         parser.error(f"--loops: {args.loops!r}; use async, sync or async,sync")
     args.repeats = args.repeats or (1 if args.quick else 3)
+    if args.disk:
+        return disk_main(args, layouts)
     args.delays = [int(d) for d in args.delays.split(",")]
     print(f"PYTHONHASHSEED={os.environ.get('PYTHONHASHSEED', 'random')}")
     print(
