@@ -15,7 +15,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from hybridkv.disk import DiskConfig
-from hybridkv.errors import HybridKVConfigError
+from hybridkv import HybridKVConfigError
 from hybridkv.remote import BreakerConfig, RemoteConfig
 
 __all__ = ["TierSettings", "disk_settings", "remote_settings"]
