@@ -14,8 +14,8 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
 
-from hybridkv.disk import DiskConfig
 from hybridkv import HybridKVConfigError
+from hybridkv.disk import DiskConfig
 from hybridkv.remote import BreakerConfig, RemoteConfig
 
 __all__ = ["TierSettings", "disk_settings", "remote_settings"]
