@@ -9,11 +9,21 @@ Load it by module path::
 
 - :mod:`.layout`: vLLM's KV cache groups read as hybridkv's planner and canonical specs;
 - :mod:`.scheduler`: claims, loads and stores over a :class:`hybridkv.store.HostStore`
-  (no vLLM, no torch);
+  (no vLLM);
 - :mod:`.worker`: the copies, with a hybridkv transfer engine over canonical caches;
 - :mod:`.connector`: the vLLM facade that hands each hook to one of the two.
 """
 
-from examples.hma_offload.connector import ExampleOffloadConnector
+from typing import Any
 
 __all__ = ["ExampleOffloadConnector"]
+
+
+def __getattr__(name: str) -> Any:
+    """The connector imports vLLM, so it loads on first use: the scheduler and layout modules
+    import without vLLM (tests/examples drives the scheduler side on its own)."""
+    if name == "ExampleOffloadConnector":
+        from examples.hma_offload.connector import ExampleOffloadConnector
+
+        return ExampleOffloadConnector
+    raise AttributeError(f"module 'examples.hma_offload' has no attribute {name!r}")

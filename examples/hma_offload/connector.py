@@ -118,8 +118,10 @@ class ExampleOffloadConnector(KVConnectorBase_V1, SupportsHMA):
     ) -> tuple[int | None, bool]:
         self._requests[request.request_id] = request
         hashes, n = request.block_hashes, request.num_tokens
-        found = self._sched().claim(request.request_id, hashes, n, num_computed_tokens)
-        return (None, False) if found < 0 else (found, False)  # loads run before the forward
+        decision = self._sched().claim(request.request_id, hashes, n, num_computed_tokens)
+        if decision.defer:
+            return None, False  # vLLM asks again next step
+        return decision.end - num_computed_tokens, False  # False: loads run before the forward
 
     def update_state_after_alloc(self, request: Any, blocks: Any, num_external_tokens: int) -> None:
         self._requests[request.request_id] = request

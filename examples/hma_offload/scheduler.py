@@ -1,6 +1,7 @@
 """The scheduler side: which tokens a request may load, and which blocks each step stores.
 
-Pure Python over hybridkv's pieces, no vLLM and no torch, so it can be tested on its own:
+Plain Python over hybridkv's pieces, no vLLM, so it can be tested on its own
+(tests/examples):
 
 - keys: :func:`hybridkv.hashing.make_offload_key` on vLLM's own ``request.block_hashes`` (one
   key per group block; the group index in the key keeps a sliding and a full block of the same
@@ -25,7 +26,7 @@ from dataclasses import dataclass
 from enum import Enum
 
 from examples.hma_offload.layout import Layout
-from hybridkv.connector import decide_claim
+from hybridkv.connector import ClaimDecision, decide_claim
 from hybridkv.hashing import make_offload_key
 from hybridkv.store import HostStore, Refusal
 from hybridkv.transfer import TransferPair
@@ -90,9 +91,12 @@ class OffloadScheduler:
         strides = self.geometry.strides
         return lambda g, j: make_offload_key(hashes[(j + 1) * strides[g] - 1], g)
 
-    def claim(self, request_id: str, hashes: Sequence[bytes], num_tokens: int, start: int) -> int:
-        """Tokens past ``start`` the host holds for the request, or -1 to ask again later (a
-        key it needs is still being stored). Pure but for remembering the claim."""
+    def claim(
+        self, request_id: str, hashes: Sequence[bytes], num_tokens: int, start: int
+    ) -> ClaimDecision:
+        """The claim rule's answer: ``end`` (``start`` when the host holds nothing to load),
+        or ``defer`` (ask again later: a key it needs is still being stored). Pure but for
+        remembering a claim, which :meth:`allocated` turns into a load."""
         decision = decide_claim(
             self.geometry,
             self._key_of(hashes),
@@ -102,11 +106,9 @@ class OffloadScheduler:
             failed=(),  # a failed load stops the engine (worker.py): nothing to remember
         )
         self._claims.pop(request_id, None)
-        if decision.defer:
-            return -1
-        if decision.end > start:
+        if decision.end > start:  # a deferred decision ends at start (decide_claim)
             self._claims[request_id] = (start, decision.end)
-        return decision.end - start
+        return decision
 
     def allocated(
         self, request_id: str, hashes: Sequence[bytes], table: Sequence[Sequence[int]], n: int
