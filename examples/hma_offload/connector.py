@@ -27,6 +27,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     KVConnectorWorkerMetadata,
     SupportsHMA,
 )
+from vllm.v1.metrics.cache_hit_source import CacheHitSource
 
 from examples.hma_offload.layout import read_layout
 from examples.hma_offload.scheduler import OffloadScheduler, Scheduled, StepPlan
@@ -87,6 +88,9 @@ def _refuse_unsupported(vllm_config: Any) -> None:
 class ExampleOffloadConnector(KVConnectorBase_V1, SupportsHMA):
     """Host-memory KV offload for hybrid attention models (module docstring)."""
 
+    # vLLM's hits-by-source metric files every token this connector supplies under host memory.
+    _cache_hit_source = CacheHitSource.HOST
+
     def __init__(self, vllm_config: Any, role: KVConnectorRole, kv_cache_config: Any) -> None:
         super().__init__(vllm_config, role, kv_cache_config)
         _refuse_unsupported(vllm_config)
@@ -100,7 +104,9 @@ class ExampleOffloadConnector(KVConnectorBase_V1, SupportsHMA):
 
     @property
     def requires_kv_delivery(self) -> bool:
-        """False: a cache, not a hand-off; nothing is lost if vLLM drops an output."""
+        """False: a cache, not a hand-off to another engine. vLLM's default (True for a KV
+        producer) drops a preempted request's in-flight output under async scheduling to
+        protect a transfer this connector never makes."""
         return False
 
     # ------------------------------------------------------------- scheduler side
