@@ -21,7 +21,7 @@ __all__ = ["ExampleOffloadConnector"]
 
 def __getattr__(name: str) -> Any:
     """The connector imports vLLM, so it loads on first use: the scheduler and layout modules
-    import without vLLM (tests/examples drives the scheduler side on its own)."""
+    import without vLLM (tests/example_connector drives the scheduler side on its own)."""
     if name == "ExampleOffloadConnector":
         from examples.hma_offload.connector import ExampleOffloadConnector
 

@@ -1,7 +1,7 @@
 """The scheduler side: which tokens a request may load, and which blocks each step stores.
 
 Plain Python over hybridkv's pieces, no vLLM, so it can be tested on its own
-(tests/examples):
+(tests/example_connector):
 
 - keys: :func:`hybridkv.hashing.make_offload_key` on vLLM's own ``request.block_hashes`` (one
   key per group block; the group index in the key keeps a sliding and a full block of the same

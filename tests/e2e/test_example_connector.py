@@ -10,7 +10,6 @@ an accident of recomputation.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import shlex
 import sys
@@ -30,7 +29,7 @@ TUTORIAL = ROOT / "docs" / "tutorial" / "build-a-connector.md"
 MODEL = "gemma3"  # sliding window + full attention: two KV cache groups
 
 # examples/ is not in the wheel: it is found in the checkout, after the installed hybridkv.
-if importlib.util.find_spec("examples") is None:
+if str(ROOT) not in sys.path:  # appended: a regular package there wins over a namespace one
     sys.path.append(str(ROOT))
 
 

@@ -10,7 +10,6 @@ each step reads against the content its request's tokens imply, so a wrong load 
 
 from __future__ import annotations
 
-import importlib.util
 import sys
 from pathlib import Path
 
@@ -21,7 +20,7 @@ pytest.importorskip("vllm.v1.core.sched.scheduler", reason="vLLM 0.33 is not ins
 
 # examples/ is not in the wheel: it is found in the checkout, after the installed hybridkv.
 ROOT = Path(__file__).resolve().parents[2]
-if importlib.util.find_spec("examples") is None:
+if str(ROOT) not in sys.path:  # appended: a regular package there wins over a namespace one
     sys.path.append(str(ROOT))
 
 from diffharness.layouts import RECIPES, Layout  # noqa: E402

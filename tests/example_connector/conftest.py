@@ -3,10 +3,9 @@ after the installed hybridkv."""
 
 from __future__ import annotations
 
-import importlib.util
 import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-if importlib.util.find_spec("examples") is None:
+if str(ROOT) not in sys.path:  # appended: a regular package there wins over a namespace one
     sys.path.append(str(ROOT))
