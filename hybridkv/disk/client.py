@@ -282,7 +282,7 @@ class DiskClient:
         if key in index.sizes:
             if os.path.exists(chunk_path(self.directory, key)):
                 counters["set_present"] += 1
-                index.touch(key)
+                index.restored(key)  # a store, not a read: ARC keeps it in its list
                 return True
             counters["vanished"] += 1  # another engine removed it: write it again
             index.remove(key)
@@ -294,10 +294,11 @@ class DiskClient:
             return ClientFault.FAULT
         if index.capacity < self.config.capacity_bytes:
             self._regrow()
-        victims = index.victims_for(size)
+        victims = index.victims_for(size, key)
         if victims is None:
             counters["set_no_space"] += 1
             return ClientFault.FAULT
+        index.missed(key)  # before the eviction: ARC records the target the choice used
         self._evict(victims)
         index.reserve(key, size)
         return None
@@ -589,7 +590,7 @@ class DiskClient:
             for found in sorted(listing.files):
                 if found.key in index.sizes or found.key in index.writing:
                     continue
-                victims = index.victims_for(found.size)
+                victims = index.victims_for(found.size)  # another engine's: no miss of ours
                 if victims is None:
                     self._counters["adopt_refused"] += 1
                     continue

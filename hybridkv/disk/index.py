@@ -6,7 +6,11 @@ the eviction policy (:class:`~hybridkv.store.lru.LRUPolicy` or
 :class:`~hybridkv.store.arc.ARCPolicy`, reused as they are) only keys and an "evictable"
 predicate. The policies pick victims by order and count; this class takes them, least wanted
 first, until their bytes make room. ARC's lists and target are counted in entries: its capacity
-in entries is ``capacity_bytes // 4096`` capped at 65,536 (the ghost lists' bound).
+in entries is ``capacity_bytes // 4096`` capped at 65,536 (the ghost lists' bound). What the
+policy hears, as the model (``spec/disk/tier.py``) says: a write admitted is a miss of its key
+(:meth:`DiskIndex.missed`: ARC's ghost hit moves the target), a read a use
+(:meth:`DiskIndex.touch`), a ``set`` of a key on disk a store (:meth:`DiskIndex.restored`:
+recency only, no promotion), a file another engine wrote and a rescan adopts an insert alone.
 
 ``capacity`` is the limit in force: the configured bytes, or less while the filesystem has
 run out of space (the client lowers it then, and raises it again as space frees up).
@@ -57,15 +61,21 @@ class DiskIndex:
         self.reserved = 0
         self.generation = 0
 
-    def victims_for(self, size: int) -> list[tuple[bytes, int]] | None:
+    def victims_for(
+        self, size: int, incoming: bytes | None = None
+    ) -> list[tuple[bytes, int]] | None:
         """The unpinned files, in eviction order, whose removal makes room for ``size`` more
-        bytes; None when even all of them would not. Pure."""
+        bytes; None when even all of them would not. ``incoming``: the key a write of this
+        engine brings (ARC orders with its target adapted to it, as :meth:`missed` will
+        record); None for a file another engine wrote (a rescan's adoption: no miss of ours).
+        Pure."""
         need = self.bytes + self.reserved + size - self.capacity
         if need <= 0:
             return []
+        wanted = () if incoming is None else (incoming,)
         n = 1
         while True:
-            keys = self.policy.victims(n, self._evictable, ())
+            keys = self.policy.victims(n, self._evictable, wanted)
             freed, picked = 0, []
             for key in keys:
                 picked.append((key, self.sizes[key]))
@@ -75,6 +85,14 @@ class DiskIndex:
             if len(keys) < n:
                 return None
             n *= 2
+
+    def missed(self, key: bytes) -> None:
+        """A write of ``key`` was admitted: to the policy a miss (ARC's ghost hit moves its
+        target and refreshes the ghost; LRU does nothing). Call it after
+        ``victims_for(size, key)`` and before :meth:`evict` of those victims: the target it
+        records is then the one their choice used (the ghost lists have not grown yet, and
+        the trim of :meth:`evict` cannot have dropped ``key``'s ghost first)."""
+        self.policy.on_miss(key)
 
     def evict(self, victims: Sequence[tuple[bytes, int]]) -> None:
         """Forget ``victims`` (from :meth:`victims_for`)."""
@@ -128,9 +146,16 @@ class DiskIndex:
             self.policy.on_remove(key)
 
     def touch(self, key: bytes) -> None:
-        """``key`` was read: most recent in the policy's sense, if indexed."""
+        """``key`` was read: most recent in the policy's sense, if indexed (ARC: to T2)."""
         if key in self.sizes:
             self.policy.on_access(key, ready=True)
+
+    def restored(self, key: bytes) -> None:
+        """``key`` was stored again while its file is there: most recent as a store, not a
+        read, if indexed. A store is no reuse (its request recomputed the chunk), so ARC
+        keeps the key in its list (T1 stays T1), as the host store refreshes a present key."""
+        if key in self.sizes:
+            self.policy.on_access(key, ready=False)
 
     def pin(self, key: bytes) -> None:
         """A read of ``key`` begins: no eviction takes it until :meth:`unpin` (DK-3)."""

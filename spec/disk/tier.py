@@ -20,8 +20,13 @@ library to):
 - the index holds final files only; a write joins it at its rename, most recent;
 - ``set`` of an indexed key whose file is there writes nothing: the file holds equal bytes
   (content addressing); the key is refreshed as a store, not a read (the policy's
-  ``on_access(ready=False)``). An indexed key whose file another engine removed is forgotten
-  (``vanished``) and written again;
+  ``on_access(ready=False)``: ARC keeps it in T1, as the host store does). An indexed key
+  whose file another engine removed is forgotten (``vanished``) and written again;
+- an accepted write is the policy's miss of its key: the victims are chosen with ARC's
+  target adapted to the key, then ``on_miss`` records that adaptation (a ghost hit moves the
+  target), then the victims leave. Adapting before the eviction keeps the recorded target the
+  one the choice used: the victims' new ghosts would change the step, and the ghost lists'
+  trim could drop the key's own ghost first. A refused write changes nothing;
 - a write that finds, when its I/O would begin, a final file of its key and size (another
   engine wrote it) adopts that file instead of writing (``adopted_on_set``);
 - ``get`` opens the key's file whether indexed or not (another engine may have written it);
@@ -35,7 +40,8 @@ library to):
 - :meth:`DiskTier.rescan` removes torn temps and final files of an impossible size, forgets
   unpinned indexed keys whose file is gone, and adopts final files it does not index, a
   subdirectory at a time (oldest mtime first within each), each only if room can be made
-  (else ``adopt_refused``);
+  (else ``adopt_refused``). An adopted file is no miss of this engine's: its victims are
+  chosen with ARC's target as it is, and the target does not move;
 - the rebuild (construction) removes the temps of dead writers and the final files of an
   impossible size (``truncated``), keeps the newest files that fit the capacity (each file,
   newest first, kept when it fits in the room left, else removed: ``over_capacity``) and
@@ -243,8 +249,8 @@ class DiskTier:
         if victims is None:
             self._counters["refused"] += 1
             return DiskRefusal.TOO_LARGE if size > self.capacity else DiskRefusal.NO_SPACE
+        self._policy.on_miss(key)  # the target the victims were chosen with (module docstring)
         self._evict(victims)
-        self._policy.on_miss(key)
         temp = self.directory.create_temp(key, self.writer, size)
         self._writes[key] = _Write(size, temp, value)
         self._counters["writes"] += 1
@@ -349,7 +355,7 @@ class DiskTier:
                     self._forget(key)
                     self._counters["vanished"] += 1
             for key in [k for k in self._unknown() if k[0] == group]:
-                victims = self._room(files[key].size, key)
+                victims = self._room(files[key].size, None)  # no miss of ours
                 if victims is None:
                     self._counters["adopt_refused"] += 1
                     continue
@@ -372,7 +378,7 @@ class DiskTier:
         """
         return {
             "capacity": self.capacity,
-            "index": tuple(key.hex() for key in self._policy.resident()),
+            "index": self._order(),
             "sizes": tuple(sorted((key.hex(), size) for key, size in self._index.items())),
             "bytes": self.held_bytes,
             "reserved": self.reserved_bytes,
@@ -441,9 +447,16 @@ class DiskTier:
         found = [k for k in files if k not in self._index and k not in self._writes]
         return sorted(found, key=lambda k: (files[k].mtime, k))
 
-    def _room(self, size: int, incoming: bytes) -> tuple[bytes, ...] | None:
-        """Victims whose bytes make room for ``size`` more (unpinned indexed keys, by policy),
-        or None when even all of them fall short. Pure."""
+    def _order(self) -> tuple[str, ...]:
+        """Every indexed key's hex in eviction order, next victim first, pins aside (ARC's
+        order follows its target: T2 first while T1 is below it). Pure."""
+        order = self._policy.victims(len(self._index), lambda _: True, ())
+        return tuple(key.hex() for key in order)
+
+    def _room(self, size: int, incoming: bytes | None) -> tuple[bytes, ...] | None:
+        """Victims whose bytes make room for ``size`` more (unpinned indexed keys, by policy,
+        ARC's target adapted to ``incoming``, the key of a write of ours), or None when even
+        all of them fall short. Pure."""
         shortfall = self.held_bytes + self.reserved_bytes + size - self.capacity
         if shortfall <= 0:
             return ()
@@ -452,10 +465,11 @@ class DiskTier:
         return victims if freed >= shortfall else None
 
     def _ranked(
-        self, evictable: Callable[[bytes], bool], incoming: bytes, need: int
+        self, evictable: Callable[[bytes], bool], incoming: bytes | None, need: int
     ) -> tuple[bytes, ...]:
         """The policy's victims, in order, until their bytes reach ``need`` (or all). Pure."""
-        order = self._policy.victims(len(self._index), evictable, (incoming,) if incoming else ())
+        wanted = () if incoming is None else (incoming,)
+        order = self._policy.victims(len(self._index), evictable, wanted)
         picked: list[bytes] = []
         freed = 0
         for key in order:

@@ -1,19 +1,20 @@
 """The disk tier's client agrees with the reference model on every trace hypothesis draws.
 
-Each trace opens :class:`hybridkv.disk.DiskClient` (OWNER, LRU) on a fresh temporary
-directory and the model (:class:`spec.disk.tier.DiskTier` over a
+Each trace opens :class:`hybridkv.disk.DiskClient` (OWNER; LRU, and again ARC) on a fresh
+temporary directory and the model (:class:`spec.disk.tier.DiskTier` over a
 :class:`spec.disk.directory.Directory` with the library's file layout) with the same capacity,
 then applies the same steps to both: ``set``, ``get``, ``exists``, ``rescan``, a restart (the
 client closed and opened again on the directory: the rebuild), and what others do to the
 directory: another engine writes a file (a second client on the same directory), removes one,
 leaves a torn temp (a dead writer's), or an outside hand corrupts, truncates or replaces a file
 with another key's. After every step the two must agree on the answer, on the snapshot's
-``index`` (eviction order), ``bytes``, ``reserved`` and ``pins``, on the counters both keep
-(:data:`COUNTERS`), and on the directory (its final files and their sizes, its temps). The
-DK-* predicates run on the library's side: DK-2 and DK-3 on its snapshot (with ``capacity``
-and the sizes the model's equal index recorded: the library exports none), DK-4 and DK-5 on
-the real directory's listing after a restart, and DK-1, DK-6 and DK-7 on every ``get`` it
-answers.
+``index`` (eviction order), ``bytes``, ``reserved`` and ``pins``, on the policy's whole state
+(ARC's four lists and its target: the library's snapshot exports none of it, so the test reads
+its index's policy), on the counters both keep (:data:`COUNTERS`), and on the directory (its
+final files and their sizes, its temps). The DK-* predicates run on the library's side: DK-2
+and DK-3 on its snapshot (with ``capacity`` and the sizes the model's equal index recorded:
+the library exports none), DK-4 and DK-5 on the real directory's listing after a restart, and
+DK-1, DK-6 and DK-7 on every ``get`` it answers.
 
 Time: the filesystem stamps mtimes from a coarse clock (a few ms), so files written in one tick
 would tie, and a rebuild or a rescan orders by mtime. After each step the test checks that the
@@ -22,8 +23,7 @@ mtime from that clock, so both sides see the same order.
 
 Differences written down: the library pins every key a ``get`` reads and the model only
 indexed keys (visible only while a read is in flight: never between the steps of this
-sequential test); the model's ARC adapts on a write of a ghost key and the library's index
-does not, so the traces run LRU.
+sequential test).
 """
 
 from __future__ import annotations
@@ -108,6 +108,8 @@ def test_the_models_layout_is_the_librarys() -> None:
 class DiskAgreement(RuleBasedStateMachine):
     """One client and the model, stepped together on a real directory."""
 
+    policy = "lru"
+
     def __init__(self) -> None:
         super().__init__()
         self.root = Path(tempfile.mkdtemp(prefix="hkv-disk-agree-"))
@@ -119,6 +121,7 @@ class DiskAgreement(RuleBasedStateMachine):
         self.peer = DiskClient(self._config(64 * ALIGN))
         self.base_ns = 1_600_000_000 * 10**9  # the logical clock's epoch (mtimes in the past)
         self.seen: set[str] = set()  # the model's counters that moved (hypothesis events)
+        self.target: Any = (0, 1)  # ARC's target at the last step (events: it rose or fell)
 
     # --- set-up ---
 
@@ -130,13 +133,14 @@ class DiskAgreement(RuleBasedStateMachine):
             fsync=FsyncPolicy.NEVER,
             direct=DirectIO.OFF,
             rescan_s=0,
+            policy=self.policy,
         )
 
     def _client(self) -> DiskClient:
         return DiskClient(self._config(self.capacity))
 
     def _model(self) -> DiskTier:
-        return DiskTier(self.model_dir, self.capacity, layout=LAYOUT)
+        return DiskTier(self.model_dir, self.capacity, policy=self.policy, layout=LAYOUT)
 
     def teardown(self) -> None:
         for name in sorted(self.seen):
@@ -250,6 +254,18 @@ class DiskAgreement(RuleBasedStateMachine):
         model = self.model.snapshot()
         for name in ("index", "bytes", "reserved", "pins"):
             assert snap[name] == model[name], name
+        # The policy's state decides later victims (ARC's ghosts and target); the contract's
+        # snapshot leaves it out, so it is read from the library's index directly.
+        policy = self.model._policy.extra()
+        assert self.lib._index.policy.extra() == policy, "policy"
+        if "target" in policy:
+            n, d = policy["target"]
+            was_n, was_d = self.target
+            if n * was_d != was_n * d:
+                self.seen.add("arc target " + ("rose" if n * was_d > was_n * d else "fell"))
+            if policy["t2"]:
+                self.seen.add("arc t2")
+            self.target = policy["target"]
         for name, parts in COUNTERS.items():
             assert sum(snap["counters"][p] for p in parts) == model["counters"][name], name
             if model["counters"][name]:
@@ -335,6 +351,16 @@ DiskAgreement.TestCase.settings = settings(
 TestDiskAgreement = DiskAgreement.TestCase
 
 
+class DiskAgreementARC(DiskAgreement):
+    """The same machine with ARC: ghost hits on writes, stores and reads refreshing apart."""
+
+    policy = "arc"
+
+
+DiskAgreementARC.TestCase.settings = DiskAgreement.TestCase.settings
+TestDiskAgreementARC = DiskAgreementARC.TestCase
+
+
 def test_the_comparison_catches_a_library_that_drifts(monkeypatch: pytest.MonkeyPatch) -> None:
     """The guard: a library whose hits never refresh recency (the index keeps the write
     order) disagrees with the model on the snapshot's eviction order, and the machine says so."""
@@ -342,3 +368,23 @@ def test_the_comparison_catches_a_library_that_drifts(monkeypatch: pytest.Monkey
     quick = settings(settings(), max_examples=100, phases=[Phase.generate], print_blob=False)
     with pytest.raises(AssertionError, match="index"):
         run_state_machine_as_test(DiskAgreement, settings=quick)
+
+
+@pytest.mark.parametrize(
+    "fault",
+    [
+        pytest.param(("missed", lambda self, key: None), id="ghost-hits-ignored"),
+        pytest.param(("restored", DiskIndex.touch), id="present-set-as-read"),
+    ],
+)
+def test_the_arc_comparison_catches_each_fault_it_was_added_for(
+    monkeypatch: pytest.MonkeyPatch, fault: tuple[str, Any]
+) -> None:
+    """The ARC machine's guards, the index's two former faults put back: a write of a ghost
+    key that never moves ARC's target, and a ``set`` of a present key refreshed as a read (to
+    T2). Each makes the library disagree with the model, and the machine says so."""
+    name, broken = fault
+    monkeypatch.setattr(DiskIndex, name, broken)
+    quick = settings(settings(), max_examples=200, phases=[Phase.generate], print_blob=False)
+    with pytest.raises(AssertionError, match=r"index|policy"):
+        run_state_machine_as_test(DiskAgreementARC, settings=quick)

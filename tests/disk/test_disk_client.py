@@ -268,6 +268,40 @@ def test_arc_policy_runs_the_same_contract(tmp_path: Path) -> None:
     client.close()
 
 
+def test_arc_adapts_its_target_on_a_write_of_a_ghost_key(tmp_path: Path) -> None:
+    """A write of a key ARC evicted from T1 is a ghost hit: the target rises, so T1 keeps more
+    and T2's key becomes an earlier victim. (The index once never told the policy of the
+    miss: the target stayed 0 and the order was T1 first, ``(b, c, a)``.)"""
+    a, b, c, d = (one_block(i) for i in range(4))
+    client = owner(tmp_path, files(3), policy="arc")
+    for chunk in (a, b, c):
+        assert client.set(*chunk, 0) is None
+    assert client.get(a[0]) == a[1]  # a: T1 -> T2
+    assert client.set(*d, 0) is None  # evicts b (T1's oldest): a ghost in B1
+    assert client.set(*b, 0) is None  # B1 ghost hit: target 0 -> 1, evicts c (to B1)
+    assert client.set(*c, 0) is None  # B1 ghost hit: target 1 -> 2, evicts d
+    # Target 2 with T1 = [b, c]: b, then T2's a (T1 is below the target), then c.
+    assert client.snapshot()["index"] == tuple(k.hex() for k in (b[0], a[0], c[0]))
+    assert nonzero(client.snapshot())["evictions"] == 3
+    client.check()
+    client.close()
+
+
+def test_arc_refreshes_a_set_of_a_present_key_as_a_store(tmp_path: Path) -> None:
+    """A ``set`` of a key whose file is there is a store, not a read: ARC keeps the key in
+    T1 (most recent there), as the host store does. (The index once promoted it to T2 as a
+    read: the order was ``(c, b, a)``.)"""
+    a, b, c = (one_block(i) for i in range(3))
+    client = owner(tmp_path, files(3), policy="arc")
+    for chunk in (a, b, c):
+        assert client.set(*chunk, 0) is None
+    assert client.get(b[0]) == b[1]  # b: T1 -> T2
+    assert client.set(*a, 0) is None  # present: refreshed in T1, nothing written
+    assert client.snapshot()["index"] == tuple(k.hex() for k in (c[0], a[0], b[0]))
+    assert nonzero(client.snapshot())["set_present"] == 1
+    client.close()
+
+
 def test_big_values_go_in_segments_and_back(tmp_path: Path) -> None:
     for threads in (1, 4):
         client = owner(tmp_path / str(threads), 64 << 20, threads=threads)

@@ -239,6 +239,35 @@ def test_arc_index_orders_reused_keys_last() -> None:
     index.check()
 
 
+def test_arc_index_refreshes_a_store_in_t1_and_a_read_in_t2() -> None:
+    index = DiskIndex(8 * ALIGN, "arc")
+    for name in (b"a", b"b"):
+        index.insert(name, ALIGN)
+    index.restored(b"a")  # stored again: T1's most recent
+    assert index.policy.extra()["t1"] == (b"b".hex(), b"a".hex())
+    index.touch(b"a")  # read: T2
+    assert index.policy.extra()["t2"] == (b"a".hex(),)
+    index.restored(b"z")  # not indexed: nothing
+    index.check()
+
+
+def test_arc_index_records_a_ghost_hit_before_the_eviction() -> None:
+    index = DiskIndex(2 * ALIGN, "arc")  # two entries: each ghost list keeps two
+    for name in (b"a", b"b"):
+        index.insert(name, ALIGN)
+    index.evict(index.victims_for(ALIGN) or [])  # a: B1
+    index.insert(b"c", ALIGN)
+    assert index.policy.ghosts() == (b"a",)
+    victims = index.victims_for(ALIGN, b"a")
+    assert victims == [(b"b", ALIGN)]
+    index.missed(b"a")  # B1 ghost hit: the target rises by one
+    index.evict(victims)
+    assert index.policy.extra()["target"] == (1, 1)
+    index.victims_for(ALIGN, b"zz")  # pure: a key no list knows moves nothing
+    index.missed(b"zz")
+    assert index.policy.extra()["target"] == (1, 1)
+
+
 # --- aligned buffers ---
 
 
