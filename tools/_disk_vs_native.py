@@ -21,8 +21,10 @@ rule) and:
 Per row: prefill computed and its ratio to the trace's floor (the bench's
 :func:`bench_vs_native.floor_tokens`), tokens the connector loaded, GPU prefix hits, engine
 steps; the tier's bytes written and read by its own counters (native: the fs tier's finished
-jobs' ``transfer_bytes``, what vLLM's ``kv_offload`` write/read byte metrics count; hybridkv:
-its disk client's counters), failed tier writes, the bytes and files left in the directory at
+jobs' ``transfer_bytes``, what vLLM's ``kv_offload`` write/read byte metrics count: whole
+chunk files; hybridkv: its tier's ``remote_written_bytes`` and ``remote_fetched_bytes``, the
+chunk values handed to and read from its disk client, each file adding a header and padding to
+4 KiB), failed tier writes, the bytes and files left in the directory at
 the end (the filesystem's own count), and the process's block-device bytes
 (``/proc/self/io`` ``write_bytes``/``read_bytes`` over the run: what reached the device, page
 cache hits not counted; every row runs in this one process, one at a time). The tier's threads
@@ -142,12 +144,16 @@ def small_tmpfs(size: int, parent: Path) -> Iterator[Path]:
 
 
 def _hybridkv_disk_counts(engine: Any) -> tuple[int, int, int]:
-    """hybridkv's disk tier, from its own counters: bytes written, read, failed writes."""
-    counters = engine.worker.worker_remote.counters()
+    """hybridkv's disk tier, from its own counters once its queued writes are on disk: value
+    bytes written, value bytes promoted, failed writes."""
+    remote = engine.worker.worker_remote
+    if not remote.flush(60.0):
+        raise RuntimeError("hybridkv's disk writes did not finish within 60 s")
+    counters = remote.counters()
     return (
         counters["remote_written_bytes"],
         counters["remote_fetched_bytes"],
-        counters.get("remote_write_faults", 0),
+        counters["remote_writes_failed"],
     )
 
 
@@ -204,20 +210,19 @@ def run_row(case: Any, trace: Any, variant: DiskVariant, chunk_bytes: int, root:
             directory = stack.enter_context(small_tmpfs(variant.disk_bytes, root))
         engine, adapter = _engine(case, variant, chunk_bytes, directory)
         written0, read0 = device_io()
+        tier = (0, 0, 0)
         try:
             report = run_trace(engine, trace)
+            if directory is not None and variant.kind == "hybridkv":
+                tier = _hybridkv_disk_counts(engine)
         finally:
             engine.close()
             if hasattr(adapter, "close"):
                 adapter.close()
         written1, read1 = device_io()
-        tier = (0, 0, 0)
-        if directory is not None:
-            if variant.kind == "native":
-                counts = adapter.fs_counts()
-                tier = (counts.stored, counts.loaded, counts.store_jobs_failed)
-            else:
-                tier = _hybridkv_disk_counts(engine)
+        if directory is not None and variant.kind == "native":
+            counts = adapter.fs_counts()  # the tier's jobs all finished: the engine drained
+            tier = (counts.stored, counts.loaded, counts.store_jobs_failed)
         used, files = directory_usage(directory) if directory is not None else (0, 0)
         return DiskRow(
             variant,
