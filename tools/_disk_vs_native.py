@@ -92,6 +92,7 @@ class DiskRow:
     device_written: int = 0
     device_read: int = 0
     error: str = ""
+    notes: str = ""
 
 
 def device_io() -> tuple[int, int]:
@@ -143,18 +144,25 @@ def small_tmpfs(size: int, parent: Path) -> Iterator[Path]:
             point.rmdir()
 
 
-def _hybridkv_disk_counts(engine: Any) -> tuple[int, int, int]:
+def _hybridkv_disk_counts(engine: Any) -> tuple[tuple[int, int, int], str]:
     """hybridkv's disk tier, from its own counters once its queued writes are on disk: value
-    bytes written, value bytes promoted, failed writes."""
+    bytes written, value bytes promoted, failed writes; and the scheduler side's lookups."""
     remote = engine.worker.worker_remote
     if not remote.flush(60.0):
         raise RuntimeError("hybridkv's disk writes did not finish within 60 s")
     counters = remote.counters()
-    return (
+    asked = engine.scheduler.connector.remote.count
+    notes = (
+        f"chunks written {counters['remote_written']}; lookups {asked['remote_lookups']}, "
+        f"chunks found {asked['remote_chunks_found']}, promoted {asked['promoted']}, "
+        f"answers late (after the wait: no hit) {asked['remote_lookups_late']}"
+    )
+    found = (
         counters["remote_written_bytes"],
         counters["remote_fetched_bytes"],
         counters["remote_writes_failed"],
     )
+    return found, notes
 
 
 def _engine(case: Any, variant: DiskVariant, chunk_bytes: int, directory: Path | None) -> Any:
@@ -210,11 +218,11 @@ def run_row(case: Any, trace: Any, variant: DiskVariant, chunk_bytes: int, root:
             directory = stack.enter_context(small_tmpfs(variant.disk_bytes, root))
         engine, adapter = _engine(case, variant, chunk_bytes, directory)
         written0, read0 = device_io()
-        tier = (0, 0, 0)
+        tier, notes = (0, 0, 0), ""
         try:
             report = run_trace(engine, trace)
             if directory is not None and variant.kind == "hybridkv":
-                tier = _hybridkv_disk_counts(engine)
+                tier, notes = _hybridkv_disk_counts(engine)
         finally:
             engine.close()
             if hasattr(adapter, "close"):
@@ -223,6 +231,10 @@ def run_row(case: Any, trace: Any, variant: DiskVariant, chunk_bytes: int, root:
         if directory is not None and variant.kind == "native":
             counts = adapter.fs_counts()  # the tier's jobs all finished: the engine drained
             tier = (counts.stored, counts.loaded, counts.store_jobs_failed)
+            notes = (
+                f"store jobs {counts.store_jobs} ({counts.store_jobs_failed} failed), promotion "
+                f"jobs {counts.load_jobs} ({counts.load_jobs_failed} failed)"
+            )
         used, files = directory_usage(directory) if directory is not None else (0, 0)
         return DiskRow(
             variant,
@@ -232,6 +244,7 @@ def run_row(case: Any, trace: Any, variant: DiskVariant, chunk_bytes: int, root:
             dir_files=files,
             device_written=written1 - written0,
             device_read=read1 - read0,
+            notes=notes,
         )
     raise AssertionError("unreachable")  # the with block returns or raises
 
@@ -328,6 +341,7 @@ def bench_disk(
         f"{HEADER} {'computed, all':>11}",
     ]
     lines += [f"{format_row(row, floor)} {spread[row.variant]:>11}" for row in rows]
+    lines += [f"  {row.variant.name()}: {row.notes}" for row in rows if row.notes]
     problems = [
         f"{row.variant.name()}: {row.error or f'{row.report.wrong_reads} wrong reads'}"
         for done in runs.values()

@@ -339,6 +339,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cold", action="store_true", help="drop dentries and inodes first")
     parser.add_argument("--repeats", type=int, default=None, help="passes; medians (default 3)")
     args = parser.parse_args(argv)
+    sys.stdout.reconfigure(line_buffering=True)  # type: ignore[union-attr]  # lines as measured
     quick = args.quick
     nbytes = args.bytes or (32 * MB if quick else 512 * MB)
     repeats = args.repeats or (1 if quick else 3)
