@@ -9,9 +9,10 @@ Roles (:class:`~hybridkv.disk.config.DiskRole`). An OWNER rebuilds its index fro
 at construction (DK-5: complete files indexed, recency from their modification times, oldest
 first; truncated files and torn temporary files removed; when the files exceed the capacity the
 oldest are removed), reserves, evicts, writes, reads and removes damaged files, and rescans
-every ``rescan_s`` to adopt files other engines wrote into the directory and forget files they
-removed. A READER (the lookup side, in another process) keeps no index: ``exists`` stats files,
-``get`` reads and verifies; it never writes, evicts or removes anything.
+the directory (one subdirectory at a time, a whole pass every ``rescan_s``) to adopt files
+other engines wrote into it and forget files they removed. A READER (the lookup side, in
+another process) keeps no index: ``exists`` stats files, ``get`` reads and verifies; it never
+writes, evicts or removes anything.
 
 Operations (pre, post, frame; a refused call changes nothing but its counters):
 
@@ -47,8 +48,9 @@ sorted), ``counters`` (:data:`DISK_COUNTER_NAMES`, every one present):
 - start-up and rescans: ``rebuild_files``, ``rebuild_bytes``, ``rebuild_torn`` (temporary files
   removed), ``rebuild_truncated`` (removed), ``rebuild_over_capacity`` (oldest files removed to
   fit), ``rebuild_us`` (the rebuild's wall time, microseconds: a measurement, not a count),
-  ``rescans``, ``adopted``, ``adopt_refused`` (no room), ``temps_removed`` (torn, by a rescan),
-  ``rescan_truncated`` (truncated files a rescan removed);
+  ``rescans`` (whole passes), ``adopted``, ``adopt_refused`` (no room), ``temps_removed``
+  (torn, by a rescan), ``rescan_truncated`` (truncated files a rescan removed),
+  ``rescan_faults`` (a subdirectory a rescan could not list: tried again next pass);
 - ``direct_fallbacks`` (1 once O_DIRECT was refused and AUTO fell back), ``closed_calls``
   (calls after ``close``, each a FAULT).
 """
@@ -67,11 +69,11 @@ from pathlib import Path
 from typing import Any
 
 from hybridkv.disk.config import DirectIO, DiskConfig, DiskRole, FsyncPolicy
-from hybridkv.disk.fileformat import ALIGN, MAX_KEY, Damage, decode, encode_into, padded_size
+from hybridkv.disk.fileformat import ALIGN, MAX_KEY, Damage, padded_size
 from hybridkv.disk.index import DiskIndex
 from hybridkv.disk.io import Buffers, FileIO
 from hybridkv.disk.names import HOST, chunk_path, temp_path
-from hybridkv.disk.scan import scan
+from hybridkv.disk.scan import scan, scan_subdir
 from hybridkv.errors import HybridKVConfigError
 from hybridkv.remote.values import ClientFault
 
@@ -115,11 +117,14 @@ DISK_COUNTER_NAMES: tuple[str, ...] = (
     "adopt_refused",
     "temps_removed",
     "rescan_truncated",
+    "rescan_faults",
     "direct_fallbacks",
     "closed_calls",
 )
 """The snapshot's ``counters`` keys (module docstring)."""
 
+_KEEP_PER_THREAD = 8 << 20  # aligned buffers kept for reuse, per I/O thread
+_SUBDIRS = 256  # the first byte of a key names its subdirectory
 _STAT_FANOUT = 16  # a lookup statting more keys than this spreads them over the pool
 _MISSING = (errno.ENOENT, errno.ENOTDIR)
 
@@ -142,7 +147,7 @@ class DiskClient:
         self._counters = dict.fromkeys(DISK_COUNTER_NAMES, 0)
         self._pool = ThreadPoolExecutor(config.threads, thread_name_prefix="hybridkv-disk")
         self._io = FileIO(config.direct, self._pool if config.threads > 1 else None, config.path)
-        self._buffers = Buffers(keep=config.threads + 2)
+        self._buffers = Buffers(keep_bytes=(config.threads + 2) * _KEEP_PER_THREAD)
         self._closed = False
         self._active = 0  # calls past the closed check: close() waits for them (pool use)
         self._idle = threading.Condition(self._lock)
@@ -325,31 +330,17 @@ class DiskClient:
     def _write(self, temp: Path, final: Path, key: bytes, value: bytes, size: int) -> None:
         flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC
         with self._buffers.lease(size) as image:
-            encode_into(image, key, value)
             try:
                 fd, direct = self._io.open(temp, flags)
             except FileNotFoundError:  # the subdirectory's first file (or it was removed)
                 os.makedirs(final.parent, exist_ok=True)
                 fd, direct = self._io.open(temp, flags)
             try:
-                try:
-                    self._io.write(fd, image)
-                except OSError as error:
-                    if not (direct and error.errno == errno.EINVAL):
-                        raise
-                    if self.config.direct is DirectIO.ON:
-                        raise
-                    self._io.fall_back(error)
-                    os.close(fd)
-                    fd = -1
-                    os.unlink(temp)
-                    fd, _ = self._io.open(temp, flags)
-                    self._io.write(fd, image)
+                self._io.retrying(fd, direct, lambda: self._io.write_chunk(fd, image, key, value))
                 if self.config.fsync is FsyncPolicy.FILE:
                     os.fdatasync(fd)
             finally:
-                if fd >= 0:
-                    os.close(fd)
+                os.close(fd)
         os.rename(temp, final)
 
     # --- reads ---
@@ -379,18 +370,8 @@ class DiskClient:
             self._damaged(key, path, info, Damage.TRUNCATED)
             return None
         with self._buffers.lease(size) as image:
-            try:
-                got = self._io.read(fd, image)
-            except OSError as error:
-                if not (direct and error.errno == errno.EINVAL):
-                    raise
-                if self.config.direct is DirectIO.ON:
-                    raise
-                self._io.fall_back(error)
-                with open(path, "rb", buffering=0) as plain:
-                    got = plain.readinto(image) or 0
-            self._count("bytes_read", got)
-            value = decode(image[:got], key)
+            value = self._io.retrying(fd, direct, lambda: self._io.read_chunk(fd, image, key, size))
+        self._count("bytes_read", size)
         if isinstance(value, Damage):
             self._damaged(key, path, info, value)
             return None
@@ -511,50 +492,65 @@ class DiskClient:
         counters = self._counters
         counters["rebuild_torn"] += _unlink_all(listing.torn)
         counters["rebuild_truncated"] += _unlink_all(listing.truncated)
-        newest_first = sorted(listing.files, key=lambda f: (f.mtime_ns, f.key), reverse=True)
+        newest_first = sorted(listing.files, reverse=True)
         room, kept = self._index.capacity, []
         for found in newest_first:
             if found.size <= room:
                 room -= found.size
-                kept.append(found)
+                kept.append((found.key, found.size))
             else:
                 counters["rebuild_over_capacity"] += _unlink_all(
                     [chunk_path(self.directory, found.key)]
                 )
-        for found in reversed(kept):
-            self._index.insert(found.key, found.size)
+        kept.reverse()  # oldest first: the last inserted is the most recent
+        self._index.insert_all(kept)
         counters["rebuild_files"] = len(kept)
         counters["rebuild_bytes"] = self._index.bytes
         counters["rebuild_us"] = int((time.perf_counter() - began) * 1e6)
 
     def _rescan_loop(self) -> None:
-        while not self._stop.wait(self.config.rescan_s):
-            self.rescan()
+        # One subdirectory per tick: a whole pass every rescan_s, the lock held briefly.
+        first = 0
+        while not self._stop.wait(self.config.rescan_s / _SUBDIRS):
+            self._rescan_part(first)  # never raises: the thread runs until close()
+            first = (first + 1) % _SUBDIRS
+            if first == 0:
+                self._count("rescans")
 
     def rescan(self) -> None:
-        """Adopt the complete files other engines wrote, forget the indexed files they removed,
-        remove torn temporary files (an OWNER's periodic pass; callable at once). Adopting
-        makes room by policy like a write; a file there is no room for stays unindexed."""
+        """One whole pass at once (the rescan thread spreads the same over ``rescan_s``):
+        adopt the complete files other engines wrote, forget the indexed files they removed,
+        remove torn temporary files and truncated files. Adopting makes room by policy like a
+        write; a file there is no room for stays unindexed (``adopt_refused``)."""
+        for first in range(_SUBDIRS):
+            self._rescan_part(first)
+        self._count("rescans")
+
+    def _rescan_part(self, first: int) -> None:
+        """The rescan of subdirectory ``first`` (the keys whose first byte it is)."""
         if self.role is DiskRole.READER:
             return
         with self._lock:
             if self._closed:
                 return
             since = self._index.generation
-        listing = scan(self.directory, None, self.config.stale_temp_s)
+        try:
+            listing = scan_subdir(self.directory, f"{first:02x}", self.config.stale_temp_s)
+        except OSError:
+            self._count("rescan_faults")  # unreadable now: the next pass tries again
+            return
         removed = _unlink_all(listing.torn)
         truncated = _unlink_all(listing.truncated)
         on_disk = {found.key for found in listing.files}
         with self._lock:
-            self._counters["rescans"] += 1
             self._counters["temps_removed"] += removed
             self._counters["rescan_truncated"] += truncated
             index = self._index
-            for key in [k for k, born in index.born.items() if born <= since]:
-                if key not in on_disk and key not in index.pins:
+            for key in list(index.groups.get(first, ())):
+                if index.born[key] <= since and key not in on_disk and key not in index.pins:
                     self._counters["vanished"] += 1
                     index.remove(key)
-            for found in sorted(listing.files, key=lambda f: (f.mtime_ns, f.key)):
+            for found in sorted(listing.files):
                 if found.key in index.sizes or found.key in index.writing:
                     continue
                 victims = index.victims_for(found.size)

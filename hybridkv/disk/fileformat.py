@@ -1,27 +1,38 @@
-"""A chunk file's bytes: a header, the key, the value, zero padding to the I/O alignment.
+"""A chunk file's bytes: one header block, then the value, zero padding to the I/O alignment.
 
 Layout (little-endian)::
 
-    magic    4 bytes   b"HKVD"
-    version  u16       1
-    key_len  u16       1..MAX_KEY
-    val_len  u64
-    digest   32 bytes  SHA-256 of (key_len u16, val_len u64, key, value)
-    key      key_len bytes
-    value    val_len bytes
-    padding  zeros up to a multiple of ALIGN (4096)
+    block 0 (ALIGN = 4096 bytes):
+        magic    4 bytes   b"HKVD"
+        version  u16       1
+        key_len  u16       1..MAX_KEY
+        val_len  u64
+        digest   32 bytes  (below)
+        key      key_len bytes
+        zeros    to the end of the block
+    from offset ALIGN:
+        value    val_len bytes
+        zeros    up to a multiple of ALIGN
 
-The digest covers the key and the value with their lengths, so a file renamed onto another
-key's name (foreign), cut short (truncated), or altered anywhere in its key or value fails
-(DK-1). The padding lets an O_DIRECT read fetch whole blocks; byte accounting uses the padded
-size (:func:`padded_size`), which is also the file's size on disk, so the start-up scan reads
-sizes off ``stat`` without opening a file.
+The digest is SHA-256 over the key and the value with their lengths: ``SHA-256(key_len u16,
+val_len u64, key, SHA-256(slice 0), SHA-256(slice 1), ...)``, a slice being each
+:data:`SLICE` (256 KiB) of the value in order (an empty value has none). Hashing the value slice
+by slice lets a large chunk be hashed on several threads, each slice while its own blocks are
+written or read (:mod:`hybridkv.disk.io`), instead of one thread hashing the whole value before
+or after the I/O. A file renamed onto another key's name (foreign), cut short (truncated), or
+altered anywhere in its header, key or value fails (DK-1); the zeros are not covered.
+
+The value starts on a block boundary, so each slice is whole blocks of the file and an O_DIRECT
+transfer of it needs no copy to align it. Byte accounting uses the padded size
+(:func:`padded_size`), which is also the file's size on disk, so the start-up scan reads sizes
+off ``stat`` without opening a file.
 """
 
 from __future__ import annotations
 
 import hashlib
 import struct
+from collections.abc import Sequence
 from enum import Enum
 
 __all__ = [
@@ -29,15 +40,24 @@ __all__ = [
     "HEADER",
     "MAGIC",
     "MAX_KEY",
+    "SLICE",
     "VERSION",
     "Damage",
+    "Header",
     "decode",
+    "encode_header",
     "encode_into",
     "padded_size",
+    "parse_header",
+    "slice_digest",
+    "slices",
+    "top_digest",
 ]
 
 ALIGN = 4096
 """The I/O alignment: file sizes, buffer addresses and O_DIRECT transfers are multiples of it."""
+SLICE = 1 << 18
+"""Bytes of value per slice digest (256 KiB, a multiple of ALIGN)."""
 MAGIC = b"HKVD"
 VERSION = 1
 MAX_KEY = 96
@@ -45,7 +65,7 @@ MAX_KEY = 96
 _FIXED = struct.Struct("<4sHHQ")
 _LENGTHS = struct.Struct("<HQ")
 HEADER = _FIXED.size + 32
-"""Bytes before the key."""
+"""Bytes of the header block before the key."""
 
 
 class Damage(Enum):
@@ -60,37 +80,56 @@ class Damage(Enum):
 
 
 def padded_size(key_len: int, value_len: int) -> int:
-    """The file's size: header, key and value rounded up to :data:`ALIGN`."""
-    raw = HEADER + key_len + value_len
-    return -(-raw // ALIGN) * ALIGN
+    """The file's size for a key of ``key_len`` bytes (at most MAX_KEY, so the header is one
+    block) and a value of ``value_len``: the header block and the value rounded up to ALIGN."""
+    del key_len  # the header block holds any key up to MAX_KEY
+    return ALIGN + -(-value_len // ALIGN) * ALIGN
 
 
-def _digest(key: bytes | memoryview, value: bytes | memoryview) -> bytes:
-    sha = hashlib.sha256(_LENGTHS.pack(len(key), len(value)))
+def slices(value_len: int) -> list[tuple[int, int]]:
+    """The ``(start, end)`` offsets in the value of each slice, in order."""
+    return [(start, min(start + SLICE, value_len)) for start in range(0, value_len, SLICE)]
+
+
+def slice_digest(piece: bytes | memoryview) -> bytes:
+    """SHA-256 of one slice of a value (hashlib releases the GIL: slices hash side by side)."""
+    return hashlib.sha256(piece).digest()
+
+
+def top_digest(key: bytes | memoryview, value_len: int, digests: Sequence[bytes]) -> bytes:
+    """The header's digest of ``key`` and a value of ``value_len`` whose slices hash to
+    ``digests``."""
+    sha = hashlib.sha256(_LENGTHS.pack(len(key), value_len))
     sha.update(key)
-    sha.update(value)
+    for digest in digests:
+        sha.update(digest)
     return sha.digest()
 
 
-def encode_into(buffer: memoryview, key: bytes, value: bytes | memoryview) -> int:
-    """Write the file image of ``key`` and ``value`` at the start of ``buffer`` (at least
-    :func:`padded_size` bytes, any content) and return its size. The padding is zeroed."""
-    size = padded_size(len(key), len(value))
-    _FIXED.pack_into(buffer, 0, MAGIC, VERSION, len(key), len(value))
-    buffer[_FIXED.size : HEADER] = _digest(key, value)
-    start = HEADER + len(key)
-    buffer[HEADER:start] = key
-    end = start + len(value)
-    buffer[start:end] = value
-    buffer[end:size] = bytes(size - end)
-    return size
+def encode_header(block: memoryview, key: bytes, value_len: int, digest: bytes) -> None:
+    """Write the header block (ALIGN bytes, zeros after the key) into ``block``."""
+    _FIXED.pack_into(block, 0, MAGIC, VERSION, len(key), value_len)
+    block[_FIXED.size : HEADER] = digest
+    end = HEADER + len(key)
+    block[HEADER:end] = key
+    block[end:ALIGN] = bytes(ALIGN - end)
 
 
-def _framing(image: memoryview) -> tuple[int, int] | Damage:
-    """The key and value lengths ``image``'s header gives, or why it is no header of ours."""
-    if len(image) < HEADER or len(image) % ALIGN:
+class Header:
+    """What a verified-looking header block says: the value's length and the digest to match."""
+
+    __slots__ = ("digest", "value_len")
+
+    def __init__(self, value_len: int, digest: bytes) -> None:
+        self.value_len = value_len
+        self.digest = digest
+
+
+def _framing(block: memoryview, file_size: int) -> tuple[int, int] | Damage:
+    """The key and value lengths a header block gives, or why it is no header of ours."""
+    if file_size < ALIGN or file_size % ALIGN or len(block) < ALIGN:
         return Damage.TRUNCATED
-    magic, version, key_len, value_len = _FIXED.unpack_from(image, 0)
+    magic, version, key_len, value_len = _FIXED.unpack_from(block, 0)
     if magic != MAGIC:
         return Damage.MAGIC
     if version != VERSION:
@@ -98,20 +137,43 @@ def _framing(image: memoryview) -> tuple[int, int] | Damage:
     return key_len, value_len
 
 
-def decode(image: memoryview, key: bytes) -> bytes | Damage:
-    """The value in ``image`` (a whole file's bytes) if it is a complete, verified chunk of
-    ``key``; else what is wrong with it. Pure."""
-    framing = _framing(image)
+def parse_header(block: memoryview, key: bytes, file_size: int) -> Header | Damage:
+    """The header of a file of ``file_size`` bytes whose first block is ``block``, checked
+    against ``key`` and the size; or what is wrong with it. Pure."""
+    framing = _framing(block, file_size)
     if isinstance(framing, Damage):
         return framing
     key_len, value_len = framing
-    if padded_size(key_len, value_len) != len(image):
-        # A file cut short at a block boundary, or lengths that were altered.
-        return Damage.TRUNCATED if padded_size(key_len, value_len) > len(image) else Damage.LENGTHS
-    start = HEADER + key_len
-    if image[HEADER:start] != key:
+    if key_len != len(key) or block[HEADER : HEADER + key_len] != key:
         return Damage.FOREIGN
-    value = image[start : start + value_len]
-    if _digest(key, value) != image[_FIXED.size : HEADER]:
+    expected = padded_size(key_len, value_len)
+    if expected != file_size:
+        # Cut short at a block boundary, or lengths that were altered.
+        return Damage.TRUNCATED if expected > file_size else Damage.LENGTHS
+    return Header(value_len, bytes(block[_FIXED.size : HEADER]))
+
+
+def encode_into(buffer: memoryview, key: bytes, value: bytes | memoryview) -> int:
+    """Write the whole file image of ``key`` and ``value`` at the start of ``buffer`` (at least
+    :func:`padded_size` bytes, any content), on this thread; return its size."""
+    size = padded_size(len(key), len(value))
+    end = ALIGN + len(value)
+    buffer[ALIGN:end] = value
+    buffer[end:size] = bytes(size - end)
+    view = memoryview(value)
+    digests = [slice_digest(view[a:b]) for a, b in slices(len(value))]
+    encode_header(buffer[:ALIGN], key, len(value), top_digest(key, len(value), digests))
+    return size
+
+
+def decode(image: memoryview, key: bytes) -> bytes | Damage:
+    """The value in ``image`` (a whole file's bytes) if it is a complete, verified chunk of
+    ``key``; else what is wrong with it. Pure; on this thread."""
+    header = parse_header(image[:ALIGN], key, len(image))
+    if isinstance(header, Damage):
+        return header
+    value = image[ALIGN : ALIGN + header.value_len]
+    digests = [slice_digest(value[a:b]) for a, b in slices(header.value_len)]
+    if top_digest(key, header.value_len, digests) != header.digest:
         return Damage.DIGEST
     return bytes(value)

@@ -6,14 +6,18 @@ steady stream of 2 MB chunks does not map and fault in fresh memory for every fi
 
 O_DIRECT (``DirectIO``): AUTO tries it and, at the first refusal (``EINVAL``: tmpfs, some
 network filesystems), switches this client to buffered I/O for good, logged once. ON never
-falls back: a refusal is an error of the call (a FAULT for the caller). A file larger than one
-segment (1 MiB) is written and read as segments side by side on the I/O pool, so a single
-chunk keeps several requests in flight at the device.
+falls back: a refusal is an error of the call (a FAULT for the caller).
+
+A value larger than one slice (:data:`~hybridkv.disk.fileformat.SLICE`) is copied, hashed and
+written (or read and hashed) slice by slice, side by side on the I/O pool: one large chunk keeps
+several requests in flight at the device and its hashing spread over several threads, each
+slice's hashing beside the other slices' I/O.
 """
 
 from __future__ import annotations
 
 import errno
+import fcntl
 import logging
 import mmap
 import os
@@ -22,25 +26,36 @@ from collections.abc import Callable, Iterator
 from concurrent.futures import Executor
 from contextlib import contextmanager
 from pathlib import Path
+from typing import TypeVar
 
 from hybridkv.disk.config import DirectIO
+from hybridkv.disk.fileformat import (
+    ALIGN,
+    SLICE,
+    Damage,
+    encode_header,
+    parse_header,
+    slice_digest,
+    slices,
+    top_digest,
+)
 
-__all__ = ["SEGMENT", "Buffers", "FileIO"]
+__all__ = ["Buffers", "FileIO"]
 
 logger = logging.getLogger("hybridkv.disk")
 
-SEGMENT = 1 << 20
-"""Bytes per parallel piece of a large read or write (a multiple of ALIGN)."""
 _O_DIRECT: int = getattr(os, "O_DIRECT", 0)
 _MIN_CLASS = 1 << 16
-_Piece = Callable[[int, memoryview, int], int]
+_T = TypeVar("_T")
 
 
 class Buffers:
-    """A small free list of aligned ``mmap`` buffers, by power-of-two size class."""
+    """A free list of aligned ``mmap`` buffers by power-of-two size class, keeping at most
+    ``keep_bytes`` of them (pages of a buffer never touched take no memory)."""
 
-    def __init__(self, keep: int) -> None:
-        self._keep = keep
+    def __init__(self, keep_bytes: int) -> None:
+        self._keep_bytes = keep_bytes
+        self._kept = 0
         self._free: dict[int, list[mmap.mmap]] = {}
         self._lock = threading.Lock()
 
@@ -51,6 +66,8 @@ class Buffers:
         with self._lock:
             free = self._free.get(size_class)
             buffer = free.pop() if free else None
+            if buffer is not None:
+                self._kept -= size_class
         if buffer is None:
             buffer = mmap.mmap(-1, size_class)
         view = memoryview(buffer)
@@ -60,9 +77,9 @@ class Buffers:
         finally:
             view.release()
             with self._lock:
-                free = self._free.setdefault(size_class, [])
-                if len(free) < self._keep:
-                    free.append(buffer)
+                if self._kept + size_class <= self._keep_bytes:
+                    self._free.setdefault(size_class, []).append(buffer)
+                    self._kept += size_class
                     buffer = None
             if buffer is not None:
                 buffer.close()
@@ -90,6 +107,23 @@ class FileIO:
                 self.fall_back(error)
         return os.open(path, flags, 0o644), False
 
+    def retrying(self, fd: int, direct: bool, transfer: Callable[[], _T]) -> _T:
+        """``transfer()`` on ``fd``; where it is an O_DIRECT transfer the filesystem refuses
+        (EINVAL) under AUTO, :meth:`buffered` and once more."""
+        try:
+            return transfer()
+        except OSError as error:
+            if not direct or error.errno != errno.EINVAL or self.mode is DirectIO.ON:
+                raise
+            self.buffered(fd, error)
+        return transfer()
+
+    def buffered(self, fd: int, error: OSError) -> None:
+        """Fall back (:meth:`fall_back`) and clear O_DIRECT on the open ``fd`` itself, so the
+        call goes on with the same file (which another engine may have unlinked since)."""
+        self.fall_back(error)
+        fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) & ~_O_DIRECT)
+
     def fall_back(self, error: OSError) -> None:
         """Switch to buffered I/O for good (AUTO only), logged once."""
         with self._lock:
@@ -103,28 +137,71 @@ class FileIO:
             error,
         )
 
-    def write(self, fd: int, image: memoryview) -> None:
-        """Write ``image`` (aligned, a multiple of ALIGN) from offset 0."""
-        self._pieces(fd, image, _pwrite_all)
+    def write_chunk(self, fd: int, image: memoryview, key: bytes, value: bytes) -> None:
+        """Write the file of ``key`` and ``value`` through ``image`` (aligned, at least the
+        padded size) from offset 0. Slices after the first are copied, hashed and written side
+        by side on the pool; the first block (the header, which needs every slice's digest)
+        goes last, in one write with the first slice."""
+        view = memoryview(value)
+        parts = slices(len(value))
 
-    def read(self, fd: int, image: memoryview) -> int:
-        """Read up to ``len(image)`` bytes from offset 0; returns how many (short at EOF)."""
-        return sum(self._pieces(fd, image, _pread_all))
+        def one(a: int, b: int) -> bytes:
+            start, stop = ALIGN + a, ALIGN + _blocks(b)
+            image[start : ALIGN + b] = view[a:b]
+            image[ALIGN + b : stop] = bytes(stop - ALIGN - b)
+            digest = slice_digest(view[a:b])
+            if a:
+                _pwrite_all(fd, image[start:stop], start)
+            return digest
 
-    def _pieces(self, fd: int, image: memoryview, one: _Piece) -> list[int]:
-        size = len(image)
-        if self._pool is None or size <= SEGMENT:
-            return [one(fd, image, 0)]
-        futures = [
-            self._pool.submit(one, fd, image[start : start + SEGMENT], start)
-            for start in range(0, size, SEGMENT)
-        ]
-        # Every piece finishes before the buffer goes back (no write into a reused buffer).
-        done = [f.exception() for f in futures]
-        failed = next((e for e in done if e is not None), None)
+        digests = self._each(one, parts)
+        encode_header(image[:ALIGN], key, len(value), top_digest(key, len(value), digests))
+        _pwrite_all(fd, image[: ALIGN + _blocks(min(len(value), SLICE))], 0)
+
+    def read_chunk(self, fd: int, image: memoryview, key: bytes, size: int) -> bytes | Damage:
+        """Read and verify the file of ``size`` bytes that should hold ``key``: its first block
+        and first slice in one read, the header checked, then the other slices read and
+        hashed side by side on the pool. The value, or what is wrong with the file."""
+        first = min(size, ALIGN + SLICE)
+        got = _pread_all(fd, image[:first], 0)
+        header = parse_header(image[:ALIGN], key, size if got == first else got)
+        if isinstance(header, Damage):
+            return header
+        value_len = header.value_len
+
+        def one(a: int, b: int) -> bytes | None:
+            start, stop = ALIGN + a, ALIGN + _blocks(b)
+            if a and _pread_all(fd, image[start:stop], start) < stop - start:
+                return None  # cut short while we read
+            return slice_digest(image[start : ALIGN + b])
+
+        read = self._each(one, slices(value_len))
+        digests = [digest for digest in read if digest is not None]
+        if len(digests) < len(read):
+            return Damage.TRUNCATED
+        if top_digest(key, value_len, digests) != header.digest:
+            return Damage.DIGEST
+        return bytes(image[ALIGN : ALIGN + value_len])
+
+    def _each(self, one: Callable[[int, int], _T], parts: list[tuple[int, int]]) -> list[_T]:
+        """``one`` of each part: the first on this thread, the others on the pool (if any)."""
+        if self._pool is None or len(parts) <= 1:
+            return [one(a, b) for a, b in parts]
+        futures = [self._pool.submit(one, a, b) for a, b in parts[1:]]
+        try:
+            head = one(*parts[0])
+        finally:
+            # Every part finishes before the buffer goes back (none writes a reused buffer).
+            errors = [f.exception() for f in futures]
+        failed = next((e for e in errors if e is not None), None)
         if failed is not None:
             raise failed
-        return [f.result() for f in futures]
+        return [head, *(f.result() for f in futures)]
+
+
+def _blocks(n: int) -> int:
+    """``n`` rounded up to whole blocks."""
+    return -(-n // ALIGN) * ALIGN
 
 
 def _pwrite_all(fd: int, piece: memoryview, offset: int) -> int:

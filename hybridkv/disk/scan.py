@@ -1,36 +1,36 @@
 """One pass over a disk tier's directory: the complete files, and what a crash left.
 
-Used at start-up (the rebuild, DK-5) and by an OWNER's periodic rescan (files other engines
-wrote or removed). Reads names and ``stat`` only, never a file's bytes: a file is complete when
-its name is a chunk's and its size a positive multiple of the alignment (every file the tier
-renames into place is); its content is verified when it is read (DK-1, DK-6). A complete-named
-file of another size is truncated. Temporary files are judged by :func:`~.names.is_torn`. Names
-the tier never writes are left alone. The 256 subdirectories are listed side by side on the
-I/O pool.
+Used at start-up (the rebuild, DK-5: every subdirectory, side by side on the I/O pool) and by
+an OWNER's periodic rescan (files other engines wrote or removed: one subdirectory at a time).
+Reads names and ``stat`` only, never a file's bytes: a file is complete when its name is a
+chunk's and its size a positive multiple of the alignment (every file the tier renames into
+place is); its content is verified when it is read (DK-1, DK-6). A complete-named file of
+another size is truncated. Temporary files are judged by :func:`~.names.is_torn`. Names the
+tier never writes are left alone.
 """
 
 from __future__ import annotations
 
 import os
 import time
-from collections.abc import Iterable
 from concurrent.futures import Executor
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import NamedTuple
 
 from hybridkv.disk.fileformat import ALIGN
 from hybridkv.disk.names import is_torn, key_of, parse_temp
 
-__all__ = ["Found", "Listing", "scan"]
+__all__ = ["Found", "Listing", "scan", "scan_subdir"]
 
 
-@dataclass(frozen=True, slots=True)
-class Found:
-    """A complete file: its key, size and modification time (ns)."""
+class Found(NamedTuple):
+    """A complete file: its modification time (ns), key and size. Found values sort as
+    tuples, oldest first (a million of them sort without a key function)."""
 
+    mtime_ns: int
     key: bytes
     size: int
-    mtime_ns: int
 
 
 @dataclass(slots=True)
@@ -47,23 +47,25 @@ class Listing:
         self.torn += other.torn
 
 
-def scan(directory: Path, pool: Executor | None, stale_temp_s: float) -> Listing:
-    """List ``directory``'s chunk subdirectories (a missing directory lists nothing)."""
+def scan(directory: Path, pool: Executor, stale_temp_s: float) -> Listing:
+    """List ``directory``'s chunk subdirectories side by side on ``pool`` (a missing directory
+    lists nothing)."""
     try:
         with os.scandir(directory) as entries:
             subdirs = [e.name for e in entries if _is_subdir(e)]
     except FileNotFoundError:
         return Listing()
     now = time.time()
-    parts: Iterable[Listing]
-    if pool is None:
-        parts = (_scan_one(directory / s, s, now, stale_temp_s) for s in subdirs)
-    else:
-        parts = pool.map(lambda s: _scan_one(directory / s, s, now, stale_temp_s), subdirs)
+    parts = pool.map(lambda s: _scan_one(directory / s, s, now, stale_temp_s), subdirs)
     listing = Listing()
     for part in parts:
         listing.merge(part)
     return listing
+
+
+def scan_subdir(directory: Path, subdir: str, stale_temp_s: float) -> Listing:
+    """List one chunk subdirectory (``"00"`` to ``"ff"``; a missing one lists nothing)."""
+    return _scan_one(directory / subdir, subdir, time.time(), stale_temp_s)
 
 
 def _is_subdir(entry: os.DirEntry[str]) -> bool:
@@ -99,4 +101,4 @@ def _judge(entry: os.DirEntry[str], subdir: str, now: float, stale: float, out: 
     if info.st_size <= 0 or info.st_size % ALIGN:
         out.truncated.append(Path(entry.path))
     else:
-        out.files.append(Found(key, info.st_size, info.st_mtime_ns))
+        out.files.append(Found(info.st_mtime_ns, key, info.st_size))

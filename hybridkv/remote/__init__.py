@@ -5,7 +5,8 @@ encrypts values), :mod:`.client` (redis-py, faults returned), :mod:`.cluster` (t
 Redis/Valkey Cluster), :mod:`.tier` (write-behind, lookups, fetches, counters), :mod:`.slots`
 (host slot bytes), :mod:`.identity` (the model identity and weights version scoped into chunk
 keys), :mod:`.shards` (a chunk's tensor-parallel shards: one key each, held only when all are),
-:mod:`.two_tier` (the host store composed with the tier), and, so that a slow or dead server
+:mod:`.two_tier` (the host store composed with the tier), :mod:`.stacked` (a near store, the
+disk tier, over the server: issue 31), and, so that a slow or dead server
 never stalls vLLM's scheduler (issue 30): :mod:`.lookups` (EXISTS asked off the caller's
 thread), :mod:`.lookup_book` (per request, the lookup asked and the bounded wait for it),
 :mod:`.fetches` (fetches side by side, a late one a miss) and :mod:`.breaker` (a circuit
@@ -52,6 +53,7 @@ from hybridkv.remote.shards import (
     shard_namespaces,
 )
 from hybridkv.remote.slots import SlotBuffer
+from hybridkv.remote.stacked import STACK_COUNTER_NAMES, StackedClient
 from hybridkv.remote.tier import RemoteTier
 from hybridkv.remote.two_tier import Promotion, TwoTierStore
 from hybridkv.remote.values import (
@@ -74,6 +76,7 @@ __all__ = [
     "LATE",
     "MAGIC",
     "REMOTE_COUNTER_NAMES",
+    "STACK_COUNTER_NAMES",
     "Admission",
     "BreakerConfig",
     "BreakerCounts",
@@ -110,6 +113,7 @@ __all__ = [
     "RemoteTier",
     "ShardPlan",
     "SlotBuffer",
+    "StackedClient",
     "TlsFiles",
     "TwoTierStore",
     "ValueFormat",

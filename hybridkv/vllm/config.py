@@ -101,7 +101,10 @@ write-behind and verified fetches (:mod:`hybridkv.disk`):
   ``"auto"`` falls back to buffered where the filesystem refuses it (logged once), ``"on"``
   refuses to start there.
 
-With ``remote_url`` too: refused (the disk stacked over a server is not built yet).
+With ``remote_url`` too, the tiers stack host -> disk -> server
+(:class:`hybridkv.remote.StackedClient`): a lookup or a read asks the disk first, then the
+server, and a server hit is written to the disk; a write goes to both. The server's keys
+(``remote_namespace``, timeout, breaker) apply; the disk is never behind the breaker.
 
 Unknown keys and bad values raise a one-line :class:`~hybridkv.errors.HybridKVConfigError`
 naming the key, the value and the fix.
@@ -530,13 +533,6 @@ def _cluster_url(url: str, rest: str) -> tuple[tuple[str, int], ...]:
 
 def _refuse_unimplemented(config: HybridKVConfig) -> None:
     """Values of keys whose behaviour is not built yet are refused, never silently ignored."""
-    if config.disk is not None and config.remote is not None:
-        raise HybridKVConfigError(
-            f"{_WHERE}.disk_dir",
-            config.disk.root,
-            "with remote_url: the disk tier stacked over a server is not built yet",
-            "give disk_dir or remote_url, not both (docs/howto/disk-tier.md)",
-        )
     if config.sync_load_max_bytes != 0:
         raise HybridKVConfigError(
             f"{_WHERE}.sync_load_max_bytes",

@@ -38,6 +38,10 @@ writes, runs the fetches into the host slots in ``start_load_kv`` and reports ea
 shard of every chunk, a chunk is found only if every shard is, and a promotion resolves once
 every fetching rank reported it (:mod:`hybridkv.remote.shards`).
 
+Disk tier (``disk_dir``, :mod:`hybridkv.vllm.disk`): the same machinery on a directory, files
+that outlive the process; with ``remote_url`` too, the disk stacks over the server
+(:class:`hybridkv.remote.StackedClient`).
+
 The class is this module's; its two roles' hooks are in :mod:`hybridkv.vllm.scheduler_role`
 and :mod:`hybridkv.vllm.worker_role` (base classes of it), what crosses between them each step
 in :mod:`hybridkv.vllm.step_metadata`. This module keeps the construction both roles share,
@@ -249,21 +253,28 @@ class HybridKVConnector(SchedulerRole, WorkerRole, KVConnectorBase_V1, SupportsH
             self.remote = self._scheduler_tier(vllm_config, self.core)
 
     def _scheduler_tier(self, vllm_config: Any, core: ConnectorCore) -> SchedulerRemote | None:
-        """The scheduler side of the tier under the host: the shared server's (``remote_url``),
+        """The scheduler side of the tiers under the host: the shared server's (``remote_url``),
         the disk's (``disk_dir``: hybridkv.vllm.disk, the same machinery on READER clients of
-        each shard's directory, without a breaker), or None."""
+        each shard's directory, without a breaker), both stacked, or None."""
         remote, disk = self.hybridkv_config.remote, self.hybridkv_config.disk
+        if remote is None and disk is None:
+            return None
+        identity = model_identity(vllm_config, self.layout)
         if remote is not None:
+            # With disk_dir too, the disk's readers stack over the server (host -> disk ->
+            # server): asked first, never behind the server's breaker.
+            shards = self.remote_shards
+            near = None if disk is None else scheduler_disk_client(disk, identity, shards)
             return SchedulerRemote(
                 core,
                 remote_config(remote),
-                identity=model_identity(vllm_config, self.layout),
+                identity=identity,
                 shards=self.remote_shards,
                 lookups=lookup_policy(remote),
                 breaker=breaker_config(remote),
+                near=near,
             )
         if disk is not None:
-            identity = model_identity(vllm_config, self.layout)
             return SchedulerRemote(
                 core,
                 disk_remote_config(),

@@ -105,6 +105,7 @@ from hybridkv.remote import (
     Admission,
     BreakerConfig,
     Chunk,
+    ChunkClient,
     CircuitBreaker,
     ClientFault,
     Consult,
@@ -120,6 +121,7 @@ from hybridkv.remote import (
     RemoteConfig,
     RemoteTier,
     ShardPlan,
+    StackedClient,
     breaker_counters,
     chunk_key,
     client_for,
@@ -265,6 +267,7 @@ class SchedulerRemote:
         lookups: LookupPolicy = DEFAULT_LOOKUPS,
         breaker: BreakerConfig | None = DEFAULT_BREAKER,
         clock: Callable[[], float] | None = None,
+        near: ChunkClient | None = None,
     ) -> None:
         """Lookups go through ``client`` (default: :func:`hybridkv.remote.client_for`'s, on
         ``config``'s server or cluster; this side only asks EXISTS), asked as ``lookups`` says
@@ -274,7 +277,9 @@ class SchedulerRemote:
         and the weights version, 0 until the first :meth:`reset`, after which the engine's own
         epoch (random, drawn at the first reset) scopes it too. ``shards``: how the TP ranks
         map onto each chunk's shards (default: one per rank of ``identity.tp_size``, private
-        memory); a lookup asks every shard's key."""
+        memory); a lookup asks every shard's key. ``near``: a store stacked above the server
+        (the disk tier's readers, :mod:`hybridkv.remote.stacked`), asked first and never
+        behind the breaker."""
         self.core = core
         self.config = config
         self.identity = identity
@@ -285,7 +290,12 @@ class SchedulerRemote:
         self._client = client if client is not None else client_for(config)
         now = clock if clock is not None else time.monotonic
         self.breaker = None if breaker is None else CircuitBreaker(breaker, now)
-        asking = self._client if self.breaker is None else GuardedClient(self._client, self.breaker)
+        asking: ChunkClient = (
+            self._client if self.breaker is None else GuardedClient(self._client, self.breaker)
+        )
+        self._near = near
+        if near is not None:
+            asking = StackedClient(near, asking)
         queue = LookupQueue(asking, workers=lookups.workers, max_queued=lookups.max_queued)
         self.lookups = LookupBook(queue, lookups, breaker=self.breaker, clock=now)
         self._step = 0
@@ -538,6 +548,8 @@ class SchedulerRemote:
         """Stop the lookup threads (each ends within the deadline), then disconnect."""
         self.lookups.queue.close(self.config.deadline_s + self.config.connect_timeout_s)
         self._client.close()
+        if self._near is not None:
+            self._near.close()
 
     def _resolve(self, key: bytes, promotion: _Promotion, outcome: PromoteOutcome) -> None:
         success = outcome is PromoteOutcome.PROMOTED
@@ -593,6 +605,7 @@ class WorkerRemote:
         clock: Callable[[], float] | None = None,
         rank: int = 0,
         shards: ShardPlan | None = None,
+        near: ChunkClient | None = None,
     ) -> None:
         """Writes and fetches go through ``client`` (default:
         :func:`hybridkv.remote.client_for`'s) behind a circuit breaker of ``breaker`` (None:
@@ -600,7 +613,10 @@ class WorkerRemote:
         worker's tensor-parallel rank; ``shards``: how the ranks map onto a chunk's shards
         (default: one rank). A rank that is not its shard's writer queues no write; a rank
         whose shared host region its group's first rank fills runs no fetch and reports none
-        (the promotion waits for ``shards.fetchers`` reports)."""
+        (the promotion waits for ``shards.fetchers`` reports). ``near``: a store stacked above
+        the server (this rank's disk tier, :mod:`hybridkv.remote.stacked`): read first, filled
+        on a server hit, written with it; never behind the breaker, so writes go on to it
+        while the breaker skips the server."""
         self.config = config
         self.host = host
         self.shards = shards if shards is not None else ShardPlan()
@@ -613,7 +629,13 @@ class WorkerRemote:
         raw = client if client is not None else client_for(config)
         now = clock if clock is not None else time.monotonic
         self.breaker = None if breaker is None else CircuitBreaker(breaker, now)
-        self._client = raw if self.breaker is None else GuardedClient(raw, self.breaker)
+        self._client: ChunkClient = (
+            raw if self.breaker is None else GuardedClient(raw, self.breaker)
+        )
+        self.stack: StackedClient | None = None
+        if near is not None:
+            self.stack = StackedClient(near, self._client)
+            self._client = self.stack
         self.tier = RemoteTier(config, self._client, background=background)
         self.pool = FetchPool(fetch_workers)
         self.count = dict.fromkeys(WORKER_COUNTERS, 0)
@@ -632,7 +654,7 @@ class WorkerRemote:
         breaker = self.breaker
         writes = orders.writes if self.shards.writes(self.rank) else ()
         for order in writes:
-            if breaker is not None and breaker.skipping():
+            if breaker is not None and self.stack is None and breaker.skipping():
                 breaker.skipped()  # the server is seen down: no copy, no SET
                 self.count["remote_writes_skipped"] += 1
                 continue

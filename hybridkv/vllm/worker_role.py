@@ -142,23 +142,29 @@ class WorkerRole:
             # around the engine); its group's writer stores the shared slots.
             engine = ReplicaEngine(engine)
         self._host, self._engine = host, engine
-        if self.hybridkv_config.remote is not None:
-            settings = self.hybridkv_config.remote
-            self.worker_remote = WorkerRemote(
-                remote_config(settings),
+        self.worker_remote = self._worker_tier(host)
+        self.worker = TransferWorker(engine, self._slots, caches, host, fault_hook=job_fault_hook)
+
+    def _worker_tier(self, host: HostMemory) -> WorkerRemote | None:
+        """The worker side of the tiers under the host (the scheduler's ``_scheduler_tier``).
+        The disk: this rank's shard directory (hybridkv.vllm.disk), OWNER where the rank writes
+        it, its index rebuilt from the files now, before the first step."""
+        remote, disk = self.hybridkv_config.remote, self.hybridkv_config.disk
+        client = None
+        if disk is not None:
+            identity = model_identity(self._vllm_config, self.layout)
+            client = worker_disk_client(disk, identity, self.remote_shards, self.rank)
+        if remote is not None:
+            return WorkerRemote(
+                remote_config(remote),
                 host,
-                breaker=breaker_config(settings),
+                breaker=breaker_config(remote),
                 rank=self.rank,
                 shards=self.remote_shards,
+                near=client,
             )
-        elif self.hybridkv_config.disk is not None:
-            # This rank's shard directory (hybridkv.vllm.disk): OWNER where the rank writes
-            # it, its index rebuilt from the files now, before the first step.
-            identity = model_identity(self._vllm_config, self.layout)
-            client = worker_disk_client(
-                self.hybridkv_config.disk, identity, self.remote_shards, self.rank
-            )
-            self.worker_remote = WorkerRemote(
+        if client is not None:
+            return WorkerRemote(
                 disk_remote_config(),
                 host,
                 client=client,
@@ -166,7 +172,7 @@ class WorkerRole:
                 rank=self.rank,
                 shards=self.remote_shards,
             )
-        self.worker = TransferWorker(engine, self._slots, caches, host, fault_hook=job_fault_hook)
+        return None
 
     def handle_preemptions(self, kv_connector_metadata: Any) -> None:
         # Nothing to flush: every block an in-flight store reads is pinned in vLLM's block pool

@@ -4,6 +4,7 @@ rebuild, rescans, O_DIRECT and its fallback, and the remote tier driving it."""
 from __future__ import annotations
 
 import errno
+import fcntl
 import logging
 import os
 import threading
@@ -38,12 +39,21 @@ def owner(directory: Path, capacity: int, **settings: Any) -> DiskClient:
     return DiskClient(DiskConfig(directory, capacity, rescan_s=0, **settings))
 
 
-def blocks(n: int) -> int:
-    return n * ALIGN
+FILE = padded_size(32, 1000)
+"""The size of a small file (a header block and one block of value): the tests' unit."""
+
+
+def files(n: int) -> int:
+    return n * FILE
+
+
+def sized(i: int, n_files: int) -> bytes:
+    """A value of chunk ``i`` whose file is exactly ``n_files`` small files' size."""
+    return value_of(key_of(i), files(n_files) - ALIGN)
 
 
 def one_block(i: int) -> tuple[bytes, bytes]:
-    """Chunk ``i`` with a value whose file is one block."""
+    """Chunk ``i`` with a value whose file is one small file."""
     key = key_of(i)
     return key, value_of(key, 1000)
 
@@ -53,7 +63,7 @@ def nonzero(snapshot: dict[str, Any]) -> dict[str, int]:
 
 
 def test_set_get_exists_and_the_snapshot(tmp_path: Path) -> None:
-    client = owner(tmp_path, blocks(4))
+    client = owner(tmp_path, files(4))
     key, value = one_block(0)
     assert client.exists([key]) == (False,)
     assert client.get(key) is None
@@ -65,10 +75,10 @@ def test_set_get_exists_and_the_snapshot(tmp_path: Path) -> None:
     assert set(snap) == {"index", "bytes", "reserved", "pins", "counters"}
     assert tuple(snap["counters"]) == DISK_COUNTER_NAMES
     assert snap["index"] == (key.hex(),)
-    assert (snap["bytes"], snap["reserved"], snap["pins"]) == (ALIGN, 0, ())
+    assert (snap["bytes"], snap["reserved"], snap["pins"]) == (FILE, 0, ())
     assert nonzero(snap) == {
         "exists_calls": 2, "exists_keys": 3, "exists_found": 1, "gets": 2, "hits": 1,
-        "misses": 1, "sets": 1, "written": 1, "bytes_written": ALIGN, "bytes_read": ALIGN,
+        "misses": 1, "sets": 1, "written": 1, "bytes_written": FILE, "bytes_read": FILE,
     }  # fmt: skip
     client.close()
     assert client.get(key) is ClientFault.FAULT
@@ -79,17 +89,17 @@ def test_set_get_exists_and_the_snapshot(tmp_path: Path) -> None:
 
 
 def test_lru_evicts_by_bytes_least_recent_unpinned_first(tmp_path: Path) -> None:
-    client = owner(tmp_path, blocks(4))
+    client = owner(tmp_path, files(4))
     chunks = [one_block(i) for i in range(4)]
     for key, value in chunks[:3]:
         assert client.set(key, value, 0) is None
     assert client.get(chunks[0][0]) == chunks[0][1]  # 0 becomes the most recent
-    big = value_of(key_of(9), blocks(2))  # 3 blocks with its header
+    big = sized(9, 3)
     assert client.set(key_of(9), big, 0) is None  # evicts 1 and 2
     snap = client.snapshot()
     assert snap["index"] == (chunks[0][0].hex(), key_of(9).hex())
-    assert snap["bytes"] == blocks(4)
-    assert (snap["counters"]["evictions"], snap["counters"]["evicted_bytes"]) == (2, blocks(2))
+    assert snap["bytes"] == files(4)
+    assert (snap["counters"]["evictions"], snap["counters"]["evicted_bytes"]) == (2, files(2))
     assert not chunk_path(tmp_path, chunks[1][0]).exists()
     assert client.get(chunks[1][0]) is None
     assert client.get(key_of(9)) == big
@@ -98,8 +108,8 @@ def test_lru_evicts_by_bytes_least_recent_unpinned_first(tmp_path: Path) -> None
 
 
 def test_refusals_change_nothing_but_counters(tmp_path: Path) -> None:
-    client = owner(tmp_path, blocks(2))
-    assert client.set(key_of(1), bytes(blocks(2)), 0) is ClientFault.FAULT  # 3 blocks > 2
+    client = owner(tmp_path, files(2))
+    assert client.set(key_of(1), sized(1, 3), 0) is ClientFault.FAULT  # 3 files > 2
     key, value = one_block(0)
     assert client.set(key, value, 0) is None
     assert client.set(key, value, 0) is None  # indexed: not written again
@@ -117,20 +127,20 @@ def test_refusals_change_nothing_but_counters(tmp_path: Path) -> None:
 def _held_reads(client: DiskClient) -> tuple[threading.Event, threading.Event]:
     """Make the client's reads wait, after opening the file, until ``release`` is set."""
     opened, release = threading.Event(), threading.Event()
-    read = client._io.read
+    read = client._io.read_chunk
 
-    def held(fd: int, image: memoryview) -> int:
+    def held(fd: int, image: memoryview, key: bytes, size: int) -> object:
         opened.set()
         assert release.wait(10)
-        return read(fd, image)
+        return read(fd, image, key, size)
 
-    client._io.read = held  # type: ignore[method-assign]
+    client._io.read_chunk = held  # type: ignore[assignment]
     return opened, release
 
 
 def test_a_read_pins_its_key_against_eviction(tmp_path: Path) -> None:
     """DK-3: while a get reads key 0, a set that needs its room is refused; after, it is not."""
-    client = owner(tmp_path, blocks(1))
+    client = owner(tmp_path, files(1))
     key, value = one_block(0)
     assert client.set(key, value, 0) is None
     opened, release = _held_reads(client)
@@ -152,7 +162,7 @@ def test_a_read_pins_its_key_against_eviction(tmp_path: Path) -> None:
 
 def test_a_file_removed_while_a_read_holds_it_open_reads_whole(tmp_path: Path) -> None:
     """DK-7: another engine unlinks the file after our open: the read still verifies whole."""
-    client = owner(tmp_path, blocks(2))
+    client = owner(tmp_path, files(2))
     key, value = one_block(0)
     client.set(key, value, 0)
     opened, release = _held_reads(client)
@@ -174,38 +184,37 @@ def test_a_file_removed_while_a_read_holds_it_open_reads_whole(tmp_path: Path) -
 
 def test_a_write_in_flight_holds_its_reservation_and_is_invisible(tmp_path: Path) -> None:
     """DK-2 with writes in flight, DK-4: until its rename a key is neither seen nor counted."""
-    client = owner(tmp_path, blocks(2))
+    client = owner(tmp_path, files(2))
     started, release = threading.Event(), threading.Event()
-    write = client._io.write
+    write = client._io.write_chunk
 
-    def held(fd: int, image: memoryview) -> None:
+    def held(fd: int, image: memoryview, key: bytes, value: bytes) -> None:
         started.set()
         assert release.wait(10)
-        write(fd, image)
+        write(fd, image, key, value)
 
-    client._io.write = held  # type: ignore[method-assign]
+    client._io.write_chunk = held  # type: ignore[method-assign]
     key, value = one_block(0)
     writer = threading.Thread(target=client.set, args=(key, value, 0))
     writer.start()
     assert started.wait(10)
     snap = client.snapshot()
-    assert (snap["bytes"], snap["reserved"], snap["index"]) == (0, ALIGN, ())
+    assert (snap["bytes"], snap["reserved"], snap["index"]) == (0, FILE, ())
     assert client.exists([key]) == (False,)
     assert client.get(key) is None
     assert client.set(key, value, 0) is None  # the same key's write is in flight
     assert client.snapshot()["counters"]["set_pending"] == 1
-    big = value_of(key_of(5), 5000)  # 2 blocks: only 1 is free
-    assert client.set(key_of(5), big, 0) is ClientFault.FAULT
+    assert client.set(key_of(5), sized(5, 2), 0) is ClientFault.FAULT  # 1 file's room is free
     release.set()
     writer.join()
     assert client.get(key) == value
     snap = client.snapshot()
-    assert (snap["bytes"], snap["reserved"]) == (ALIGN, 0)
+    assert (snap["bytes"], snap["reserved"]) == (FILE, 0)
     client.close()
 
 
 def test_many_threads_read_and_write_within_the_bound(tmp_path: Path) -> None:
-    client = owner(tmp_path, blocks(6), threads=3)
+    client = owner(tmp_path, files(6), threads=3)
     wrong: list[int] = []
     faults: list[object] = []
     stop = time.monotonic() + 2.0
@@ -233,7 +242,7 @@ def test_many_threads_read_and_write_within_the_bound(tmp_path: Path) -> None:
         thread.join()
     assert wrong == []
     snap = client.snapshot()
-    assert snap["bytes"] <= blocks(6)
+    assert snap["bytes"] <= files(6)
     assert snap["reserved"] == 0
     assert snap["counters"]["set_no_space"] == len(faults)  # pins only, never an I/O fault
     on_disk = sum(p.stat().st_size for p in tmp_path.glob("*/*"))
@@ -242,7 +251,7 @@ def test_many_threads_read_and_write_within_the_bound(tmp_path: Path) -> None:
 
 
 def test_arc_policy_runs_the_same_contract(tmp_path: Path) -> None:
-    client = owner(tmp_path, blocks(3), policy="arc")
+    client = owner(tmp_path, files(3), policy="arc")
     for i in range(6):
         client.set(*one_block(i), 0)
         client.get(key_of(i))
@@ -270,10 +279,10 @@ def test_big_values_go_in_segments_and_back(tmp_path: Path) -> None:
 
 
 def test_a_large_lookup_is_statted_on_the_pool(tmp_path: Path) -> None:
-    writer = owner(tmp_path, blocks(100))
+    writer = owner(tmp_path, files(100))
     for i in range(0, 60, 3):
         writer.set(*one_block(i), 0)
-    reader = DiskClient(DiskConfig(tmp_path, blocks(100)), role=DiskRole.READER)
+    reader = DiskClient(DiskConfig(tmp_path, files(100)), role=DiskRole.READER)
     keys = [key_of(i) for i in range(60)]
     assert reader.exists(keys) == tuple(i % 3 == 0 for i in range(60))
     assert writer.exists(keys) == reader.exists(keys)
@@ -282,19 +291,19 @@ def test_a_large_lookup_is_statted_on_the_pool(tmp_path: Path) -> None:
 
 
 def test_a_reader_never_writes_or_removes(tmp_path: Path) -> None:
-    reader = DiskClient(DiskConfig(tmp_path / "none", blocks(4)), role=DiskRole.READER)
+    reader = DiskClient(DiskConfig(tmp_path / "none", files(4)), role=DiskRole.READER)
     assert not (tmp_path / "none").exists()  # a reader does not create the directory
     assert reader.exists([key_of(0)]) == (False,)
     reader.close()
-    writer = owner(tmp_path, blocks(4))
+    writer = owner(tmp_path, files(4))
     key, value = one_block(0)
     writer.set(key, value, 0)
-    reader = DiskClient(DiskConfig(tmp_path, blocks(4)), role=DiskRole.READER)
+    reader = DiskClient(DiskConfig(tmp_path, files(4)), role=DiskRole.READER)
     assert reader.get(key) == value
     assert reader.set(key_of(1), b"x", 0) is ClientFault.FAULT
     path = chunk_path(tmp_path, key)
     data = bytearray(path.read_bytes())
-    data[200] ^= 1
+    data[ALIGN + 200] ^= 1
     path.write_bytes(data)
     assert reader.get(key) is None
     assert path.exists()  # the owner removes damaged files, not a reader
@@ -310,7 +319,7 @@ def test_rebuild_indexes_complete_files_by_mtime_and_removes_what_a_crash_left(
     tmp_path: Path,
 ) -> None:
     """DK-5 on a directory laid out by hand."""
-    first = owner(tmp_path, blocks(10))
+    first = owner(tmp_path, files(10))
     for i in range(4):
         first.set(*one_block(i), 0)
     first.close()
@@ -329,12 +338,12 @@ def test_rebuild_indexes_complete_files_by_mtime_and_removes_what_a_crash_left(
     (sub / f".{name}.tmp.otherhost.{dead}.0000").write_bytes(b"young")  # kept
     (sub / name).write_bytes(b"x" * 100)  # a complete name, truncated
     (sub / "notes.txt").write_bytes(b"not ours")  # left alone
-    second = DiskClient(DiskConfig(tmp_path, blocks(3), rescan_s=0, stale_temp_s=300))
+    second = DiskClient(DiskConfig(tmp_path, files(3), rescan_s=0, stale_temp_s=300))
     snap = second.snapshot()
     # Over capacity: the oldest (1) removed; the rest in mtime order, oldest first.
     assert snap["index"] == tuple(key_of(i).hex() for i in (3, 0, 2))
     assert nonzero(snap) == {
-        "rebuild_files": 3, "rebuild_bytes": blocks(3), "rebuild_torn": 2,
+        "rebuild_files": 3, "rebuild_bytes": files(3), "rebuild_torn": 2,
         "rebuild_truncated": 1, "rebuild_over_capacity": 1,
     }  # fmt: skip
     assert sorted(p.name.rsplit(".", 1)[1] for p in sub.glob(".*")) == ["0000", "cd34"]
@@ -358,7 +367,7 @@ def _dead_pid() -> int:
 
 
 def test_a_rescan_adopts_what_others_wrote_and_forgets_what_they_removed(tmp_path: Path) -> None:
-    a, b = owner(tmp_path, blocks(3)), owner(tmp_path, blocks(3))
+    a, b = owner(tmp_path, files(3)), owner(tmp_path, files(3))
     for i in range(2):
         a.set(*one_block(i), 0)
     assert b.snapshot()["index"] == ()
@@ -383,8 +392,8 @@ def test_a_rescan_adopts_what_others_wrote_and_forgets_what_they_removed(tmp_pat
 
 
 def test_the_rescan_thread_runs_every_rescan_s(tmp_path: Path) -> None:
-    a = owner(tmp_path, blocks(3))
-    b = DiskClient(DiskConfig(tmp_path, blocks(3), rescan_s=0.05))
+    a = owner(tmp_path, files(3))
+    b = DiskClient(DiskConfig(tmp_path, files(3), rescan_s=0.05))
     a.set(*one_block(0), 0)
     deadline = time.monotonic() + 10
     while b.snapshot()["counters"]["adopted"] == 0 and time.monotonic() < deadline:
@@ -396,25 +405,25 @@ def test_the_rescan_thread_runs_every_rescan_s(tmp_path: Path) -> None:
 
 class _Refusing:
     """os.open/pwrite/preadv that refuse O_DIRECT with EINVAL, as tmpfs before Linux 6.6 and
-    some network filesystems do: at open (``at="open"``) or at the first transfer."""
+    some network filesystems do: at open (``at="open"``) or at each transfer on a file whose
+    O_DIRECT flag is set (the start-up probe's aside, so the refusal comes at a transfer)."""
 
     def __init__(self, monkeypatch: pytest.MonkeyPatch, at: str) -> None:
-        self.direct_fds: set[int] = set()
-        self.at = at
+        self.probes: set[int] = set()
         real_open, real_pwrite, real_preadv = os.open, os.pwrite, os.preadv
 
         def fake_open(path: Any, flags: int, mode: int = 0o777, **kw: Any) -> int:
             if flags & os.O_DIRECT and at == "open":
                 raise OSError(errno.EINVAL, "Invalid argument")
             fd = real_open(path, flags, mode, **kw)
-            self.direct_fds.discard(fd)  # a number reused after a close
-            if flags & os.O_DIRECT and ".probe." not in str(path):
-                self.direct_fds.add(fd)
+            self.probes.discard(fd)  # a number reused after a close
+            if ".probe." in str(path):
+                self.probes.add(fd)
             return fd
 
         def refuse(real: Any) -> Any:
             def transfer(fd: int, *args: Any) -> Any:
-                if fd in self.direct_fds:
+                if fcntl.fcntl(fd, fcntl.F_GETFL) & os.O_DIRECT and fd not in self.probes:
                     raise OSError(errno.EINVAL, "Invalid argument")
                 return real(fd, *args)
 
@@ -436,14 +445,14 @@ def test_o_direct_refused_falls_back_to_buffered_logged_once(
     _Refusing(monkeypatch, at)
     if at == "open":
         with pytest.raises(HybridKVConfigError) as caught:
-            owner(tmp_path, blocks(4), direct=DirectIO.ON)
+            owner(tmp_path, files(4), direct=DirectIO.ON)
         assert caught.value.field == "disk_direct"
     with caplog.at_level(logging.WARNING, logger="hybridkv.disk"):
-        client = owner(tmp_path, blocks(4))
+        client = owner(tmp_path, files(4))
         for i in range(3):
             assert client.set(*one_block(i), 0) is None
             assert client.get(key_of(i)) == one_block(i)[1]
-        reader = DiskClient(DiskConfig(tmp_path, blocks(4)), role=DiskRole.READER)
+        reader = DiskClient(DiskConfig(tmp_path, files(4)), role=DiskRole.READER)
         assert reader.get(key_of(0)) == one_block(0)[1]
         assert reader.get(key_of(1)) == one_block(1)[1]
     assert client.snapshot()["counters"]["direct_fallbacks"] == 1
@@ -456,11 +465,10 @@ def test_o_direct_refused_falls_back_to_buffered_logged_once(
 def test_o_direct_on_refuses_every_transfer_instead_of_falling_back(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    refusing = _Refusing(monkeypatch, "transfer")
-    client = owner(tmp_path, blocks(4), direct=DirectIO.ON)
+    _Refusing(monkeypatch, "transfer")
+    client = owner(tmp_path, files(4), direct=DirectIO.ON)
     assert client.set(*one_block(0), 0) is ClientFault.FAULT
     assert list(tmp_path.glob("*/.*")) == []  # the temporary file removed
-    refusing.direct_fds.clear()
     monkeypatch.undo()
     assert client.set(*one_block(0), 0) is None
     _Refusing(monkeypatch, "transfer")
@@ -476,7 +484,7 @@ def test_o_direct_on_refuses_every_transfer_instead_of_falling_back(
 
 def test_o_direct_where_the_filesystem_takes_it(tmp_path: Path) -> None:
     try:
-        client = owner(tmp_path, blocks(4), direct=DirectIO.ON)
+        client = owner(tmp_path, files(4), direct=DirectIO.ON)
     except HybridKVConfigError as refused:
         pytest.skip(f"{tmp_path}'s filesystem refuses O_DIRECT: {refused}")
     key, value = one_block(0)
@@ -484,7 +492,7 @@ def test_o_direct_where_the_filesystem_takes_it(tmp_path: Path) -> None:
     assert client.get(key) == value
     assert client.snapshot()["counters"]["direct_fallbacks"] == 0
     client.close()
-    plain = owner(tmp_path, blocks(4), direct=DirectIO.OFF)
+    plain = owner(tmp_path, files(4), direct=DirectIO.OFF)
     assert plain.get(key) == value
     plain.close()
 

@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 from _disk_worker import key_of, value_of
 
-from hybridkv.disk import ALIGN, DiskClient, DiskConfig, DiskRole
+from hybridkv.disk import ALIGN, DiskClient, DiskConfig, DiskRole, padded_size
 from hybridkv.disk.names import chunk_path
 from hybridkv.remote import PromoteOutcome, RemoteConfig, RemoteTier, make_chunk
 
@@ -177,7 +177,7 @@ def test_a_full_filesystem_refuses_stores_cleanly_and_reads_go_on(tmp_path: Path
     assert seen["wrong"] == 0
     assert seen["hits"] == len(seen["written"])
     assert seen["found"] == [i in seen["written"] for i in range(30)]
-    per_file = -(-(size + 48 + 32) // ALIGN) * ALIGN
+    per_file = padded_size(32, size)
     assert seen["snapshot"]["bytes"] == per_file * len(seen["written"])
     assert list(mount_point.iterdir()) == []  # the mount ended with its namespace
 
@@ -188,7 +188,7 @@ def test_a_full_filesystem_refuses_stores_cleanly_and_reads_go_on(tmp_path: Path
 def _damage(path: Path, how: str, donor: bytes) -> None:
     data = bytearray(path.read_bytes())
     if how == "flip_value":
-        data[ALIGN // 2] ^= 0x10
+        data[ALIGN + 100] ^= 0x10
     elif how == "flip_header":
         data[20] ^= 0x01  # inside the digest
     elif how == "cut_half":
@@ -278,8 +278,8 @@ def test_two_owner_processes_share_one_directory(tmp_path: Path) -> None:
     directory, each bounded by its own capacity, each evicting under the other's feet, each
     reading the other's chunks: 0 wrong reads, 0 exceptions, hits on the other's chunks."""
     shared = list(range(10))
-    size = 10_000  # 3 blocks a file
-    capacity = 60 * ALIGN  # 20 files; the two write 40 distinct chunks
+    size = 10_000
+    capacity = 20 * padded_size(32, size)  # 20 files; the two write 40 distinct chunks
     procs = []
     for side in (0, 1):
         mine = shared + list(range(100 + 100 * side, 115 + 100 * side))

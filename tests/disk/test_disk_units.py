@@ -3,6 +3,7 @@ the byte-bounded index with its pins."""
 
 from __future__ import annotations
 
+import ctypes
 import os
 import subprocess
 import sys
@@ -14,8 +15,9 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from hybridkv.disk import ALIGN, Damage, DirectIO, DiskConfig, DiskIndexError, FsyncPolicy
-from hybridkv.disk.fileformat import HEADER, decode, encode_into, padded_size
+from hybridkv.disk.fileformat import HEADER, SLICE, decode, encode_into, padded_size
 from hybridkv.disk.index import DiskIndex
+from hybridkv.disk.io import Buffers
 from hybridkv.disk.names import HOST, TempName, chunk_path, is_torn, key_of, parse_temp, temp_path
 from hybridkv.errors import HybridKVConfigError
 
@@ -68,9 +70,8 @@ def test_a_file_image_decodes_to_its_value(key: bytes, value: bytes) -> None:
     image = _image(key, value)
     assert len(image) == padded_size(len(key), len(value))
     assert len(image) % ALIGN == 0
-    assert image[HEADER + len(key) + len(value) :] == bytes(
-        len(image) - HEADER - len(key) - len(value)
-    )
+    assert image[HEADER + len(key) : ALIGN] == bytes(ALIGN - HEADER - len(key))
+    assert image[ALIGN + len(value) :] == bytes(len(image) - ALIGN - len(value))
     assert decode(memoryview(image), key) == value
 
 
@@ -83,7 +84,9 @@ def test_any_flipped_byte_of_header_key_or_value_is_damage(
     key: bytes, value: bytes, data: st.DataObject
 ) -> None:
     image = _image(key, value)
-    at = data.draw(st.integers(0, HEADER + len(key) + len(value) - 1))
+    at = data.draw(
+        st.one_of(st.integers(0, HEADER + len(key) - 1), st.integers(ALIGN, ALIGN + len(value) - 1))
+    )
     image[at] ^= data.draw(st.integers(1, 255))
     assert isinstance(decode(memoryview(image), key), Damage)
 
@@ -96,7 +99,7 @@ def test_any_cut_is_damage(value: bytes, data: st.DataObject) -> None:
 
 
 def test_each_damage_is_named() -> None:
-    key, value = b"a" * 32, b"v" * 5000
+    key, value = b"a" * 32, b"v" * 5000  # 2 blocks of value
     image = _image(key, value)
     assert decode(memoryview(image)[: len(image) - ALIGN], key) is Damage.TRUNCATED
     assert decode(memoryview(image)[:100], key) is Damage.TRUNCATED
@@ -111,14 +114,29 @@ def test_each_damage_is_named() -> None:
     bad[-1] = 1  # the padding is not covered, the lengths are: the value is still whole
     assert decode(memoryview(bad), key) == value
     bad = bytearray(image)
-    bad[8] = 1  # value length 5000 -> 5001: same padded size, another digest
+    bad[8] ^= 1  # value length 5000 -> 5001: same padded size, another digest
     assert decode(memoryview(bad), key) is Damage.DIGEST
     bad = bytearray(image)
     bad[9] ^= 0x40  # value length +16 KiB: another padded size
     assert decode(memoryview(bad), key) is Damage.TRUNCATED
+    bad = bytearray(image)
+    bad[6] = 31  # key length 32 -> 31: another key
+    assert decode(memoryview(bad), key) is Damage.FOREIGN
     small = _image(key, b"v")
     longer = small + bytes(ALIGN)
     assert decode(memoryview(longer), key) is Damage.LENGTHS
+
+
+def test_a_value_of_many_slices_hashes_each_slice() -> None:
+    key = b"k" * 32
+    value = bytes(range(256)) * (3 * SLICE // 256 + 7)  # 4 slices, the last short
+    image = _image(key, value)
+    assert decode(memoryview(image), key) == value
+    for at in (ALIGN, ALIGN + SLICE, ALIGN + 3 * SLICE + 1, ALIGN + len(value) - 1):
+        bad = bytearray(image)
+        bad[at] ^= 1
+        assert decode(memoryview(bad), key) is Damage.DIGEST
+    assert decode(memoryview(_image(key, b"")), key) == b""
 
 
 # --- names ---
@@ -199,6 +217,14 @@ def test_index_check_names_the_broken_invariant() -> None:
     with pytest.raises(DiskIndexError, match="DK-2"):
         index.check()
     index.finish(b"b", complete=False)
+    index.policy.on_insert(b"z")
+    with pytest.raises(DiskIndexError, match="policy"):
+        index.check()
+    index.policy.on_remove(b"z")
+    index.groups[ord("a")].add(b"a2")
+    with pytest.raises(DiskIndexError, match="groups"):
+        index.check()
+    index.groups[ord("a")].discard(b"a2")
     index.pins[b"a"] = 0
     with pytest.raises(DiskIndexError, match="DK-3"):
         index.check()
@@ -211,3 +237,21 @@ def test_arc_index_orders_reused_keys_last() -> None:
     index.touch(b"a")  # T1 -> T2
     assert index.order() == (b"b", b"c", b"a")
     index.check()
+
+
+# --- aligned buffers ---
+
+
+def test_buffers_are_aligned_reused_and_kept_within_their_bytes() -> None:
+    buffers = Buffers(keep_bytes=1 << 16)
+    with buffers.lease(5000) as first, buffers.lease(100) as second:
+        assert len(first) == 5000
+        assert len(second) == 100
+        for view in (first, second):
+            address = ctypes.addressof(ctypes.c_char.from_buffer(view))
+            assert address % ALIGN == 0  # what O_DIRECT needs
+        first[:4] = b"kept"
+    # Both were 64 KiB buffers: one is kept (the bound), the other unmapped.
+    with buffers.lease(10) as again:
+        assert len(again) == 10
+    assert buffers._kept == 1 << 16

@@ -403,8 +403,8 @@ def test_an_unknown_disk_key_names_every_disk_key() -> None:
     assert refused.fix == f"use only {keys} (docs/howto/disk-tier.md)"
 
 
-def test_disk_with_a_remote_url_is_refused_until_the_stack_is_built() -> None:
-    refused = _refusal({**DISK, **REMOTE})
-    assert refused.field == f"{W}.disk_dir"
-    assert "not built" in refused.problem
-    assert refused.fix == "give disk_dir or remote_url, not both (docs/howto/disk-tier.md)"
+def test_disk_with_a_remote_url_parses_to_both_tiers_stacked() -> None:
+    parsed = parse_extra_config({**DISK, **REMOTE})
+    assert parsed.disk == DiskSettings("/mnt/nvme/hybridkv", 1 << 30)
+    assert parsed.remote is not None
+    assert (parsed.remote.host, parsed.remote.port) == ("cache.local", 6379)
