@@ -19,18 +19,18 @@ rule) and:
   rows are skipped with the reason.
 
 Per row: prefill computed and its ratio to the trace's floor (the bench's
-:func:`bench_vs_native.floor_tokens`), tokens the connector loaded, GPU prefix hits, engine
-steps; the tier's bytes written and read by its own counters (native: the fs tier's finished
-jobs' ``transfer_bytes``, what vLLM's ``kv_offload`` write/read byte metrics count: whole
-chunk files; hybridkv: its tier's ``remote_written_bytes`` and ``remote_fetched_bytes``, the
-chunk values handed to and read from its disk client, each file adding a header and padding to
-4 KiB), failed tier writes, the bytes and files left in the directory at
-the end (the filesystem's own count), and the process's block-device bytes
-(``/proc/self/io`` ``write_bytes``/``read_bytes`` over the run: what reached the device, page
-cache hits not counted; every row runs in this one process, one at a time). The tier's threads
-make the step at which a lookup or a copy completes vary, so the rows of one run are printed
-per row as the repeat whose prefill computed is the median, with the range over the
-repeats (``--repeats``, default 3; ``--quick`` 1) beside it.
+:func:`bench_vs_native.floor_tokens`), tokens the connector loaded, GPU prefix hits, engine steps,
+preemptions (a preempted request computes its prompt again); the tier's bytes written and read by
+its own counters (native: the fs tier's finished jobs' ``transfer_bytes``, what vLLM's
+``kv_offload`` write/read byte metrics count: whole chunk files, a store of a file already there
+counted too; hybridkv: its tier's ``remote_written_bytes`` and ``remote_fetched_bytes``, the chunk
+values handed to and read from its disk client, each file adding a header and padding to 4 KiB),
+failed tier writes, the bytes and files left in the directory at the end (the filesystem's own
+count), and the process's block-device bytes (``/proc/self/io`` ``write_bytes``/``read_bytes`` over
+the run: what reached the device, page cache hits not counted; every row runs in this one process,
+one at a time). The tier's threads make the step at which a lookup or a copy completes vary, so the
+rows of one run are printed per row as the repeat whose prefill computed is the median, with the
+range over the repeats (``--repeats``, default 3; ``--quick`` 1) beside it.
 """
 
 from __future__ import annotations
@@ -265,6 +265,7 @@ def variants(working: int, chunk_bytes: int, small: float, mountable: bool) -> l
 
 HEADER = (
     f"{'variant':<30} {'computed':>8} {'/floor':>6} {'loaded':>7} {'gpu hit':>7} {'steps':>5} "
+    f"{'preempt':>7} "
     f"{'tier wrote':>11} {'tier read':>10} {'wr fail':>7} {'dir bytes':>10} {'files':>5} "
     f"{'dev wrote':>10} {'dev read':>9} {'wrong':>5}"
 )
@@ -277,7 +278,8 @@ def format_row(row: DiskRow, floor: int) -> str:
         return f"{name:<30} failed: {row.error}"
     return (
         f"{name:<30} {r.prefill_computed:8d} {r.prefill_computed / floor:6.2f} "
-        f"{r.external_loaded:7d} {r.gpu_prefix_hits:7d} {r.steps:5d} {row.tier_written:11d} "
+        f"{r.external_loaded:7d} {r.gpu_prefix_hits:7d} {r.steps:5d} {r.preemptions:7d} "
+        f"{row.tier_written:11d} "
         f"{row.tier_read:10d} {row.tier_write_failures:7d} {row.dir_bytes:10d} "
         f"{row.dir_files:5d} {row.device_written:10d} {row.device_read:9d} {r.wrong_reads:5d}"
     )
