@@ -23,12 +23,19 @@ Operations (pre, post, frame; a refused call changes nothing but its counters):
   key whose file another engine removed is written again. ENOSPC, EIO
   or any OSError: FAULT, the temporary file removed, the reservation released. ``ttl_s`` is
   ignored: a file lives until evicted.
+- A full filesystem: a write refused with ENOSPC is a FAULT like any I/O error, and lowers the
+  byte limit to what the client holds then; while lowered, each write first raises it again
+  to what the client holds plus the filesystem's free space (``statvfs``), never above
+  ``capacity_bytes``. So a directory on a filesystem smaller than ``disk_bytes``, or one that
+  others fill, costs one refused write, after which writes evict to make room instead of
+  failing for ever; space freed later lets the tier grow back.
 - ``get(key)``: pins ``key`` for the read (DK-3), reads the whole file and verifies its header,
   key and digest (DK-1). A missing file is None (DK-7: removed by another engine); a damaged
   one is None, counted, and removed by an OWNER (DK-6). A hit is the most recent in the policy,
   and its modification time is renewed so the order survives a restart.
-- ``exists(keys)``: an OWNER answers indexed keys from its index and stats the rest; a READER
-  stats all. Large batches are statted side by side on the I/O pool.
+- ``exists(keys)``: whether each key's complete file is in the directory now, by a stat (an
+  OWNER's index is not asked: another engine may have removed or written the file). Large
+  batches are statted side by side on the I/O pool.
 
 Snapshot (:meth:`DiskClient.snapshot`): ``index`` (key hex in eviction order, next victim first),
 ``bytes`` (complete files, padded), ``reserved`` (writes in flight), ``pins`` ((key hex, count)
@@ -43,7 +50,8 @@ sorted), ``counters`` (:data:`DISK_COUNTER_NAMES`, every one present):
   not written), ``set_adopted`` (complete on disk, written by another engine: indexed, not
   written), ``set_pending`` (the same key's write in flight), ``set_no_space`` (pins and
   writes in flight hold too much), ``set_too_large`` (larger than the capacity),
-  ``set_faults`` (an I/O error), ``set_enospc`` (of which ENOSPC), ``set_refused_reader``;
+  ``set_faults`` (an I/O error), ``set_enospc`` (of which ENOSPC), ``set_refused_reader``,
+  ``capacity_lowered`` (ENOSPC lowered the limit: below);
 - eviction: ``evictions``, ``evicted_bytes``;
 - start-up and rescans: ``rebuild_files``, ``rebuild_bytes``, ``rebuild_torn`` (temporary files
   removed), ``rebuild_truncated`` (removed), ``rebuild_over_capacity`` (oldest files removed to
@@ -69,7 +77,7 @@ from pathlib import Path
 from typing import Any
 
 from hybridkv.disk.config import DirectIO, DiskConfig, DiskRole, FsyncPolicy
-from hybridkv.disk.fileformat import ALIGN, MAX_KEY, Damage, padded_size
+from hybridkv.disk.fileformat import ALIGN, MAX_KEY, SLICE, Damage, padded_size
 from hybridkv.disk.index import DiskIndex
 from hybridkv.disk.io import Buffers, FileIO
 from hybridkv.disk.names import HOST, chunk_path, temp_path
@@ -104,6 +112,7 @@ DISK_COUNTER_NAMES: tuple[str, ...] = (
     "set_faults",
     "set_enospc",
     "set_refused_reader",
+    "capacity_lowered",
     "evictions",
     "evicted_bytes",
     "rebuild_files",
@@ -169,7 +178,7 @@ class DiskClient:
     # --- the ChunkClient protocol ---
 
     def exists(self, keys: Sequence[bytes]) -> tuple[bool, ...] | ClientFault:
-        """Whether each key has a complete file (DK-4). Frame: counters only."""
+        """Whether each key has a complete file now (a stat each, DK-4). Frame: counters."""
         for key in keys:
             _check_key(key)
         with self._lock:
@@ -177,19 +186,16 @@ class DiskClient:
                 return self._closed_call()
             self._counters["exists_calls"] += 1
             self._counters["exists_keys"] += len(keys)
-            known = [key in self._index.sizes for key in keys]
             self._active += 1
         try:
-            statted = self._stat_all([key for key, hit in zip(keys, known, strict=True) if not hit])
+            found = self._stat_all(list(keys))
         finally:
             self._leave()
-        if isinstance(statted, ClientFault):
+        if isinstance(found, ClientFault):
             self._count("exists_faults")
-            return statted
-        answers = iter(statted)
-        found = tuple(hit or next(answers) for hit in known)
+            return found
         self._count("exists_found", sum(found))
-        return found
+        return tuple(found)
 
     def get(self, key: bytes) -> bytes | ClientFault | None:
         """``key``'s value, verified (DK-1); None on a miss or a damaged file (DK-6, DK-7)."""
@@ -218,14 +224,16 @@ class DiskClient:
             if refused is not None:
                 return refused if isinstance(refused, ClientFault) else None
             self._active += 1
-        complete = False
+        outcome: bool | None = False
         try:
-            complete = self._adopt_or_write(key, value, size)
+            outcome = self._adopt_or_write(key, value, size)
         finally:
             with self._lock:
-                self._index.finish(key, complete=complete)
+                self._index.finish(key, complete=outcome is True)
+                if outcome is None:
+                    self._fit_to_filesystem()
             self._leave()
-        return None if complete else ClientFault.FAULT
+        return None if outcome else ClientFault.FAULT
 
     def close(self) -> None:
         """Wait for the calls in flight, stop the rescans and the I/O pool; later calls are
@@ -281,9 +289,11 @@ class DiskClient:
         if key in index.writing:
             counters["set_pending"] += 1
             return True
-        if size > index.capacity:
+        if size > self.config.capacity_bytes:
             counters["set_too_large"] += 1
             return ClientFault.FAULT
+        if index.capacity < self.config.capacity_bytes:
+            self._regrow()
         victims = index.victims_for(size)
         if victims is None:
             counters["set_no_space"] += 1
@@ -304,7 +314,29 @@ class DiskClient:
             except OSError:
                 pass  # the file stays, unindexed; a rescan adopts it again
 
-    def _adopt_or_write(self, key: bytes, value: bytes, size: int) -> bool:
+    def _fit_to_filesystem(self) -> None:
+        """Under the lock, after a write the filesystem refused for want of space (ENOSPC):
+        the limit becomes what this client holds now, so the next write evicts to make room
+        instead of failing like this one. Never above ``capacity_bytes``; DK-2 holds."""
+        index = self._index
+        index.capacity = min(index.capacity, index.bytes + index.reserved)
+        self._counters["capacity_lowered"] += 1
+
+    def _regrow(self) -> None:
+        """Under the lock, while the limit is lowered: what this client holds plus the
+        filesystem's free space now, within ``capacity_bytes`` (space freed by others lets the
+        tier grow back)."""
+        index = self._index
+        try:
+            fs = os.statvfs(self.directory)
+        except OSError:
+            return
+        free = fs.f_bavail * fs.f_frsize
+        held = index.bytes + index.reserved
+        index.capacity = min(self.config.capacity_bytes, held + free)
+
+    def _adopt_or_write(self, key: bytes, value: bytes, size: int) -> bool | None:
+        """Written (or found written): True; failed: False; failed for want of space: None."""
         final = chunk_path(self.directory, key)
         try:
             if os.stat(final).st_size == size:
@@ -321,7 +353,7 @@ class DiskClient:
                 self._counters["set_faults"] += 1
                 if error.errno == errno.ENOSPC:
                     self._counters["set_enospc"] += 1
-            return False
+            return None if error.errno == errno.ENOSPC else False
         with self._lock:
             self._counters["written"] += 1
             self._counters["bytes_written"] += size
@@ -336,6 +368,10 @@ class DiskClient:
                 os.makedirs(final.parent, exist_ok=True)
                 fd, direct = self._io.open(temp, flags)
             try:
+                if len(value) > SLICE:
+                    # The file's size set first: its slices are then written inside the end
+                    # of file, which filesystems (XFS) let run side by side; past it, one by one.
+                    os.ftruncate(fd, size)
                 self._io.retrying(fd, direct, lambda: self._io.write_chunk(fd, image, key, value))
                 if self.config.fsync is FsyncPolicy.FILE:
                     os.fdatasync(fd)

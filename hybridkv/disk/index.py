@@ -8,6 +8,9 @@ predicate. The policies pick victims by order and count; this class takes them, 
 first, until their bytes make room. ARC's lists and target are counted in entries: its capacity
 in entries is ``capacity_bytes // 4096`` capped at 65,536 (the ghost lists' bound).
 
+``capacity`` is the limit in force: the configured bytes, or less while the filesystem has
+run out of space (the client lowers it then, and raises it again as space frees up).
+
 Not thread-safe: the client calls it under its lock. Invariants it keeps (DK-2, DK-3):
 ``bytes + reserved <= capacity`` after every call, ``bytes`` and ``reserved`` equal the sums
 they count (:meth:`DiskIndex.check`), and a pinned key is never a victim.

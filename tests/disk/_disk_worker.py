@@ -8,8 +8,8 @@ Modes (each prints one JSON line of what it observed on stdout, where it ends by
   share of the keys, reads every key of both shares, verifies each read against the value the
   key stands for, and reports hits, misses, wrong reads and its counters.
 - ``diskfull``: mounts a tmpfs of ``fs_bytes`` on ``directory`` (the caller runs it in a new
-  mount namespace, so the mount ends with the process), fills it through an OWNER whose
-  capacity is larger than the filesystem, then reads everything back.
+  mount namespace, so the mount ends with the process), writes ``chunks`` chunks through an
+  OWNER whose capacity is larger than the filesystem, then reads every one back.
 
 Values are a function of their key (:func:`value_of`), as content addressing makes them, so
 any process can tell a right read from a wrong one.
@@ -103,11 +103,9 @@ def _diskfull(args: dict[str, Any]) -> None:
     for i in range(args["chunks"]):
         key = key_of(i)
         (written if client.set(key, value_of(key, size), 0) is None else refused).append(i)
-    wrong = sum(
-        client.get(key_of(i)) not in (None, value_of(key_of(i), size))
-        for i in range(args["chunks"])
-    )
-    hits = sum(client.get(key_of(i)) == value_of(key_of(i), size) for i in written)
+    reads = [client.get(key_of(i)) for i in range(args["chunks"])]
+    wrong = sum(got not in (None, value_of(key_of(i), size)) for i, got in enumerate(reads))
+    hits = [i for i, got in enumerate(reads) if got == value_of(key_of(i), size)]
     found = client.exists([key_of(i) for i in range(args["chunks"])])
     temps = [p.name for p in directory.rglob(".*.tmp.*")]
     client.check()

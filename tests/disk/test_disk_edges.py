@@ -67,9 +67,13 @@ def test_a_failed_write_is_a_fault_and_leaves_nothing(
     assert (snap["reserved"], snap["bytes"], len(snap["index"])) == (0, FILE, 1)
     assert snap["counters"]["set_faults"] == 1
     assert snap["counters"]["set_enospc"] == (code == errno.ENOSPC)
+    assert snap["counters"]["capacity_lowered"] == (code == errno.ENOSPC)
     assert [p.name for p in tmp_path.glob("*/.*")] == []
     assert client.get(key_of(0)) == chunk(0)[1]  # serving goes on
-    assert client.set(*chunk(1), 0) is None
+    assert client.set(*chunk(1), 0) is None  # the filesystem has room again: the limit regrows
+    for i in range(2, 5):
+        assert client.set(*chunk(i), 0) is None
+    assert len(client.snapshot()["index"]) == 4  # the configured limit, 4 files, is back
     client.close()
 
 
@@ -78,6 +82,7 @@ def test_files_removed_or_cut_by_others_are_written_again(tmp_path: Path) -> Non
     for i in range(2):
         client.set(*chunk(i), 0)
     os.unlink(chunk_path(tmp_path, key_of(1)))
+    assert client.exists([key_of(0), key_of(1)]) == (True, False)  # the directory, not the index
     assert client.set(*chunk(1), 0) is None  # indexed, but gone: written again
     os.unlink(chunk_path(tmp_path, key_of(0)))  # the next victim, gone already
     assert client.set(*chunk(2), 0) is None
