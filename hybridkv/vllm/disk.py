@@ -47,6 +47,7 @@ from hybridkv.vllm.config import DiskSettings
 
 __all__ = [
     "DISK_DEADLINE_S",
+    "DISK_INDEX_ENTRIES",
     "DISK_MAX_PENDING",
     "DISK_NAMESPACE",
     "ShardReaders",
@@ -65,6 +66,14 @@ DISK_MAX_PENDING = 64
 """Write-behinds queued or in flight per worker; beyond it a write is dropped (counted)."""
 DISK_NAMESPACE = b"hybridkv"
 """The namespace of the disk tier's chunk keys (scoped by the identity like the remote's)."""
+DISK_INDEX_ENTRIES = 1
+"""Chunks the write-behind remembers having written (:class:`hybridkv.remote.RemoteConfig`
+``index_entries``), with a disk below the host: one, so it trusts nothing. A chunk is stored
+again only when the host lacked it and no lookup promoted it, which with a disk below mostly
+means the disk evicted it: remembered as written, it would never be written back, and a hot
+chunk the disk's policy aged out (its disk reads are rare while the host holds it) would be
+lost for good. Forgotten, it is written again; a chunk the disk still holds costs one encode
+and no I/O (the disk client skips it and renews its recency, ``set_present``)."""
 
 _FSYNC = {"file": FsyncPolicy.FILE, "never": FsyncPolicy.NEVER}
 _DIRECT = {"auto": DirectIO.AUTO, "on": DirectIO.ON, "off": DirectIO.OFF}
@@ -113,6 +122,7 @@ def disk_remote_config() -> RemoteConfig:
         ttl_s=0,
         max_pending=DISK_MAX_PENDING,
         namespace=DISK_NAMESPACE,
+        index_entries=DISK_INDEX_ENTRIES,
     )
 
 

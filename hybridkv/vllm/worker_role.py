@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
+from dataclasses import replace
 from typing import Any
 
 from vllm.distributed.kv_transfer.kv_connector.v1.base import (
@@ -30,7 +31,7 @@ from hybridkv.remote import ShardPlan
 from hybridkv.transfer import TransferEngine
 from hybridkv.transfer.cpu_engine import FaultHook
 from hybridkv.vllm.config import HybridKVConfig
-from hybridkv.vllm.disk import disk_remote_config, worker_disk_client
+from hybridkv.vllm.disk import DISK_INDEX_ENTRIES, disk_remote_config, worker_disk_client
 from hybridkv.vllm.layout import VllmLayout
 from hybridkv.vllm.metrics import TransferMeter
 from hybridkv.vllm.ranks import HostSharding, RankReport, ReplicaEngine
@@ -155,8 +156,11 @@ class WorkerRole:
             identity = model_identity(self._vllm_config, self.layout)
             client = worker_disk_client(disk, identity, self.remote_shards, self.rank)
         if remote is not None:
+            config = remote_config(remote)
+            if client is not None:  # the disk stacked over the server: hybridkv.vllm.disk
+                config = replace(config, index_entries=DISK_INDEX_ENTRIES)
             return WorkerRemote(
-                remote_config(remote),
+                config,
                 host,
                 breaker=breaker_config(remote),
                 rank=self.rank,

@@ -46,7 +46,10 @@ from _two_engines import (  # noqa: E402
 from diffharness.layouts import Layout  # noqa: E402
 from vllm.config import KVTransferConfig  # noqa: E402
 
+from hybridkv.disk import DiskClient, DiskConfig  # noqa: E402
+from hybridkv.remote import Admission, RemoteTier, make_chunk, redis_key  # noqa: E402
 from hybridkv.vllm.config import DiskSettings, parse_extra_config  # noqa: E402
+from hybridkv.vllm.disk import DISK_NAMESPACE, disk_remote_config  # noqa: E402
 from hybridkv.vllm.harness.cpu_worker import HybridKVOnCPU  # noqa: E402
 from hybridkv.vllm.harness.inprocess import InProcessEngine  # noqa: E402
 from hybridkv.vllm.harness.report import InProcessReport  # noqa: E402
@@ -280,3 +283,42 @@ def test_the_howto_config_parses_to_the_disk_tier_it_describes() -> None:
     parsed = parse_extra_config(config["kv_connector_extra_config"])
     assert parsed.disk == DiskSettings("/mnt/nvme/hybridkv", 100 << 30, "lru", 4, "file", "auto")
     assert parsed.remote is None
+
+
+@pytest.mark.parametrize("remembers", [False, True], ids=["disk-config", "server-default"])
+def test_a_chunk_the_disk_evicted_is_written_again_when_stored_again(
+    tmp_path: Path, remembers: bool
+) -> None:
+    """The write-behind with a disk below trusts no memory of having written a chunk
+    (:data:`hybridkv.vllm.disk.DISK_INDEX_ENTRIES`): a chunk is stored again when the disk
+    lost it, and must go back. The server's default (remember 65,536 writes) is the guard: it
+    skips the write, and the chunk stays off the disk."""
+    payload = bytes(range(256)) * 64  # one 16 KiB member
+    chunks = [make_chunk(DISK_NAMESPACE, (bytes([i]) * 16,)) for i in range(3)]
+    probe = DiskClient(DiskConfig(tmp_path / "probe", capacity_bytes=1 << 30, rescan_s=0))
+    probe_tier = RemoteTier(disk_remote_config(), probe, background=False)
+    probe_tier.write_behind(chunks[0], [payload])
+    probe_tier.write_pending()
+    one_file = probe.snapshot()["bytes"]
+    probe_tier.close()
+
+    disk = DiskClient(DiskConfig(tmp_path / "disk", capacity_bytes=2 * one_file, rescan_s=0))
+    config = disk_remote_config()
+    if remembers:
+        config = dataclasses.replace(config, index_entries=1 << 16)
+    tier = RemoteTier(config, disk, background=False)
+    for chunk in chunks:  # the third write evicts the first file (room for two)
+        assert tier.write_behind(chunk, [payload]) is Admission.ENQUEUED
+        tier.write_pending()
+    first = chunks[0].key
+    assert disk.exists([redis_key(c.key) for c in chunks]) == (False, True, True)
+    again = tier.write_behind(chunks[0], [payload])  # stored again: the disk lost it
+    tier.write_pending()
+    held = disk.exists([redis_key(first)])
+    if remembers:
+        assert again is Admission.KNOWN
+        assert held == (False,)
+    else:
+        assert again is Admission.ENQUEUED
+        assert held == (True,)
+    tier.close()
