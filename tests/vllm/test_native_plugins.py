@@ -37,6 +37,7 @@ from _inprocess import load_tool  # noqa: E402
 from _two_engines import started_server  # noqa: E402
 from vllm.config import KVTransferConfig  # noqa: E402
 
+from hybridkv.disk import ALIGN  # noqa: E402
 from hybridkv.errors import HybridKVConfigError  # noqa: E402
 from hybridkv.native import HybridKVARCPolicy, HybridKVRemoteTier  # noqa: E402
 from hybridkv.vllm.harness.chat import run_trace  # noqa: E402
@@ -217,7 +218,7 @@ def test_two_engines_share_the_disk_tier_through_native(
     for path in scoped.rglob("*"):
         if path.is_file() and not path.name.startswith("."):
             data = bytearray(path.read_bytes())
-            data[200] ^= 0xFF  # inside the header, key or value: never the padding
+            data[ALIGN + 200] ^= 0xFF  # inside the value (it starts at ALIGN): never padding
             path.write_bytes(bytes(data))
     # C reads them (each refused: a miss, the file removed) and writes its own in their place.
     _, c_tier = served(host_chunks, [entry])
