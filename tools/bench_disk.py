@@ -17,8 +17,9 @@ system's temp directory; it should be the device the tier will use):
    directory's pages are dropped (``POSIX_FADV_DONTNEED`` on every file), so a read that did not
    use O_DIRECT still reaches the device. ``--digest`` runs every row twice in each round: with
    the file format's per-slice check (CRC-32, version 2) and with the one before it (SHA-256,
-   version 1; :class:`hybridkv.disk.fileformat.SliceCheck`), and prints each check's rate alone
-   on one thread: the side by side of the two formats in one run.
+   version 1; :class:`hybridkv.disk.fileformat.SliceCheck`), one just after the other, which
+   one first alternating from round to round; and prints each check's rate alone on one
+   thread: the side by side of the two formats in one run.
 3. **Rebuild**: ``--rebuild N`` chunks (tiny values: one 4 KiB file each) are written with fsync
    NEVER, the client is closed, and a new OWNER is built on the directory, timed: the start-up
    scan that rebuilds the index (DK-5). ``--cold`` then drops the kernel's dentry and inode
@@ -388,12 +389,18 @@ def _run(work: Path, nbytes: int, args: argparse.Namespace, repeats: int, chunks
     shapes += [(32 * 1024, 4, "file"), (32 * 1024, 4, "never"), (2 * MB, 4, "never")]
     checks = ("CRC32", "SHA256") if args.digest else ("CRC32",)
     rows = [(*shape, check) for shape in shapes for check in checks]
-    devices, passes = [], []
-    for _ in range(repeats):  # in rounds: the device and the tier meet the same load
+    devices: list[Sequential] = []
+    passes: list[list[TierPass]] = [[] for _ in rows]
+    for round_ in range(repeats):  # in rounds: the device and the tier meet the same load
         devices.append(sequential(work, nbytes, args.block))
-        for value, callers, fsync, check in rows:
+        # Each row's checks side by side, the first of them alternating from round to round,
+        # so neither check always runs just after the device's pass or the other's files.
+        flip = len(checks) if round_ % 2 else 1
+        for i in range(len(rows)):
+            at = i - i % flip + (flip - 1 - i % flip)
+            value, callers, fsync, check = rows[at]
             share = nbytes if value >= MB else nbytes // 8
-            passes.append(
+            passes[at].append(
                 tier_pass(
                     work,
                     value,
@@ -412,7 +419,7 @@ def _run(work: Path, nbytes: int, args: argparse.Namespace, repeats: int, chunks
     )
     merged = []
     for i in range(len(rows)):
-        same = passes[i :: len(rows)]
+        same = passes[i]
         merged.append(
             TierPass(
                 same[0].label,
