@@ -164,11 +164,15 @@ def sequential(directory: Path, nbytes: int, block: int) -> Sequential:
 
 
 def _client(directory: Path, capacity: int, threads: int, fsync: str, check: str = "CRC32") -> Any:
-    from hybridkv.disk import DiskClient, DiskConfig
+    from hybridkv.disk import DiskClient, DiskConfig, FsyncPolicy
     from hybridkv.disk.fileformat import SliceCheck
 
     config = DiskConfig(
-        directory=directory, capacity_bytes=capacity, threads=threads, fsync=fsync, rescan_s=0
+        directory=directory,
+        capacity_bytes=capacity,
+        threads=threads,
+        fsync=FsyncPolicy(fsync),
+        rescan_s=0,
     )
     return DiskClient(config, slice_check=SliceCheck[check])
 

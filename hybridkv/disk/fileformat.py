@@ -29,10 +29,10 @@ of 2**-32 and never misses one confined to 32 consecutive bits; anyone who can w
 directory can also write a file whose checks match. Forgery is the codec's to catch: the value a
 tier stores is already sealed (:func:`hybridkv.remote.encode_chunk`: a SHA-256 per payload, or
 the fleet's MAC), and that seal is checked again on every fetch of a chunk from any tier. So the
-disk does not pay SHA-256 a second time over every byte: CRC-32 runs at about 3.5x SHA-256's
-bytes per second on one core (docs/benchmarks/disk.md), which is what bounded the tier's write
-throughput. The top digest stays SHA-256: it runs over a few dozen bytes (lengths, key, checks),
-nothing beside the value's cost.
+disk does not pay SHA-256 a second time over every byte: CRC-32 runs at about 4x SHA-256's
+bytes per second on one core, and the tier reads and writes 2 MB chunks faster with it
+(docs/benchmarks/disk.md, ``tools/bench_disk.py --digest``). The top digest stays SHA-256: it
+runs over a few dozen bytes (lengths, key, checks), nothing beside the value's cost.
 
 Version 1 (SHA-256 per slice, same layout) is not read: its files are a version miss
 (:attr:`Damage.VERSION`), counted and removed as any damage. :class:`SliceCheck` keeps its check
