@@ -15,7 +15,11 @@ system's temp directory; it should be the device the tier will use):
    fetch pool reads). GB/s is value bytes over the pass's wall time; *x device* is that over
    the device's sequential figure of the same direction in this run. Before each read pass the
    directory's pages are dropped (``POSIX_FADV_DONTNEED`` on every file), so a read that did not
-   use O_DIRECT still reaches the device.
+   use O_DIRECT still reaches the device. ``--digest`` runs every row twice in each round: with
+   the file format's per-slice check (CRC-32, version 2) and with the one before it (SHA-256,
+   version 1; :class:`hybridkv.disk.fileformat.SliceCheck`), one just after the other, which
+   one first alternating from round to round; and prints each check's rate alone on one
+   thread: the side by side of the two formats in one run.
 3. **Rebuild**: ``--rebuild N`` chunks (tiny values: one 4 KiB file each) are written with fsync
    NEVER, the client is closed, and a new OWNER is built on the directory, timed: the start-up
    scan that rebuilds the index (DK-5). ``--cold`` then drops the kernel's dentry and inode
@@ -23,7 +27,7 @@ system's temp directory; it should be the device the tier will use):
    start-up. The index must hold exactly the N chunks.
 
 Usage: ``python tools/bench_disk.py [--quick] [--dir PATH] [--bytes N] [--threads N]
-[--rebuild N] [--cold]``. The figure for a million chunks is one run of
+[--rebuild N] [--cold] [--digest]``. The figure for a million chunks is one run of
 ``--rebuild 1000000`` (about 4 GiB of files; see docs/benchmarks/disk.md). Exit 1 when a read
 returns other bytes than were written or the rebuilt index is not the written set.
 """
@@ -68,6 +72,7 @@ class TierPass:
     """One row of the tier's table."""
 
     label: str
+    check: str
     value_bytes: int
     chunks: int
     callers: int
@@ -158,13 +163,18 @@ def sequential(directory: Path, nbytes: int, block: int) -> Sequential:
 # ------------------------------------------------------------------ the tier
 
 
-def _client(directory: Path, capacity: int, threads: int, fsync: str) -> Any:
-    from hybridkv.disk import DiskClient, DiskConfig
+def _client(directory: Path, capacity: int, threads: int, fsync: str, check: str = "CRC32") -> Any:
+    from hybridkv.disk import DiskClient, DiskConfig, FsyncPolicy
+    from hybridkv.disk.fileformat import SliceCheck
 
     config = DiskConfig(
-        directory=directory, capacity_bytes=capacity, threads=threads, fsync=fsync, rescan_s=0
+        directory=directory,
+        capacity_bytes=capacity,
+        threads=threads,
+        fsync=FsyncPolicy(fsync),
+        rescan_s=0,
     )
-    return DiskClient(config)
+    return DiskClient(config, slice_check=SliceCheck[check])
 
 
 def _value(base: bytes, i: int) -> bytes:
@@ -211,7 +221,14 @@ def _in_parallel(callers: int, n: int, work: Callable[[int], int]) -> tuple[floa
 
 
 def tier_pass(
-    directory: Path, value_bytes: int, nbytes: int, *, callers: int, threads: int, fsync: str
+    directory: Path,
+    value_bytes: int,
+    nbytes: int,
+    *,
+    callers: int,
+    threads: int,
+    fsync: str,
+    check: str = "CRC32",
 ) -> TierPass:
     """``set`` then ``get`` of about ``nbytes`` in values of ``value_bytes`` (module doc, 2)."""
     from hybridkv.remote import ClientFault
@@ -219,7 +236,7 @@ def tier_pass(
     chunks = max(1, nbytes // value_bytes)
     base = os.urandom(value_bytes)
     where = Path(tempfile.mkdtemp(prefix=f"tier-{value_bytes}-", dir=directory))
-    client = _client(where, 2 * chunks * (value_bytes + 2 * ALIGN), threads, fsync)
+    client = _client(where, 2 * chunks * (value_bytes + 2 * ALIGN), threads, fsync, check)
     try:
 
         def put(i: int) -> int:
@@ -246,7 +263,7 @@ def tier_pass(
     total = chunks * value_bytes
     label = f"{_size(value_bytes)}, {callers} caller{'s' if callers > 1 else ''}, fsync {fsync}"
     return TierPass(
-        label, value_bytes, chunks, callers, total / wrote, total / read, wrong, counters
+        label, check, value_bytes, chunks, callers, total / wrote, total / read, wrong, counters
     )
 
 
@@ -287,12 +304,17 @@ def _start(where: Path, capacity: int, threads: int) -> tuple[float, dict[str, A
         fresh.close()
 
 
-def digest_rate(value_bytes: int, seconds: float = 0.5) -> float:
-    """SHA-256 bytes per second on one thread (the file format's digest, its CPU floor)."""
-    value, done = os.urandom(value_bytes), 0
+def digest_rate(value_bytes: int, check: str = "CRC32", seconds: float = 0.5) -> float:
+    """Bytes per second of a slice check on one thread, over a value of ``value_bytes`` checked
+    slice by slice as the file format does (the tier's CPU floor per thread)."""
+    from hybridkv.disk.fileformat import SLICE, SliceCheck
+
+    of = SliceCheck[check].of
+    value, done = memoryview(os.urandom(value_bytes)), 0
     start = time.perf_counter()
     while time.perf_counter() - start < seconds:
-        hashlib.sha256(value).digest()
+        for a in range(0, value_bytes, SLICE):
+            of(value[a : a + SLICE])
         done += value_bytes
     return done / (time.perf_counter() - start)
 
@@ -308,6 +330,9 @@ def _size(n: int) -> str:
     return f"{n // MB} MB" if n >= MB else f"{n // 1024} KB"
 
 
+_CHECKS = {"CRC32": "CRC-32 (v2)", "SHA256": "SHA-256 (v1)"}
+
+
 def _gbs(x: float) -> str:
     return f"{x / 1e9:6.2f}"
 
@@ -318,12 +343,14 @@ def table(device: Sequential, passes: Sequence[TierPass]) -> list[str]:
         f"{device.nbytes // MB} MiB): write {_gbs(device.write)} GB/s, read "
         f"{_gbs(device.read)} GB/s",
         "",
-        "| values | chunks | write GB/s | x device | read GB/s | x device | wrong reads |",
-        "|---|---|---|---|---|---|---|",
+        "| values | slice check | chunks | write GB/s | x device | read GB/s | x device "
+        "| wrong reads |",
+        "|---|---|---|---|---|---|---|---|",
     ]
     for p in passes:
         lines.append(
-            f"| {p.label} | {p.chunks} | {_gbs(p.write)} | {p.write / device.write:.2f} | "
+            f"| {p.label} | {_CHECKS[p.check]} | {p.chunks} | {_gbs(p.write)} | "
+            f"{p.write / device.write:.2f} | "
             f"{_gbs(p.read)} | {p.read / device.read:.2f} | {p.wrong} |"
         )
     return lines
@@ -339,6 +366,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--rebuild", type=int, default=None, help="chunks (default 20,000)")
     parser.add_argument("--cold", action="store_true", help="drop dentries and inodes first")
     parser.add_argument("--repeats", type=int, default=None, help="passes; medians (default 3)")
+    parser.add_argument(
+        "--digest", action="store_true", help="each row also with SHA-256 slices (format v1)"
+    )
     args = parser.parse_args(argv)
     sys.stdout.reconfigure(line_buffering=True)  # type: ignore[union-attr]  # lines as measured
     quick = args.quick
@@ -359,15 +389,31 @@ def main(argv: list[str] | None = None) -> int:
 def _run(work: Path, nbytes: int, args: argparse.Namespace, repeats: int, chunks: int) -> int:
     print(f"directory {work} ({_filesystem(work)}); {repeats} repeat(s), medians")
     print(f"load average at the start: {' '.join(f'{x:.1f}' for x in os.getloadavg())}")
-    rows = [(2 * MB, 1, "file"), (2 * MB, 4, "file"), (32 * 1024, 1, "file")]
-    rows += [(32 * 1024, 4, "file"), (32 * 1024, 4, "never"), (2 * MB, 4, "never")]
-    devices, passes = [], []
-    for _ in range(repeats):  # in rounds: the device and the tier meet the same load
+    shapes = [(2 * MB, 1, "file"), (2 * MB, 4, "file"), (32 * 1024, 1, "file")]
+    shapes += [(32 * 1024, 4, "file"), (32 * 1024, 4, "never"), (2 * MB, 4, "never")]
+    checks = ("CRC32", "SHA256") if args.digest else ("CRC32",)
+    rows = [(*shape, check) for shape in shapes for check in checks]
+    devices: list[Sequential] = []
+    passes: list[list[TierPass]] = [[] for _ in rows]
+    for round_ in range(repeats):  # in rounds: the device and the tier meet the same load
         devices.append(sequential(work, nbytes, args.block))
-        for value, callers, fsync in rows:
+        # Each row's checks side by side, the first of them alternating from round to round,
+        # so neither check always runs just after the device's pass or the other's files.
+        flip = len(checks) if round_ % 2 else 1
+        for i in range(len(rows)):
+            at = i - i % flip + (flip - 1 - i % flip)
+            value, callers, fsync, check = rows[at]
             share = nbytes if value >= MB else nbytes // 8
-            passes.append(
-                tier_pass(work, value, share, callers=callers, threads=args.threads, fsync=fsync)
+            passes[at].append(
+                tier_pass(
+                    work,
+                    value,
+                    share,
+                    callers=callers,
+                    threads=args.threads,
+                    fsync=fsync,
+                    check=check,
+                )
             )
     device = Sequential(
         statistics.median(d.write for d in devices),
@@ -377,10 +423,11 @@ def _run(work: Path, nbytes: int, args: argparse.Namespace, repeats: int, chunks
     )
     merged = []
     for i in range(len(rows)):
-        same = passes[i :: len(rows)]
+        same = passes[i]
         merged.append(
             TierPass(
                 same[0].label,
+                same[0].check,
                 same[0].value_bytes,
                 same[0].chunks,
                 same[0].callers,
@@ -391,8 +438,11 @@ def _run(work: Path, nbytes: int, args: argparse.Namespace, repeats: int, chunks
             )
         )
     print("\n".join(table(device, merged)))
-    print(f"tier counters (2 MB, 4 callers, fsync file; last repeat): {_nonzero(merged[1])}")
-    print(f"SHA-256 alone, one thread, 2 MB values: {_gbs(digest_rate(2 * MB))} GB/s")
+    busy = merged[len(checks)]  # 2 MB, 4 callers, fsync file, the format's check
+    print(f"tier counters (2 MB, 4 callers, fsync file; last repeat): {_nonzero(busy)}")
+    for check in checks:
+        rate = digest_rate(2 * MB, check)
+        print(f"{_CHECKS[check]} slices alone, one thread, 2 MB values: {_gbs(rate)} GB/s")
     print(f"load average at the end: {' '.join(f'{x:.1f}' for x in os.getloadavg())}")
     found = rebuild(work, chunks, args.threads, args.cold) if chunks else None
     bad = sum(p.wrong for p in merged)

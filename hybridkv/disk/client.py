@@ -77,7 +77,7 @@ from pathlib import Path
 from typing import Any
 
 from hybridkv.disk.config import DirectIO, DiskConfig, DiskRole, FsyncPolicy
-from hybridkv.disk.fileformat import ALIGN, MAX_KEY, SLICE, Damage, padded_size
+from hybridkv.disk.fileformat import ALIGN, MAX_KEY, SLICE, Damage, SliceCheck, padded_size
 from hybridkv.disk.index import DiskIndex
 from hybridkv.disk.io import Buffers, FileIO
 from hybridkv.disk.names import HOST, chunk_path, temp_path
@@ -141,9 +141,17 @@ _MISSING = (errno.ENOENT, errno.ENOTDIR)
 class DiskClient:
     """Chunks as files in one directory, bounded in bytes, verified on read."""
 
-    def __init__(self, config: DiskConfig, *, role: DiskRole = DiskRole.OWNER) -> None:
+    def __init__(
+        self,
+        config: DiskConfig,
+        *,
+        role: DiskRole = DiskRole.OWNER,
+        slice_check: SliceCheck = SliceCheck.CRC32,
+    ) -> None:
         """Open the tier on ``config.directory``; an OWNER creates it, checks O_DIRECT and
-        rebuilds its index (module docstring).
+        rebuilds its index (module docstring). ``slice_check`` is the file format's version
+        (:mod:`hybridkv.disk.fileformat`): leave it; SHA256, the format before, is there for a
+        benchmark to measure beside it, and files of the other version are misses.
 
         Errors: HybridKVConfigError ``disk_dir`` (an OWNER cannot create or write the
         directory), ``disk_direct`` (ON where the directory refuses O_DIRECT).
@@ -155,7 +163,8 @@ class DiskClient:
         self._index = DiskIndex(config.capacity_bytes, config.policy)
         self._counters = dict.fromkeys(DISK_COUNTER_NAMES, 0)
         self._pool = ThreadPoolExecutor(config.threads, thread_name_prefix="hybridkv-disk")
-        self._io = FileIO(config.direct, self._pool if config.threads > 1 else None, config.path)
+        pool = self._pool if config.threads > 1 else None
+        self._io = FileIO(config.direct, pool, config.path, slice_check)
         self._buffers = Buffers(keep_bytes=(config.threads + 2) * _KEEP_PER_THREAD)
         self._closed = False
         self._active = 0  # calls past the closed check: close() waits for them (pool use)

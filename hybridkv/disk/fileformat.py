@@ -4,7 +4,7 @@ Layout (little-endian)::
 
     block 0 (ALIGN = 4096 bytes):
         magic    4 bytes   b"HKVD"
-        version  u16       1
+        version  u16       2 (1: the format before, below)
         key_len  u16       1..MAX_KEY
         val_len  u64
         digest   32 bytes  (below)
@@ -15,12 +15,29 @@ Layout (little-endian)::
         zeros    up to a multiple of ALIGN
 
 The digest is SHA-256 over the key and the value with their lengths: ``SHA-256(key_len u16,
-val_len u64, key, SHA-256(slice 0), SHA-256(slice 1), ...)``, a slice being each
-:data:`SLICE` (256 KiB) of the value in order (an empty value has none). Hashing the value slice
-by slice lets a large chunk be hashed on several threads, each slice while its own blocks are
-written or read (:mod:`hybridkv.disk.io`), instead of one thread hashing the whole value before
-or after the I/O. A file renamed onto another key's name (foreign), cut short (truncated), or
-altered anywhere in its header, key or value fails (DK-1); the zeros are not covered.
+val_len u64, key, check(slice 0), check(slice 1), ...)``, a slice being each :data:`SLICE`
+(256 KiB) of the value in order (an empty value has none) and its check the slice's CRC-32
+(``zlib.crc32``, u32). Checking the value slice by slice lets a large chunk be checked on
+several threads, each slice while its own blocks are written or read (:mod:`hybridkv.disk.io`),
+instead of one thread going over the whole value before or after the I/O. A file renamed onto
+another key's name (foreign), cut short (truncated), or altered anywhere in its header, key or
+value fails (DK-1); the zeros are not covered.
+
+What the check is for: torn and corrupt files (a crash, a bad block, an outside hand, another
+engine's file under a name), not forgery. CRC-32 misses a random alteration of a slice with odds
+of 2**-32 and never misses one confined to 32 consecutive bits; anyone who can write the
+directory can also write a file whose checks match. Forgery is the codec's to catch: the value a
+tier stores is already sealed (:func:`hybridkv.remote.encode_chunk`: a SHA-256 per payload, or
+the fleet's MAC), and that seal is checked again on every fetch of a chunk from any tier. So the
+disk does not pay SHA-256 a second time over every byte: CRC-32 runs at about 4x SHA-256's
+bytes per second on one core, and the tier reads and writes 2 MB chunks faster with it
+(docs/benchmarks/disk.md, ``tools/bench_disk.py --digest``). The top digest stays SHA-256: it
+runs over a few dozen bytes (lengths, key, checks), nothing beside the value's cost.
+
+Version 1 (SHA-256 per slice, same layout) is not read: its files are a version miss
+(:attr:`Damage.VERSION`), counted and removed as any damage. :class:`SliceCheck` keeps its check
+so a benchmark can write and read it side by side with version 2 in one run
+(``tools/bench_disk.py --digest``).
 
 The value starts on a block boundary, so each slice is whole blocks of the file and an O_DIRECT
 transfer of it needs no copy to align it. Byte accounting uses the padded size
@@ -32,6 +49,7 @@ from __future__ import annotations
 
 import hashlib
 import struct
+import zlib
 from collections.abc import Sequence
 from enum import Enum
 
@@ -44,6 +62,7 @@ __all__ = [
     "VERSION",
     "Damage",
     "Header",
+    "SliceCheck",
     "decode",
     "encode_header",
     "encode_into",
@@ -59,11 +78,13 @@ ALIGN = 4096
 SLICE = 1 << 18
 """Bytes of value per slice digest (256 KiB, a multiple of ALIGN)."""
 MAGIC = b"HKVD"
-VERSION = 1
+VERSION = 2
+"""The format this library writes and reads (:class:`SliceCheck`)."""
 MAX_KEY = 96
 """The longest key (bytes): its hex name and temporary name fit a 255-byte file name."""
 _FIXED = struct.Struct("<4sHHQ")
 _LENGTHS = struct.Struct("<HQ")
+_CRC = struct.Struct("<I")
 HEADER = _FIXED.size + 32
 """Bytes of the header block before the key."""
 
@@ -91,14 +112,31 @@ def slices(value_len: int) -> list[tuple[int, int]]:
     return [(start, min(start + SLICE, value_len)) for start in range(0, value_len, SLICE)]
 
 
+class SliceCheck(Enum):
+    """A slice's check, by the format version that uses it (the member's value)."""
+
+    SHA256 = 1
+    """Version 1: SHA-256 of the slice (32 bytes). Written and read only by a client asked
+    for it (a benchmark's comparison)."""
+    CRC32 = 2
+    """Version 2, the format: CRC-32 of the slice (u32, 4 bytes)."""
+
+    def of(self, piece: bytes | memoryview) -> bytes:
+        """The check of one slice (zlib and hashlib release the GIL on a slice: slices are
+        checked side by side)."""
+        if self is SliceCheck.CRC32:
+            return _CRC.pack(zlib.crc32(piece))
+        return hashlib.sha256(piece).digest()
+
+
 def slice_digest(piece: bytes | memoryview) -> bytes:
-    """SHA-256 of one slice of a value (hashlib releases the GIL: slices hash side by side)."""
-    return hashlib.sha256(piece).digest()
+    """The format's check of one slice of a value (:attr:`SliceCheck.CRC32`)."""
+    return SliceCheck.CRC32.of(piece)
 
 
 def top_digest(key: bytes | memoryview, value_len: int, digests: Sequence[bytes]) -> bytes:
-    """The header's digest of ``key`` and a value of ``value_len`` whose slices hash to
-    ``digests``."""
+    """The header's digest (SHA-256) of ``key`` and a value of ``value_len`` whose slices'
+    checks are ``digests``."""
     sha = hashlib.sha256(_LENGTHS.pack(len(key), value_len))
     sha.update(key)
     for digest in digests:
@@ -106,9 +144,12 @@ def top_digest(key: bytes | memoryview, value_len: int, digests: Sequence[bytes]
     return sha.digest()
 
 
-def encode_header(block: memoryview, key: bytes, value_len: int, digest: bytes) -> None:
-    """Write the header block (ALIGN bytes, zeros after the key) into ``block``."""
-    _FIXED.pack_into(block, 0, MAGIC, VERSION, len(key), value_len)
+def encode_header(
+    block: memoryview, key: bytes, value_len: int, digest: bytes, version: int = VERSION
+) -> None:
+    """Write the header block (ALIGN bytes, zeros after the key) of format ``version`` into
+    ``block``."""
+    _FIXED.pack_into(block, 0, MAGIC, version, len(key), value_len)
     block[_FIXED.size : HEADER] = digest
     end = HEADER + len(key)
     block[HEADER:end] = key
@@ -125,22 +166,25 @@ class Header:
         self.digest = digest
 
 
-def _framing(block: memoryview, file_size: int) -> tuple[int, int] | Damage:
+def _framing(block: memoryview, file_size: int, version: int) -> tuple[int, int] | Damage:
     """The key and value lengths a header block gives, or why it is no header of ours."""
     if file_size < ALIGN or file_size % ALIGN or len(block) < ALIGN:
         return Damage.TRUNCATED
-    magic, version, key_len, value_len = _FIXED.unpack_from(block, 0)
+    magic, found, key_len, value_len = _FIXED.unpack_from(block, 0)
     if magic != MAGIC:
         return Damage.MAGIC
-    if version != VERSION:
+    if found != version:
         return Damage.VERSION
     return key_len, value_len
 
 
-def parse_header(block: memoryview, key: bytes, file_size: int) -> Header | Damage:
+def parse_header(
+    block: memoryview, key: bytes, file_size: int, version: int = VERSION
+) -> Header | Damage:
     """The header of a file of ``file_size`` bytes whose first block is ``block``, checked
-    against ``key`` and the size; or what is wrong with it. Pure."""
-    framing = _framing(block, file_size)
+    against ``key``, the size and the format ``version`` expected; or what is wrong with it.
+    Pure."""
+    framing = _framing(block, file_size, version)
     if isinstance(framing, Damage):
         return framing
     key_len, value_len = framing

@@ -8,10 +8,10 @@ O_DIRECT (``DirectIO``): AUTO tries it and, at the first refusal (``EINVAL``: tm
 network filesystems), switches this client to buffered I/O for good, logged once. ON never
 falls back: a refusal is an error of the call (a FAULT for the caller).
 
-A value larger than one slice (:data:`~hybridkv.disk.fileformat.SLICE`) is copied, hashed and
-written (or read and hashed) slice by slice, side by side on the I/O pool: one large chunk keeps
-several requests in flight at the device and its hashing spread over several threads, each
-slice's hashing beside the other slices' I/O.
+A value larger than one slice (:data:`~hybridkv.disk.fileformat.SLICE`) is copied, checked and
+written (or read and checked) slice by slice, side by side on the I/O pool: one large chunk keeps
+several requests in flight at the device and its checks spread over several threads, each
+slice's check beside the other slices' I/O.
 """
 
 from __future__ import annotations
@@ -33,9 +33,9 @@ from hybridkv.disk.fileformat import (
     ALIGN,
     SLICE,
     Damage,
+    SliceCheck,
     encode_header,
     parse_header,
-    slice_digest,
     slices,
     top_digest,
 )
@@ -86,10 +86,18 @@ class Buffers:
 
 
 class FileIO:
-    """Opens, writes and reads chunk files for one client, O_DIRECT as configured."""
+    """Opens, writes and reads chunk files for one client, O_DIRECT as configured, in the
+    format version of ``check`` (the format's own unless a benchmark asks for the other)."""
 
-    def __init__(self, direct: DirectIO, pool: Executor | None, directory: Path) -> None:
+    def __init__(
+        self,
+        direct: DirectIO,
+        pool: Executor | None,
+        directory: Path,
+        check: SliceCheck = SliceCheck.CRC32,
+    ) -> None:
         self.mode = direct
+        self.check = check
         self.directory = directory
         self.direct = direct is not DirectIO.OFF and _O_DIRECT != 0
         self.fallbacks = 0
@@ -139,7 +147,7 @@ class FileIO:
 
     def write_chunk(self, fd: int, image: memoryview, key: bytes, value: bytes) -> None:
         """Write the file of ``key`` and ``value`` through ``image`` (aligned, at least the
-        padded size) from offset 0. Slices after the first are copied, hashed and written side
+        padded size) from offset 0. Slices after the first are copied, checked and written side
         by side on the pool; the first block (the header, which needs every slice's digest)
         goes last, in one write with the first slice."""
         view = memoryview(value)
@@ -149,22 +157,23 @@ class FileIO:
             start, stop = ALIGN + a, ALIGN + _blocks(b)
             image[start : ALIGN + b] = view[a:b]
             image[ALIGN + b : stop] = bytes(stop - ALIGN - b)
-            digest = slice_digest(view[a:b])
+            digest = self.check.of(view[a:b])
             if a:
                 _pwrite_all(fd, image[start:stop], start)
             return digest
 
         digests = self._each(one, parts)
-        encode_header(image[:ALIGN], key, len(value), top_digest(key, len(value), digests))
+        digest = top_digest(key, len(value), digests)
+        encode_header(image[:ALIGN], key, len(value), digest, self.check.value)
         _pwrite_all(fd, image[: ALIGN + _blocks(min(len(value), SLICE))], 0)
 
     def read_chunk(self, fd: int, image: memoryview, key: bytes, size: int) -> bytes | Damage:
         """Read and verify the file of ``size`` bytes that should hold ``key``: its first block
         and first slice in one read, the header checked, then the other slices read and
-        hashed side by side on the pool. The value, or what is wrong with the file."""
+        checked side by side on the pool. The value, or what is wrong with the file."""
         first = min(size, ALIGN + SLICE)
         got = _pread_all(fd, image[:first], 0)
-        header = parse_header(image[:ALIGN], key, size if got == first else got)
+        header = parse_header(image[:ALIGN], key, size if got == first else got, self.check.value)
         if isinstance(header, Damage):
             return header
         value_len = header.value_len
@@ -173,7 +182,7 @@ class FileIO:
             start, stop = ALIGN + a, ALIGN + _blocks(b)
             if a and _pread_all(fd, image[start:stop], start) < stop - start:
                 return None  # cut short while we read
-            return slice_digest(image[start : ALIGN + b])
+            return self.check.of(image[start : ALIGN + b])
 
         read = self._each(one, slices(value_len))
         digests = [digest for digest in read if digest is not None]

@@ -4,11 +4,13 @@ Names (the contract): a final file is ``<dir>/<2 hex>/<key hex>``, a temp file
 ``<dir>/<2 hex>/.<key hex>.tmp.<host>.<pid>.<random>``. The model keeps names abstract: a
 final file is known by its key, a temp by a number no other temp shares.
 
-File format (the contract): a header (magic, version, key length and key, value length, the
-SHA-256 digest over key + value), the value, zero padding to the alignment. The model keeps
-what a reader can check: the key the header names, the value, the digest, and whether the
-file holds every byte its header announces. A file's size is its padded size
-(:meth:`FileLayout.footprint`), the size byte accounting uses.
+File format (the contract): a header (magic, version, key length and key, value length, a
+digest over key + value: SHA-256 over the lengths, the key and a CRC-32 of each slice of the
+value), the value, zero padding to the alignment. The model keeps what a reader can check: the
+key the header names, the value, the digest, and whether the file holds every byte its header
+announces. The digest is there to catch torn and corrupt files, not forgery (the chunk values
+carry their own seal), so the model needs only that any change to key or value fails it. A
+file's size is its padded size (:meth:`FileLayout.footprint`), the size byte accounting uses.
 
 A file is an inode: a rename over a final name replaces the name, and a reader that opened the
 old inode still reads it whole (POSIX). Each file carries an ``inode`` number, so the model
@@ -119,7 +121,9 @@ class FileLayout:
 
 
 def digest(key: bytes, value: bytes) -> bytes:
-    """The header's digest: SHA-256 over the key (length-prefixed) and the value. Pure."""
+    """The model's header digest over the key (length-prefixed) and the value: a stand-in for
+    the file's (module docstring) with the one property the model relies on, that any change
+    to key or value fails it. Pure."""
     return hashlib.sha256(len(key).to_bytes(4, "big") + key + value).digest()
 
 

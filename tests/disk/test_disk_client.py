@@ -24,6 +24,7 @@ from hybridkv.disk import (
     DiskRole,
     padded_size,
 )
+from hybridkv.disk.fileformat import SliceCheck
 from hybridkv.disk.names import HOST, chunk_path
 from hybridkv.errors import HybridKVConfigError
 from hybridkv.remote import (
@@ -310,6 +311,26 @@ def test_big_values_go_in_segments_and_back(tmp_path: Path) -> None:
         assert client.set(key, value, 0) is None
         assert client.get(key) == value
         client.close()
+
+
+def test_files_of_the_other_format_version_are_misses_removed(tmp_path: Path) -> None:
+    # A client asked for version 1's SHA-256 slices (the benchmark's comparison) reads its own
+    # files; the format's client finds them a version miss, counts and removes them (DK-6).
+    key = key_of(7)
+    value = value_of(key, (1 << 20) + 5)
+    old = DiskClient(DiskConfig(tmp_path, 8 << 20, rescan_s=0), slice_check=SliceCheck.SHA256)
+    assert old.set(key, value, 0) is None
+    assert old.get(key) == value
+    old.close()
+    client = owner(tmp_path, 8 << 20)
+    assert client.snapshot()["index"] == (key.hex(),)
+    assert client.get(key) is None
+    counters = client.snapshot()["counters"]
+    assert (counters["damaged_version"], counters["removed_damaged"]) == (1, 1)
+    assert not chunk_path(tmp_path, key).exists()
+    assert client.set(key, value, 0) is None
+    assert client.get(key) == value
+    client.close()
 
 
 def test_a_large_lookup_is_statted_on_the_pool(tmp_path: Path) -> None:

@@ -4,9 +4,12 @@ the byte-bounded index with its pins."""
 from __future__ import annotations
 
 import ctypes
+import hashlib
 import os
+import struct
 import subprocess
 import sys
+import zlib
 from pathlib import Path
 from typing import Any
 
@@ -15,7 +18,15 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from hybridkv.disk import ALIGN, Damage, DirectIO, DiskConfig, DiskIndexError, FsyncPolicy
-from hybridkv.disk.fileformat import HEADER, SLICE, decode, encode_into, padded_size
+from hybridkv.disk.fileformat import (
+    HEADER,
+    SLICE,
+    VERSION,
+    SliceCheck,
+    decode,
+    encode_into,
+    padded_size,
+)
 from hybridkv.disk.index import DiskIndex
 from hybridkv.disk.io import Buffers
 from hybridkv.disk.names import HOST, TempName, chunk_path, is_torn, key_of, parse_temp, temp_path
@@ -127,7 +138,7 @@ def test_each_damage_is_named() -> None:
     assert decode(memoryview(longer), key) is Damage.LENGTHS
 
 
-def test_a_value_of_many_slices_hashes_each_slice() -> None:
+def test_a_value_of_many_slices_checks_each_slice() -> None:
     key = b"k" * 32
     value = bytes(range(256)) * (3 * SLICE // 256 + 7)  # 4 slices, the last short
     image = _image(key, value)
@@ -140,6 +151,34 @@ def test_a_value_of_many_slices_hashes_each_slice() -> None:
 
 
 # --- names ---
+
+
+def test_the_header_digest_is_sha256_over_lengths_key_and_each_slices_crc32() -> None:
+    # Computed here from the layout the module documents, not with the module's helpers.
+    key = b"k" * 32
+    value = os.urandom(2 * SLICE + 5000)  # 3 slices, the last short
+    image = _image(key, value)
+    assert struct.unpack_from("<4sHHQ", image, 0) == (b"HKVD", 2, 32, len(value))
+    assert VERSION == SliceCheck.CRC32.value == 2
+    top = hashlib.sha256(struct.pack("<HQ", 32, len(value)) + key)
+    for a in range(0, len(value), SLICE):
+        top.update(struct.pack("<I", zlib.crc32(value[a : a + SLICE])))
+    assert image[16:48] == top.digest()
+
+
+def test_a_file_of_the_format_before_is_a_version_miss() -> None:
+    # Version 1 (SHA-256 per slice): what a file written before the change looks like.
+    key = b"k" * 32
+    value = os.urandom(SLICE + 100)
+    top = hashlib.sha256(struct.pack("<HQ", 32, len(value)) + key)
+    for a in range(0, len(value), SLICE):
+        top.update(hashlib.sha256(value[a : a + SLICE]).digest())
+    old = bytearray(padded_size(32, len(value)))
+    struct.pack_into("<4sHHQ", old, 0, b"HKVD", 1, 32, len(value))
+    old[16:48] = top.digest()
+    old[HEADER : HEADER + 32] = key
+    old[ALIGN : ALIGN + len(value)] = value
+    assert decode(memoryview(old), key) is Damage.VERSION
 
 
 def test_names_round_trip_and_fit_a_file_name(tmp_path: Path) -> None:
