@@ -26,9 +26,11 @@ from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from pathlib import Path
 
+import _baselines
 from _counters import parse_prometheus
+from _llm import Run
 from _models import TinyModel
-from _workload import Generate, Reply
+from _workload import Generate, Reply, replay
 
 START_DEADLINE_S = 420.0  # imports and engine start on 2 busy cores
 REQUEST_TIMEOUT_S = 300.0
@@ -155,3 +157,13 @@ def scrape(url: str) -> dict[str, float]:
         last = now
         time.sleep(1.0)
     raise AssertionError("/metrics kept changing after the last answer")
+
+
+def served_run(name: str, root: Path, flags: list[str], log: Path) -> Run:
+    """Serve architecture ``name``'s tiny model with ``flags`` (server log to ``log``), replay
+    its workload against the no-connector baseline's transcript, and scrape the counters."""
+    model = _baselines.model(name, root)
+    base = _baselines.baseline(name, root).transcript
+    with serving(model, flags, log) as url:
+        transcript = replay(model.shape.workload, base, client_generate(url, model))
+        return Run(transcript, scrape(url))

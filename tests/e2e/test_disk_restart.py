@@ -18,15 +18,12 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import _baselines
 import _counters
 import _recipe
 import _server
 import _verdict
 import pytest
-from _llm import Run
 from _models import ARCHITECTURES
-from _workload import replay
 
 pytestmark = pytest.mark.e2e
 
@@ -44,21 +41,13 @@ def _disk_flags(disk: Path) -> list[str]:
     return _recipe.serve_flags({**config, "kv_connector_extra_config": extra})
 
 
-def _served(name: str, root: Path, flags: list[str], log: Path) -> Run:
-    model = _baselines.model(name, root)
-    base = _baselines.baseline(name, root).transcript
-    with _server.serving(model, flags, log) as url:
-        transcript = replay(model.shape.workload, base, _server.client_generate(url, model))
-        return Run(transcript, _server.scrape(url))
-
-
 @pytest.mark.parametrize("name", list(ARCHITECTURES))
 def test_a_restarted_server_serves_hits_from_disk(
     name: str, model_root: Path, tmp_path: Path, e2e_report: list[str]
 ) -> None:
     disk = tmp_path / "disk"
     flags = _disk_flags(disk)
-    first = _served(name, model_root, flags, tmp_path / "first.log")
+    first = _server.served_run(name, model_root, flags, tmp_path / "first.log")
     held_first = _verdict.answers_hold(name, model_root, first)
     assert _counters.disagreement(first.counters) is None, _counters.disagreement(first.counters)
     written = first.counters.get(WRITTEN, 0.0)
@@ -66,7 +55,7 @@ def test_a_restarted_server_serves_hits_from_disk(
     files = [p for p in disk.rglob("*") if p.is_file() and not p.name.startswith(".")]
     assert files, f"{name}: no chunk file under {disk}"
 
-    second = _served(name, model_root, flags, tmp_path / "second.log")
+    second = _server.served_run(name, model_root, flags, tmp_path / "second.log")
     held_second = _verdict.answers_hold(name, model_root, second)
     counters = second.counters
     assert _counters.disagreement(counters) is None, _counters.disagreement(counters)

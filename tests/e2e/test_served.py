@@ -28,26 +28,16 @@ import _recipe
 import _server
 import _verdict
 import pytest
-from _llm import Run
 from _models import ARCHITECTURES
-from _workload import replay
 
 pytestmark = pytest.mark.e2e
-
-
-def _served(name: str, root: Path, flags: list[str], log: Path) -> Run:
-    model = _baselines.model(name, root)
-    base = _baselines.baseline(name, root).transcript
-    with _server.serving(model, flags, log) as url:
-        transcript = replay(model.shape.workload, base, _server.client_generate(url, model))
-        return Run(transcript, _server.scrape(url))
 
 
 @pytest.mark.parametrize("name", list(ARCHITECTURES))
 def test_served_answers_match_baseline_with_loads(
     name: str, model_root: Path, tmp_path: Path, e2e_report: list[str]
 ) -> None:
-    run = _served(name, model_root, _recipe.serve_flags(), tmp_path / "server.log")
+    run = _server.served_run(name, model_root, _recipe.serve_flags(), tmp_path / "server.log")
     counters = run.counters
     held = _verdict.answers_hold(name, model_root, run)
     assert counters[_counters.EXTERNAL_HITS] > 0, f"{name}: vLLM took no token from the host"
@@ -69,6 +59,6 @@ def test_served_control_with_corrupted_loads_fails(
     # JSON (it answers 400).
     zeros = _baselines.model(name, model_root).shape.dtype == "bfloat16"
     flags = _recipe.serve_flags(_recipe.control_config(zeros))
-    control = _served(name, model_root, flags, tmp_path / "server.log")
+    control = _server.served_run(name, model_root, flags, tmp_path / "server.log")
     assert control.counters[_counters.LOADS_DONE] > 0, "the served control loaded nothing"
     e2e_report.append(f"served     {name:8} {_verdict.control_fails(name, model_root, control)}")
