@@ -6,7 +6,9 @@ verified fetches, breaker) drives it through :class:`DiskClient`, a
 header, digest and padding), :mod:`.names` (file and temporary names, when a temporary file is
 torn), :mod:`.io` (aligned buffers, O_DIRECT with a buffered fallback, segments on the I/O
 pool), :mod:`.index` (bytes, reservations, pins; the LRU/ARC policy orders), :mod:`.scan` (one
-pass over the directory: rebuild and rescans) and :mod:`.client`.
+pass over the directory: rebuild and rescans), :mod:`.rebuild` (an OWNER's start: the directory,
+the O_DIRECT probe, the index rebuilt), :mod:`.counters` (what the snapshot counts) and
+:mod:`.client`.
 
 Invariants (named; the spec and the docs cite them):
 
@@ -23,8 +25,9 @@ Invariants (named; the spec and the docs cite them):
 
 from __future__ import annotations
 
-from hybridkv.disk.client import DISK_COUNTER_NAMES, DiskClient
+from hybridkv.disk.client import DiskClient
 from hybridkv.disk.config import POLICIES, DirectIO, DiskConfig, DiskRole, FsyncPolicy
+from hybridkv.disk.counters import DISK_COUNTER_NAMES
 from hybridkv.disk.fileformat import ALIGN, Damage, padded_size
 from hybridkv.disk.index import DiskIndexError
 

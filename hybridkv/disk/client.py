@@ -39,28 +39,11 @@ Operations (pre, post, frame; a refused call changes nothing but its counters):
 
 Snapshot (:meth:`DiskClient.snapshot`): ``index`` (key hex in eviction order, next victim first),
 ``bytes`` (complete files, padded), ``reserved`` (writes in flight), ``pins`` ((key hex, count)
-sorted), ``counters`` (:data:`DISK_COUNTER_NAMES`, every one present):
+sorted), ``counters`` (:data:`~hybridkv.disk.counters.DISK_COUNTER_NAMES`, every one present;
+what each counts: :mod:`hybridkv.disk.counters`).
 
-- lookups: ``exists_calls``, ``exists_keys`` (keys asked), ``exists_found``, ``exists_faults``;
-- reads: ``gets``, ``hits``, ``misses`` (no file), ``vanished`` (an indexed file found gone by a
-  read, an eviction or a rescan), ``damaged`` (a file that failed verification) and one
-  ``damaged_<why>`` per :class:`~hybridkv.disk.fileformat.Damage`, ``removed_damaged``,
-  ``get_faults``, ``bytes_read`` (file bytes read by hits and misses alike);
-- writes: ``sets``, ``written``, ``bytes_written`` (file bytes), ``set_present`` (indexed:
-  not written), ``set_adopted`` (complete on disk, written by another engine: indexed, not
-  written), ``set_pending`` (the same key's write in flight), ``set_no_space`` (pins and
-  writes in flight hold too much), ``set_too_large`` (larger than the capacity),
-  ``set_faults`` (an I/O error), ``set_enospc`` (of which ENOSPC), ``set_refused_reader``,
-  ``capacity_lowered`` (ENOSPC lowered the limit: below);
-- eviction: ``evictions``, ``evicted_bytes``;
-- start-up and rescans: ``rebuild_files``, ``rebuild_bytes``, ``rebuild_torn`` (temporary files
-  removed), ``rebuild_truncated`` (removed), ``rebuild_over_capacity`` (oldest files removed to
-  fit), ``rebuild_us`` (the rebuild's wall time, microseconds: a measurement, not a count),
-  ``rescans`` (whole passes), ``adopted``, ``adopt_refused`` (no room), ``temps_removed``
-  (torn, by a rescan), ``rescan_truncated`` (truncated files a rescan removed),
-  ``rescan_faults`` (a subdirectory a rescan could not list: tried again next pass);
-- ``direct_fallbacks`` (1 once O_DIRECT was refused and AUTO fell back), ``closed_calls``
-  (calls after ``close``, each a FAULT).
+Start-up (the directory made, O_DIRECT probed, the index rebuilt) is :mod:`hybridkv.disk.rebuild`;
+the rescans that keep the index in step with other engines are here (they take the lock).
 """
 
 from __future__ import annotations
@@ -70,67 +53,24 @@ import errno
 import os
 import stat
 import threading
-import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from hybridkv.disk.config import DirectIO, DiskConfig, DiskRole, FsyncPolicy
+from hybridkv.disk.config import DiskConfig, DiskRole, FsyncPolicy
+from hybridkv.disk.counters import DISK_COUNTER_NAMES
 from hybridkv.disk.fileformat import ALIGN, MAX_KEY, SLICE, Damage, SliceCheck, padded_size
 from hybridkv.disk.index import DiskIndex
 from hybridkv.disk.io import Buffers, FileIO
-from hybridkv.disk.names import HOST, chunk_path, temp_path
-from hybridkv.disk.scan import scan, scan_subdir
+from hybridkv.disk.names import chunk_path, temp_path
+from hybridkv.disk.rebuild import open_directory, rebuild, unlink_all, unlink_quietly
+from hybridkv.disk.scan import scan_subdir
 from hybridkv.errors import HybridKVConfigError
 from hybridkv.remote.values import ClientFault
 
 __all__ = ["DISK_COUNTER_NAMES", "DiskClient"]
 
-DISK_COUNTER_NAMES: tuple[str, ...] = (
-    "exists_calls",
-    "exists_keys",
-    "exists_found",
-    "exists_faults",
-    "gets",
-    "hits",
-    "misses",
-    "vanished",
-    "damaged",
-    *(f"damaged_{damage.value}" for damage in Damage),
-    "removed_damaged",
-    "get_faults",
-    "bytes_read",
-    "sets",
-    "written",
-    "bytes_written",
-    "set_present",
-    "set_adopted",
-    "set_pending",
-    "set_no_space",
-    "set_too_large",
-    "set_faults",
-    "set_enospc",
-    "set_refused_reader",
-    "capacity_lowered",
-    "evictions",
-    "evicted_bytes",
-    "rebuild_files",
-    "rebuild_bytes",
-    "rebuild_torn",
-    "rebuild_truncated",
-    "rebuild_over_capacity",
-    "rebuild_us",
-    "rescans",
-    "adopted",
-    "adopt_refused",
-    "temps_removed",
-    "rescan_truncated",
-    "rescan_faults",
-    "direct_fallbacks",
-    "closed_calls",
-)
-"""The snapshot's ``counters`` keys (module docstring)."""
 
 _KEEP_PER_THREAD = 8 << 20  # aligned buffers kept for reuse, per I/O thread
 _SUBDIRS = 256  # the first byte of a key names its subdirectory
@@ -173,8 +113,10 @@ class DiskClient:
         self._rescanner: threading.Thread | None = None
         if role is DiskRole.OWNER:
             try:
-                self._open_directory()
-                self._rebuild()
+                open_directory(config, self._io, self._buffers, f"{id(self):x}")
+                rebuild(
+                    self.directory, self._pool, config.stale_temp_s, self._index, self._counters
+                )
             except BaseException:
                 self._pool.shutdown()
                 raise
@@ -358,7 +300,7 @@ class DiskClient:
         try:
             self._write(temp, final, key, value, size)
         except OSError as error:
-            _unlink_quietly(temp)
+            unlink_quietly(temp)
             with self._lock:
                 self._counters["set_faults"] += 1
                 if error.errno == errno.ENOSPC:
@@ -484,75 +426,7 @@ class DiskClient:
             )
         return found
 
-    # --- start-up and rescans ---
-
-    def _open_directory(self) -> None:
-        directory = self.directory
-        try:
-            directory.mkdir(parents=True, exist_ok=True)
-        except OSError as error:
-            raise HybridKVConfigError(
-                "disk_dir", str(directory), f"cannot be created ({error})", "give a writable path"
-            ) from None
-        if self.config.direct is DirectIO.OFF:
-            return
-        probe = directory / f".probe.tmp.{HOST}.{os.getpid()}.{id(self):x}"
-        try:
-            self._probe(probe)
-        except OSError as error:
-            if self.config.direct is DirectIO.ON:
-                raise HybridKVConfigError(
-                    "disk_direct",
-                    "on",
-                    f"{directory} does not take O_DIRECT writes ({error})",
-                    "use disk_direct=auto (buffered there) or off, or a directory on a "
-                    "filesystem with O_DIRECT",
-                ) from None
-            if error.errno == errno.EINVAL:
-                self._io.fall_back(error)
-            else:
-                raise HybridKVConfigError(
-                    "disk_dir",
-                    str(directory),
-                    f"cannot be written ({error})",
-                    "give a writable path",
-                ) from None
-        finally:
-            _unlink_quietly(probe)
-
-    def _probe(self, probe: Path) -> None:
-        if not self._io.direct:
-            raise OSError(errno.EINVAL, "this platform has no O_DIRECT")
-        fd, _ = self._io.open(probe, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC)
-        try:
-            with self._buffers.lease(ALIGN) as block:
-                block[:] = bytes(ALIGN)
-                os.pwrite(fd, block, 0)
-        finally:
-            os.close(fd)
-
-    def _rebuild(self) -> None:
-        """DK-5: the index is exactly the complete files; what a crash left is removed."""
-        began = time.perf_counter()
-        listing = scan(self.directory, self._pool, self.config.stale_temp_s)
-        counters = self._counters
-        counters["rebuild_torn"] += _unlink_all(listing.torn)
-        counters["rebuild_truncated"] += _unlink_all(listing.truncated)
-        newest_first = sorted(listing.files, reverse=True)
-        room, kept = self._index.capacity, []
-        for found in newest_first:
-            if found.size <= room:
-                room -= found.size
-                kept.append((found.key, found.size))
-            else:
-                counters["rebuild_over_capacity"] += _unlink_all(
-                    [chunk_path(self.directory, found.key)]
-                )
-        kept.reverse()  # oldest first: the last inserted is the most recent
-        self._index.insert_all(kept)
-        counters["rebuild_files"] = len(kept)
-        counters["rebuild_bytes"] = self._index.bytes
-        counters["rebuild_us"] = int((time.perf_counter() - began) * 1e6)
+    # --- rescans ---
 
     def _rescan_loop(self) -> None:
         # One subdirectory per tick: a whole pass every rescan_s, the lock held briefly.
@@ -585,8 +459,8 @@ class DiskClient:
         except OSError:
             self._count("rescan_faults")  # unreadable now: the next pass tries again
             return
-        removed = _unlink_all(listing.torn)
-        truncated = _unlink_all(listing.truncated)
+        removed = unlink_all(listing.torn)
+        truncated = unlink_all(listing.truncated)
         on_disk = {found.key for found in listing.files}
         with self._lock:
             self._counters["temps_removed"] += removed
@@ -629,20 +503,3 @@ def _check_key(key: object) -> None:
         raise HybridKVConfigError(
             "key", key, f"must be 1 to {MAX_KEY} bytes", "pass the chunk's key as bytes"
         )
-
-
-def _unlink_quietly(path: Path) -> None:
-    with contextlib.suppress(OSError):
-        os.unlink(path)
-
-
-def _unlink_all(paths: Sequence[Path]) -> int:
-    """Remove ``paths``; how many this call removed (another engine may be faster)."""
-    removed = 0
-    for path in paths:
-        try:
-            os.unlink(path)
-            removed += 1
-        except OSError:
-            pass
-    return removed
