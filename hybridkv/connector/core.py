@@ -66,7 +66,13 @@ from hybridkv.connector.checkpoints import CheckpointRule
 from hybridkv.connector.claims import decide_claim
 from hybridkv.connector.counts import COUNTED, ConnectorStats, LoadMode
 from hybridkv.connector.geometry import ConnectorGeometry
-from hybridkv.connector.loads import LoadRecord, load_items, resume_point, segments
+from hybridkv.connector.loads import (
+    LoadRecord,
+    claimed_keys,
+    load_items,
+    resume_point,
+    segments,
+)
 from hybridkv.connector.memo import ClaimMemo, MemoKey
 from hybridkv.connector.memory import KeyMemory
 from hybridkv.connector.outside import OutsideWork
@@ -217,8 +223,10 @@ class ConnectorCore(CoreQueries, OutsideWork, StoreJobs, JobReports):
         field ``num_computed_tokens``).
 
         Post: DEFER while the request has a load in flight or a STORING key could lengthen the
-        claim; else NONE or a claim of ``end - start`` tokens, SYNC or ASYNC by ``load_mode``.
-        Frame: only the asked position (and the request's hash chain) is recorded.
+        claim; else NONE or a claim of ``end - start`` tokens, SYNC or ASYNC by ``load_mode``,
+        whose keys are then the host's most recent (:meth:`_refresh_claim`). Frame: only the
+        asked position (and the request's hash chain) is recorded, and the host's recency
+        moves for a claim.
         """
         start = num_computed_tokens
         if type(start) is not int or start < 0 or start % self.geometry.scheduler_block:
@@ -250,9 +258,33 @@ class ConnectorCore(CoreQueries, OutsideWork, StoreJobs, JobReports):
         if claim.num_tokens:
             count["claims"] += 1
             count["claimed_tokens"] += claim.num_tokens
+            self._refresh_claim(request, start, start + claim.num_tokens)
         elif claim is _DEFER:
             count["deferred"] += 1
         return claim
+
+    def _refresh_claim(self, request: RequestView, start: int, end: int) -> None:
+        """The keys a load of the claim ``[start, end)`` would read, refreshed head most
+        recent (``HostStore.refresh``: recency only, as a finished request's chunks).
+
+        vLLM asks a waiting request's claim each time its waiting loop reaches it, and the
+        request may then wait many steps (the step's token budget, free blocks, the load
+        admission rule) before its load pins those keys. Meanwhile the running requests'
+        stores evict by recency, and a conversation whose last turn ended a while ago is the
+        least recent: left as it was, its claim was evicted just before it was loaded, and
+        recomputed and stored again. Refreshed at each answer, the chunks a request is about
+        to read are as recent as the announcement. Measured with
+        ``tools/host_pressure_seeds.py`` over 11 chat and 10 traffic seeds of the bench's
+        sliding + full traces at half the working set, both engine loops and both policies
+        (docs/benchmarks/vs-native.md). The list is kept with the claim's memo, so a request
+        asked again with the same answer costs one walk of its keys in the policy."""
+        memo = self._claim_memo.get(request.request_id)
+        claimed = memo.claimed if memo is not None else None
+        if claimed is None:
+            claimed = claimed_keys(self.geometry, self._keys(request), start, end)
+            if memo is not None:
+                memo.claimed = claimed
+        self.store.refresh(claimed)
 
     def answers_by_rule(self, request_id: RequestId) -> bool:
         """Whether a decided answer (a claim or NONE) for the request comes from the claim rule:

@@ -19,7 +19,7 @@ from hybridkv.connector.geometry import ConnectorGeometry
 from hybridkv.connector.requests import RequestKeys
 from hybridkv.kinds import GroupKind
 
-__all__ = ["LoadRecord", "load_items", "resume_point", "segments"]
+__all__ = ["LoadRecord", "claimed_keys", "load_items", "resume_point", "segments"]
 
 _BY_END_THEN_GROUP = attrgetter("end_token", "group_idx")
 
@@ -122,6 +122,26 @@ def load_items(
     items = [item for item, ok in zip(found, flags, strict=True) if ok]
     items.sort(key=_BY_END_THEN_GROUP)
     return tuple(items)
+
+
+def claimed_keys(
+    geometry: ConnectorGeometry, keys: RequestKeys, start: int, end: int
+) -> tuple[bytes, ...]:
+    """The keys a load of the claim ``[start, end)`` reads, whatever their blocks: per group
+    the units :func:`load_items` would restore (a mamba group only when ``end`` is its unit
+    end), head first (by ``end_token``, then group), the order ``HostStore.refresh`` takes
+    to leave the head the most recent. Pure but for the hash chain growing."""
+    ranked: list[tuple[int, int, bytes]] = []
+    key_of = keys.key
+    for g, kind in enumerate(geometry.kinds):
+        u = geometry.units[g]
+        group_end = end - end % u
+        if group_end <= start or (kind is GroupKind.MAMBA and group_end != end):
+            continue
+        for j in range(geometry.first_needed(g, start, group_end), group_end // u):
+            ranked.append(((j + 1) * u, g, key_of(g, j)))
+    ranked.sort()
+    return tuple(key for _, _, key in ranked)
 
 
 def segments(items: Sequence[TransferItem], align: int) -> list[tuple[TransferItem, ...]]:

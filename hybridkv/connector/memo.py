@@ -22,9 +22,10 @@ class ClaimMemo:
     """One waiting request's remembered answer (:meth:`ConnectorCore._decide`): valid for
     ``key`` (start, token count, salt, failure epoch, load mode) while the keys in ``read``
     have the statuses ``states``; ``counts``: the store's status counters when that last
-    held."""
+    held; ``claimed``: the keys the claim's load would read, head first, once the core has
+    listed them (:meth:`ConnectorCore._refresh_claim`), else None."""
 
-    __slots__ = ("claim", "counts", "key", "read", "states")
+    __slots__ = ("claim", "claimed", "counts", "key", "read", "states")
 
     def __init__(
         self,
@@ -41,3 +42,4 @@ class ClaimMemo:
             states,
             counts,
         )
+        self.claimed: tuple[bytes, ...] | None = None

@@ -212,7 +212,15 @@ class ReferenceConnector:
         Pre: ``num_computed_tokens`` is an int >= 0, a multiple of the scheduler block
         (``ConfigError`` otherwise). Post: DEFER while the request has a load in flight or a
         STORING key could lengthen the claim; else NONE or a claim of ``end - start`` tokens,
-        SYNC or ASYNC by ``load_mode``. Frame: only the asked position is recorded.
+        SYNC or ASYNC by ``load_mode``; a claim's keys are then the host's most recent.
+        Frame: the asked position is recorded, and for a claim the host's recency moves.
+
+        Why a claim refreshes its keys: vLLM may keep a waiting request many steps after it
+        asked (token budget, free blocks, load admission), and the running requests' stores
+        evict by recency meanwhile, so the chunks about to be loaded were often the next
+        victims. The refresh is recency only (``HostStore.refresh``), head most recent, over
+        the units the load would read (:func:`spec.connector.loads.load_items` without the
+        block table): every unit :meth:`Geometry.needed_units` names below ``end``, per group.
         """
         start = self._checked_start(num_computed_tokens)
         self._asked[request.request_id] = start
@@ -231,8 +239,24 @@ class ReferenceConnector:
             return Claim(ClaimKind.DEFER)
         if decision.end == start:
             return Claim(ClaimKind.NONE)
+        self.store.refresh(self._claimed_keys(request, start, decision.end))
         kind = ClaimKind.ASYNC if self.load_mode is LoadMode.ASYNC else ClaimKind.SYNC
         return Claim(kind, decision.end - start)
+
+    def _claimed_keys(self, request: RequestView, start: int, end: int) -> list[bytes]:
+        """The keys a load of ``[start, end)`` reads, head first: per group the needed units
+        below the group's last unit end at or before ``end`` (a mamba group only when that is
+        ``end`` itself), ordered by unit end, then group."""
+        hashes = self._hashes(request)
+        refs = []
+        for g, kind in enumerate(self.geometry.kinds):
+            u = self.geometry.planner.units[g]
+            group_end = end - end % u
+            if group_end <= start or (kind is GroupKind.MAMBA and group_end != end):
+                continue
+            refs.extend(self.geometry.needed_units(g, start, group_end))
+        refs.sort(key=lambda ref: (ref.end, ref.group_idx))
+        return [self.geometry.key(hashes, ref) for ref in refs]
 
     def update_state_after_alloc(
         self, request: RequestView, block_ids: BlockTable, num_external_tokens: int

@@ -97,11 +97,40 @@ def test_unaligned_computed_count_is_refused() -> None:
     assert err.value.field == "num_computed_tokens"
 
 
-def test_asking_changes_no_observable_state() -> None:
+def test_asking_with_no_claim_changes_no_observable_state() -> None:
     h = _stored_a()
     before = (h.connector.freeze(), h.connector.snapshot())
-    h.connector.get_num_new_matched_tokens(view("B", A6), 0)
+    # Nothing of this prompt is on the host: NONE, and nothing moves.
+    claim = h.connector.get_num_new_matched_tokens(view("C", (9, 8, 7, 6, 5, 4)), 0)
+    assert claim.kind is ClaimKind.NONE
     assert (h.connector.freeze(), h.connector.snapshot()) == before
+
+
+def _without_policy(snapshot: dict[str, object]) -> dict[str, object]:
+    store = dict(snapshot["store"])  # type: ignore[call-overload]
+    store.pop("policy")
+    return {**snapshot, "store": store}
+
+
+def test_a_claim_makes_the_keys_its_load_reads_the_most_recent_and_moves_nothing_else() -> None:
+    h = _stored_a()
+    other = (11, 12, 13, 14)
+    prepared = h.connector.store.prepare_store([key(other, 2, 0)])
+    assert isinstance(prepared, PrepareStoreOutput)
+    h.connector.store.complete_store(prepared.keys_to_store, success=True)
+    before = h.connector.snapshot()
+    assert before["store"]["policy"]["resident"][-1] == key(other, 2, 0).hex()
+    claim = h.connector.get_num_new_matched_tokens(view("B", A6), 0)
+    assert claim == Claim(ClaimKind.ASYNC, 4)
+    after = h.connector.snapshot()
+    assert _without_policy(after) == _without_policy(before)
+    # Least recent first: the other key, then the claim's keys tail first, its head last.
+    assert after["store"]["policy"]["resident"] == (
+        key(other, 2, 0).hex(),
+        key(A6, 4, 1).hex(),
+        key(A6, 4, 0).hex(),
+        key(A6, 2, 0).hex(),
+    )
 
 
 def _seed_sliding(windows: tuple[int, ...], sliding_end: int) -> Harness:
