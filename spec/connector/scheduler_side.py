@@ -65,7 +65,7 @@ from typing import Any
 from spec.block_pool import BlockId, BlockPool
 from spec.connector.checkpoints import CheckpointRule
 from spec.connector.claims import decide_claim
-from spec.connector.geometry import Geometry
+from spec.connector.geometry import Geometry, UnitRef
 from spec.connector.loads import LoadRecord, load_items, resume_point, segments
 from spec.connector.stores import items_by_end, store_items, stored_low
 from spec.connector_api import (
@@ -248,7 +248,7 @@ class ReferenceConnector:
         below the group's last unit end at or before ``end`` (a mamba group only when that is
         ``end`` itself), ordered by unit end, then group."""
         hashes = self._hashes(request)
-        refs = []
+        refs: list[UnitRef] = []
         for g, kind in enumerate(self.geometry.kinds):
             u = self.geometry.planner.units[g]
             group_end = end - end % u
