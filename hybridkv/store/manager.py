@@ -235,10 +235,9 @@ class HostStore:
         them). A finished request's chunks, head most recent: the next victims are the tails
         of the least recent requests, which shortens a prefix instead of breaking it. Only the
         policy changes."""
-        state, policy = self._state, self._policy
-        for key in reversed(_valid_keys(keys, distinct=False)):
-            if key in state:
-                policy.on_access(key, ready=False)
+        state = self._state
+        present = [key for key in reversed(_valid_keys(keys, distinct=False)) if key in state]
+        self._policy.on_access_many(present, ready=False)
 
     # --- stores ---
 

@@ -42,6 +42,12 @@ class EvictionPolicy(ABC):
     def on_access(self, key: bytes, *, ready: bool) -> None:
         """Pre: ``key`` resident. Post: most recently used in the policy's sense."""
 
+    def on_access_many(self, keys: Sequence[bytes], *, ready: bool) -> None:
+        """:meth:`on_access` for each of ``keys`` in order (each resident, so the last ends
+        the most recent). A policy may do it faster; the result must be the same."""
+        for key in keys:
+            self.on_access(key, ready=ready)
+
     @abstractmethod
     def on_miss(self, key: bytes) -> None:
         """Pre: ``key`` not resident. Post: residency unchanged; history may adapt."""
