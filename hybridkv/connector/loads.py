@@ -11,7 +11,7 @@ failure memory keeps only its keys.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from operator import attrgetter
 
 from hybridkv.connector.api import BlockTable, JobId, TransferItem
@@ -104,14 +104,11 @@ def load_items(
     """
     found: list[TransferItem] = []
     key_of = keys.key
-    for g, kind in enumerate(geometry.kinds):
+    for g, units in _needed_units(geometry, start, end):
         u = geometry.units[g]
-        group_end = end - end % u
-        if group_end <= start or (kind is GroupKind.MAMBA and group_end != end):
-            continue
         table = block_ids[g] if g < len(block_ids) else ()
         per_block = geometry.blocks[g]
-        for j in range(geometry.first_needed(g, start, group_end), group_end // u):
+        for j in units:
             index = j * u // per_block
             if index < len(table) and table[index]:  # a null or missing slot: left out
                 found.append(TransferItem(g, table[index], key_of(g, j), (j + 1) * u))
@@ -131,17 +128,25 @@ def claimed_keys(
     the units :func:`load_items` would restore (a mamba group only when ``end`` is its unit
     end), head first (by ``end_token``, then group), the order ``HostStore.refresh`` takes
     to leave the head the most recent. Pure but for the hash chain growing."""
-    ranked: list[tuple[int, int, bytes]] = []
     key_of = keys.key
+    ranked = sorted(
+        ((j + 1) * geometry.units[g], g, key_of(g, j))
+        for g, units in _needed_units(geometry, start, end)
+        for j in units
+    )
+    return tuple(key for _, _, key in ranked)
+
+
+def _needed_units(geometry: ConnectorGeometry, start: int, end: int) -> Iterator[tuple[int, range]]:
+    """Per group a load from ``start`` to ``end`` restores, the group and the indices of the
+    units it needs (:meth:`ConnectorGeometry.first_needed`) below its last unit end at or
+    before ``end``; a mamba group only when that is ``end`` itself (MB-1)."""
     for g, kind in enumerate(geometry.kinds):
         u = geometry.units[g]
         group_end = end - end % u
         if group_end <= start or (kind is GroupKind.MAMBA and group_end != end):
             continue
-        for j in range(geometry.first_needed(g, start, group_end), group_end // u):
-            ranked.append(((j + 1) * u, g, key_of(g, j)))
-    ranked.sort()
-    return tuple(key for _, _, key in ranked)
+        yield g, range(geometry.first_needed(g, start, group_end), group_end // u)
 
 
 def segments(items: Sequence[TransferItem], align: int) -> list[tuple[TransferItem, ...]]:
