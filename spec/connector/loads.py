@@ -16,11 +16,11 @@ from dataclasses import dataclass, field, replace
 
 from spec.block_pool import NULL_BLOCK
 from spec.connector.claims import needed_keys
-from spec.connector.geometry import Geometry
+from spec.connector.geometry import Geometry, UnitRef
 from spec.connector_api import BlockTable, JobId, TransferItem
 from spec.kinds import GroupKind
 
-__all__ = ["LoadRecord", "load_items", "resume_point", "segments"]
+__all__ = ["LoadRecord", "load_items", "restored_units", "resume_point", "segments"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,19 +100,31 @@ def load_items(
     ``end_token`` then group.
     """
     items: list[TransferItem] = []
+    for ref in restored_units(geometry, start, end):
+        g = ref.group_idx
+        table = block_ids[g] if g < len(block_ids) else ()
+        key = geometry.key(block_hashes, ref)
+        slot_ok = ref.block_index < len(table) and table[ref.block_index] != NULL_BLOCK
+        if slot_ok and loadable(key):
+            items.append(TransferItem(g, table[ref.block_index], key, ref.end))
+    items.sort(key=lambda item: (item.end_token, item.group_idx))
+    return tuple(items)
+
+
+def restored_units(geometry: Geometry, start: int, end: int) -> list[UnitRef]:
+    """The units a load from ``start`` to ``end`` restores, whatever the block table: per group
+    the needed units (:meth:`Geometry.needed_units`) below its last unit end at or before
+    ``end``, a mamba group only when that is ``end`` itself. Sorted by unit end, then group
+    (head first). Pure."""
+    refs: list[UnitRef] = []
     for g, kind in enumerate(geometry.kinds):
         u = geometry.planner.units[g]
         group_end = end - end % u
         if group_end <= start or (kind is GroupKind.MAMBA and group_end != end):
             continue
-        table = block_ids[g] if g < len(block_ids) else ()
-        for ref in geometry.needed_units(g, start, group_end):
-            key = geometry.key(block_hashes, ref)
-            slot_ok = ref.block_index < len(table) and table[ref.block_index] != NULL_BLOCK
-            if slot_ok and loadable(key):
-                items.append(TransferItem(g, table[ref.block_index], key, ref.end))
-    items.sort(key=lambda item: (item.end_token, item.group_idx))
-    return tuple(items)
+        refs.extend(geometry.needed_units(g, start, group_end))
+    refs.sort(key=lambda ref: (ref.end, ref.group_idx))
+    return refs
 
 
 def segments(items: Sequence[TransferItem], align: int) -> list[tuple[TransferItem, ...]]:

@@ -65,8 +65,14 @@ from typing import Any
 from spec.block_pool import BlockId, BlockPool
 from spec.connector.checkpoints import CheckpointRule
 from spec.connector.claims import decide_claim
-from spec.connector.geometry import Geometry, UnitRef
-from spec.connector.loads import LoadRecord, load_items, resume_point, segments
+from spec.connector.geometry import Geometry
+from spec.connector.loads import (
+    LoadRecord,
+    load_items,
+    restored_units,
+    resume_point,
+    segments,
+)
 from spec.connector.stores import items_by_end, store_items, stored_low
 from spec.connector_api import (
     BlockTable,
@@ -244,19 +250,10 @@ class ReferenceConnector:
         return Claim(kind, decision.end - start)
 
     def _claimed_keys(self, request: RequestView, start: int, end: int) -> list[bytes]:
-        """The keys a load of ``[start, end)`` reads, head first: per group the needed units
-        below the group's last unit end at or before ``end`` (a mamba group only when that is
-        ``end`` itself), ordered by unit end, then group."""
+        """The keys a load of ``[start, end)`` reads, head first
+        (:func:`spec.connector.loads.restored_units`)."""
         hashes = self._hashes(request)
-        refs: list[UnitRef] = []
-        for g, kind in enumerate(self.geometry.kinds):
-            u = self.geometry.planner.units[g]
-            group_end = end - end % u
-            if group_end <= start or (kind is GroupKind.MAMBA and group_end != end):
-                continue
-            refs.extend(self.geometry.needed_units(g, start, group_end))
-        refs.sort(key=lambda ref: (ref.end, ref.group_idx))
-        return [self.geometry.key(hashes, ref) for ref in refs]
+        return [self.geometry.key(hashes, ref) for ref in restored_units(self.geometry, start, end)]
 
     def update_state_after_alloc(
         self, request: RequestView, block_ids: BlockTable, num_external_tokens: int
